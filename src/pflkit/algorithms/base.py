@@ -1,0 +1,165 @@
+"""The algorithm abstraction: pure per-client and server functions over parameter dictionaries.
+
+An algorithm never owns a loop and never keeps client state on itself. The round loop
+(``pflkit.run.rounds``) calls, for each sampled client ``i`` of round ``t``::
+
+    payload = alg.downlink(server_state, i, t)            # what the server sends to client i
+    state   = alg.local_init(payload, state_i, ctx)        # e.g. overwrite; ALA replaces this step
+    [evaluate alg.eval_params(state) on client i's test split]
+    state, upload, metrics = alg.local_train(payload, state, ctx)
+    ...
+    server_state = alg.aggregate(server_state, uploads, t)
+
+Client state is a plain dict (tensors, parameter dicts, numbers) kept by the caller in a keyed
+store, so the same functions run sequentially, batched, or on Flower clients.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterator, Mapping
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from ..data.federated import ClientData
+from ..functional import Params, clone, torch_generator, weighted_average
+from ..functional.training import Batch
+from ..models import Units
+
+State = dict[str, Any]
+Payload = dict[str, Any]
+Upload = dict[str, Any]
+
+
+class Settings(BaseModel):
+    """Base of every algorithm's hyperparameter section (``[name]`` in the config)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local-training settings shared by every algorithm (spec §0.2)."""
+
+    batch_size: int = 10
+    local_epochs: int = 1
+    lr: float = 0.1
+    eval_batch_size: int = 1000
+
+
+@dataclass
+class ClientSummary:
+    """What a client may reveal before training starts (used by ``Algorithm.prepare``)."""
+
+    client_id: int
+    num_train: int
+    label_counts: np.ndarray
+
+
+@dataclass
+class ClientContext:
+    """Everything a client function may use besides its state and payload."""
+
+    client_id: int
+    round: int
+    seed: int
+    data: ClientData
+    model: nn.Module
+    units: Units
+    train: TrainSettings
+    algorithm: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def generator(self, purpose: str) -> torch.Generator:
+        """A fresh generator for (seed, round, client, purpose): same draws on every engine."""
+        return torch_generator(self.seed, "client", self.round, self.client_id, purpose)
+
+    def where(self, stage: str) -> str:
+        return f"algorithm {self.algorithm}, client {self.client_id}, round {self.round}, {stage}"
+
+    def batches(self, purpose: str = "train", epochs: int = 1) -> Iterator[Batch]:
+        """Shuffled mini-batches of the client's training data, ``epochs`` times.
+
+        Like PFLlib's loader (shuffle=True, drop_last=True) except that a client with fewer
+        samples than one batch trains on one batch holding all its samples.
+        """
+        x, y = self.data.train_x, self.data.train_y
+        n, b = len(y), self.train.batch_size
+        if n == 0:
+            return
+        g = self.generator(purpose)
+        full = n // b if n >= b else 1
+        size = b if n >= b else n
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=g).to(x.device)
+            for k in range(full):
+                idx = order[k * size:(k + 1) * size]
+                yield x[idx], y[idx]
+
+
+class Algorithm:
+    """Base class: FedAvg behaviour everywhere; subclasses override what their method changes.
+
+    Class attributes:
+      name: config name.
+      settings_class: the pydantic model of its ``[name]`` config section.
+      ala_targets: ALA targets this algorithm offers, ``target -> (payload key, state key)``:
+        the state entry whose overwrite by the downloaded payload entry ALA may replace.
+      default_ala_target: the target used unless the settings choose another.
+    """
+
+    name: ClassVar[str] = ""
+    settings_class: ClassVar[type[Settings]] = Settings
+    ala_targets: ClassVar[dict[str, tuple[str, str]]] = {"model": ("global", "model")}
+    default_ala_target: ClassVar[str] = "model"
+
+    def __init__(self, settings: Settings, train: TrainSettings, units: Units) -> None:
+        self.settings = settings
+        self.train = train
+        self.units = units
+
+    @property
+    def ala_target(self) -> str:
+        return getattr(self.settings, "ala_target", self.default_ala_target)
+
+    # ---- server side -------------------------------------------------------------------
+    def init_server(self, init_params: Params) -> State:
+        return {"global": clone(init_params)}
+
+    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
+        """Server-side preparation before round 1 from client summaries (default: nothing)."""
+        return server
+
+    def downlink(self, server: State, client_id: int, round: int) -> Payload:
+        return {"global": server["global"]}
+
+    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+        """Sample-weighted average of the uploaded ``params`` (spec §0.2)."""
+        merged = weighted_average([u["params"] for u in uploads], [u["num_samples"] for u in uploads])
+        return {**server, "global": {**server["global"], **merged}}
+
+    def global_params(self, server: State) -> Params:
+        return server["global"]
+
+    # ---- client side -------------------------------------------------------------------
+    def init_client(self, init_params: Params, client_id: int) -> State:
+        return {"model": clone(init_params)}
+
+    def local_init(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+        """Overwrite the local model with the downloaded one (what ALA replaces)."""
+        return {**state, "model": {**state["model"], **clone(payload["global"])}}
+
+    def local_train(self, payload: Payload, state: State,
+                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
+        raise NotImplementedError
+
+    def eval_params(self, state: State) -> Params:
+        """The model scored on the client's test split right after ``local_init`` (spec §5.7)."""
+        return state["model"]
+
+    @staticmethod
+    def upload(params: Mapping[str, torch.Tensor], ctx: ClientContext, **extra: Any) -> Upload:
+        return {"params": dict(params), "num_samples": ctx.data.num_train, **extra}

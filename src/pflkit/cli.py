@@ -1,0 +1,94 @@
+"""The ``pflkit`` command line."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import sys
+from pathlib import Path
+
+import click
+import tomli_w
+
+from .config import ConfigError, load_config, to_dict
+
+EPILOG = """\b
+Examples:
+  pflkit run                                   # the digits demo (5 methods, 20 clients, Dir(0.1))
+  pflkit run configs/mnist_fedala.toml data_dir=../shared/datasets/mnist rounds=50
+  pflkit run rounds=3 algorithms='["fedavg","fedala"]' fedala.eta=0.5 --out results/quick
+  pflkit run --resume results/quick
+"""
+
+
+def _split(args: tuple[str, ...]) -> tuple[str | None, list[str]]:
+    config = None
+    overrides = []
+    for arg in args:
+        if "=" in arg:
+            overrides.append(arg)
+        elif config is None:
+            config = arg
+        else:
+            raise click.UsageError(f"unexpected argument {arg!r}: give one CONFIG.toml and key=value overrides")
+    return config, overrides
+
+
+@click.group()
+@click.version_option(package_name="pflkit")
+def main() -> None:
+    """Personalized federated learning: FedALA and its baselines, simulated or on Flower."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command(epilog=EPILOG)
+@click.argument("args", nargs=-1)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="results folder (default: results/<name>-<timestamp>)")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="continue the interrupted run in this results folder")
+@click.option("--quiet", is_flag=True, help="no progress bars")
+def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: bool) -> None:
+    """Run an experiment: [CONFIG.toml] [key=value ...] (no CONFIG: the digits demo)."""
+    from .run.experiment import resume_experiment, run_experiment
+
+    try:
+        if resume is not None:
+            if args or out:
+                raise click.UsageError("--resume takes no CONFIG, overrides or --out: the folder's config is used")
+            resume_experiment(resume, progress=not quiet, echo=click.echo)
+            return
+        config_path, overrides = _split(args)
+        config = load_config(config_path, overrides)
+        if out is None:
+            stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            out = Path("results") / f"{config.name}-{stamp}"
+        run_experiment(config, out, progress=not quiet, echo=click.echo)
+    except (ConfigError, FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+@click.argument("args", nargs=-1)
+def config(args: tuple[str, ...]) -> None:
+    """Print the resolved configuration of [CONFIG.toml] [key=value ...] as TOML."""
+    try:
+        config_path, overrides = _split(args)
+        click.echo(tomli_w.dumps(to_dict(load_config(config_path, overrides))), nl=False)
+    except ConfigError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+def algorithms() -> None:
+    """List the algorithm names accepted in ``algorithms = [...]``."""
+    from .algorithms import available
+
+    for name in available():
+        click.echo(name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Experiment configuration: a TOML file plus dotted ``key=value`` overrides, validated strictly.
+
+Every key, its default and its range live in ``ExperimentConfig``; per-algorithm sections
+(``[fedprox]``, ``[ditto]``, ``[fedala]`` ...) come from each algorithm's ``settings_class``, so
+adding an algorithm adds its section here without editing this file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+
+from .algorithms import ALGORITHMS, Settings, parse_name
+from .algorithms.registry import ALA_SECTION
+from .data import DATASETS
+from .models import DEFAULT_MODEL, MODELS
+from .personalize import ALASettings
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the offending key(s)."""
+
+
+class BaseConfig(BaseModel):
+    """Keys shared by every experiment (the per-algorithm sections are added below)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str = Field("experiment", min_length=1, description="label used for the default results folder")
+    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    data_dir: str | None = Field(None, description="folder with the dataset's files (mnist)")
+    model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for MNIST")
+    num_clients: int = Field(20, ge=1)
+    partition: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
+    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4)")
+    classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
+    balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
+    min_samples_per_client: int | None = Field(
+        None, ge=1, description="dirichlet/pathological minimum; default min(40, samples/clients/2) as PFLlib")
+    train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5)")
+    partition_seed: int | None = Field(None, description="seed of the partition; default: each run seed")
+    rounds: int = Field(60, ge=1)
+    algorithms: list[str] = Field(default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"],
+                                  min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    batch_size: int = Field(10, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    lr: float = Field(0.1, gt=0)
+    join_ratio: float = Field(1.0, gt=0, le=1)
+    eval_every: int = Field(1, ge=1)
+    eval_batch_size: int = Field(1000, ge=1)
+    engine: Literal["loop", "auto"] = "loop"
+    device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
+    threads: int = Field(1, ge=1, description="torch intra-op threads (set explicitly; see docs)")
+    checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
+
+    @field_validator("algorithms")
+    @classmethod
+    def _known_algorithms(cls, names: list[str]) -> list[str]:
+        for name in names:
+            parse_name(name)
+        if len(set(names)) != len(names):
+            raise ValueError(f"algorithms contains duplicates: {names}")
+        return names
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds contains duplicates: {seeds}")
+        return seeds
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        if name != "auto" and name not in MODELS:
+            raise ValueError(f"unknown model {name!r}; available: auto, {', '.join(sorted(MODELS))}")
+        return name
+
+    @field_validator("device")
+    @classmethod
+    def _device_syntax(cls, device: str) -> str:
+        if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
+            raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}")
+        return device
+
+    @model_validator(mode="after")
+    def _dataset_needs(self) -> "BaseConfig":
+        if self.dataset == "mnist" and not self.data_dir:
+            raise ValueError("dataset 'mnist' needs data_dir: a folder with the four MNIST IDX files "
+                             "(pflkit.data.download_mnist fetches them where a network exists)")
+        return self
+
+    @property
+    def resolved_model(self) -> str:
+        return DEFAULT_MODEL[self.dataset] if self.model == "auto" else self.model
+
+    def algorithm_sections(self) -> dict[str, Settings]:
+        return {name: getattr(self, name) for name in list(ALGORITHMS) + [ALA_SECTION]}
+
+
+def _sections() -> dict[str, Any]:
+    fields: dict[str, Any] = {name: (cls.settings_class, cls.settings_class())
+                              for name, cls in ALGORITHMS.items()}
+    fields[ALA_SECTION] = (ALASettings, ALASettings())
+    return fields
+
+
+ExperimentConfig = create_model("ExperimentConfig", __base__=BaseConfig, **_sections())  # type: ignore[call-overload]
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``a.b=value`` -> (["a", "b"], value parsed as a TOML value, else the raw string)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    key, raw = item.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # bare words such as dataset=mnist
+    return path, value
+
+
+def merge(base: dict[str, Any], path: list[str], value: Any) -> None:
+    node = base
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def format_errors(error: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration ({source}):"]
+    for err in error.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def build_config(data: Mapping[str, Any], source: str = "config") -> BaseConfig:
+    try:
+        return ExperimentConfig.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(format_errors(exc, source)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> BaseConfig:
+    """Read a TOML file (none: all defaults, the digits demo) and apply dotted overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        source = str(path)
+    for item in overrides:
+        merge(data, *parse_override(item))
+    if overrides:
+        source += " + command-line overrides"
+    return build_config(data, source)
+
+
+def to_dict(config: BaseConfig) -> dict[str, Any]:
+    """The fully resolved config (every default filled in), TOML-compatible (no None values)."""
+    return _drop_none(config.model_dump(mode="json"))
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}

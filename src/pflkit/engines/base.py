@@ -1,0 +1,71 @@
+"""What every engine executes: one client's part of a round, from the same algorithm functions."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from torch import nn
+
+from ..algorithms.base import Algorithm, ClientContext, Payload, State, TrainSettings, Upload
+from ..data.federated import FederatedData
+from ..functional import evaluate
+from ..models import Units
+
+
+@dataclass
+class ClientJob:
+    client_id: int
+    payload: Payload
+    state: State
+    evaluate: bool
+    train: bool = True
+
+
+@dataclass
+class ClientResult:
+    client_id: int
+    state: State
+    upload: Upload | None
+    evaluation: dict[str, float] | None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RoundSetup:
+    """Everything fixed for a run that client functions need besides state and payload."""
+
+    algorithm: Algorithm
+    data: FederatedData
+    model: nn.Module
+    units: Units
+    train: TrainSettings
+    seed: int
+
+
+def run_client(setup: RoundSetup, job: ClientJob, round: int) -> ClientResult:
+    """local_init -> (evaluate) -> (local_train) for one client (spec §0.2 skeleton)."""
+    alg = setup.algorithm
+    ctx = ClientContext(client_id=job.client_id, round=round, seed=setup.seed,
+                        data=setup.data.clients[job.client_id], model=setup.model, units=setup.units,
+                        train=setup.train, algorithm=alg.name)
+    t0 = time.perf_counter()
+    state = alg.local_init(job.payload, job.state, ctx)
+    metrics: dict[str, Any] = {**ctx.info, "init_seconds": time.perf_counter() - t0}
+    evaluation = None
+    if job.evaluate:
+        evaluation = evaluate(setup.model, alg.eval_params(state), ctx.data.test_x, ctx.data.test_y,
+                              setup.train.eval_batch_size)
+    upload = None
+    if job.train:
+        t1 = time.perf_counter()
+        state, upload, train_metrics = alg.local_train(job.payload, state, ctx)
+        metrics.update(train_metrics, train_seconds=time.perf_counter() - t1)
+    return ClientResult(job.client_id, state, upload, evaluation, metrics)
+
+
+class Engine(Protocol):
+    """Runs the client jobs of one round and returns their results in job order."""
+
+    def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]: ...

@@ -1,0 +1,70 @@
+"""Model conventions: every pflkit model declares its parameter units from input to output.
+
+A *unit* is an architectural layer/block (FedALA Table 5): ALA's ``p`` counts units from the
+output side, FedRep splits body/head at the last unit. Units are lists of parameter names as
+they appear in ``named_parameters()``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+Units = list[tuple[str, list[str]]]
+
+
+class UnitModel(nn.Module):
+    """A module that knows its units (ordered input -> output)."""
+
+    unit_modules: Sequence[str] = ()
+
+    def units(self) -> Units:
+        """Ordered (unit name, parameter names) pairs, input side first."""
+        names = [n for n, _ in self.named_parameters()]
+        out: Units = []
+        for unit in self.unit_modules:
+            members = [n for n in names if n == unit or n.startswith(unit + ".")]
+            if not members:
+                raise ValueError(f"unit {unit!r} of {type(self).__name__} owns no parameters")
+            out.append((unit, members))
+        covered = {n for _, ms in out for n in ms}
+        missing = [n for n in names if n not in covered]
+        if missing:
+            raise ValueError(f"parameters not assigned to any unit: {missing}")
+        return out
+
+
+def top_unit_names(units: Units, p: int) -> list[str]:
+    """Parameter names of the top ``p`` units (FedALA Eq. 4's higher layers)."""
+    if not 1 <= p <= len(units):
+        raise ValueError(f"p={p} is out of range: this model has {len(units)} units "
+                         f"({', '.join(u for u, _ in units)})")
+    return [n for _, members in units[len(units) - p:] for n in members]
+
+
+def head_names(units: Units) -> list[str]:
+    """Parameter names of the last unit (the head used by FedRep and friends)."""
+    return list(units[-1][1])
+
+
+def count_parameters(model: nn.Module, names: Sequence[str] | None = None) -> int:
+    params = dict(model.named_parameters())
+    return sum(params[n].numel() for n in (names if names is not None else params))
+
+
+def reference_layer_idx(units: Units, p: int) -> int:
+    """The FedALA reference code's ``layer_idx`` (tensors from the end) equivalent to unit ``p``."""
+    return len(top_unit_names(units, p))
+
+
+def check_no_buffers(model: nn.Module) -> None:
+    """Refuse models with buffers (BatchNorm statistics) until per-client buffers exist."""
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:
+        raise NotImplementedError(
+            f"{type(model).__name__} has buffers {buffers[:3]}...; per-client buffer handling "
+            "(spec §0.2 bn_buffers) is not implemented yet")
+
+

@@ -1,0 +1,64 @@
+"""Convolutional models of the FedALA family."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import UnitModel
+
+
+class FedAvgCNN(UnitModel):
+    """The 4-layer CNN of McMahan et al. (2017) as used by FedALA/PFLlib (spec §7.1).
+
+    conv1(5x5, 32) -> pool -> conv2(5x5, 64) -> pool -> fc1(512) -> fc(C).
+    Units: conv1, conv2, fc1, fc.
+    """
+
+    unit_modules = ("conv1", "conv2", "fc1", "fc")
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"FedAvgCNN needs images of at least 16x16 pixels, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=5)
+        self.fc1 = nn.Linear(64 * side * side, 512)
+        self.fc = nn.Linear(512, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return F.relu(self.fc1(torch.flatten(x, 1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+class DigitsCNN(UnitModel):
+    """A small CNN for 8x8 inputs (scikit-learn digits) with the same four units as FedAvgCNN.
+
+    conv1(3x3, 16, pad 1) -> pool -> conv2(3x3, 32, pad 1) -> pool -> fc1(64) -> fc(C); 13.6k parameters.
+    """
+
+    unit_modules = ("conv1", "conv2", "fc1", "fc")
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 8) -> None:
+        super().__init__()
+        side = image_size // 4
+        if side < 1:
+            raise ValueError(f"DigitsCNN needs images of at least 4x4 pixels, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 16, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, kernel_size=3, padding=1)
+        self.fc1 = nn.Linear(32 * side * side, 64)
+        self.fc = nn.Linear(64, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return F.relu(self.fc1(torch.flatten(x, 1)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))

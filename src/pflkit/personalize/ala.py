@@ -1,0 +1,190 @@
+"""Adaptive Local Aggregation (ALA), the local-initialisation step of FedALA (AAAI 2023).
+
+Instead of overwriting its local model with the downloaded global model, a client learns
+element-wise weights W in [0, 1] on a random sample of its own training data (spec §1.2-1.6):
+
+    Theta_hat = Theta_local + (Theta_global - Theta_local) * [1 (lower units); W (top p units)]
+    W <- clip_[0,1](W - eta * dL/dTheta_hat * (Theta_global - Theta_local))     (paper Eq. 5/7)
+
+Lower units are overwritten; W persists per client (initialised to ones); ALA is inactive while
+the downloaded model equals the local one (first round); the first active round is the *start
+phase* (train W until the std of the last ``num_pre_loss`` epoch losses < ``threshold``, at most
+``max_start_epochs`` epochs); later rounds train W for one epoch.
+
+``WithALA`` wraps any algorithm whose local initialisation overwrites a local copy with a
+downloaded model (FedALA = FedAvg + ALA; "X + ALA" of FedALA Table 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch.nn import functional as F
+
+from ..algorithms.base import (Algorithm, ClientContext, ClientSummary, Payload, Settings, State,
+                               TrainSettings, Upload)
+from ..functional import Params, check_finite, equal, forward
+from ..models import Units, top_unit_names
+
+log = logging.getLogger(__name__)
+
+
+class ALASettings(Settings):
+    """The ``[fedala]`` section: ALA hyperparameters, used by ``fedala`` and every ``X+ala``."""
+
+    eta: float = Field(1.0, gt=0, description="learning rate of the ALA weights (App. G: 1.0)")
+    sample_fraction: float = Field(0.8, gt=0, le=1, description="s, share of local training data "
+                                   "sampled for ALA each round (App. G: s=80%)")
+    p: int = Field(1, ge=1, description="number of top units (layers/blocks) that ALA blends (App. G: 1)")
+    threshold: float = Field(0.01, gt=0, description="start phase stops when the std of the last "
+                             "num_pre_loss epoch losses is below this (paper README: 0.01)")
+    num_pre_loss: int = Field(10, ge=2, description="window of the start-phase convergence test")
+    max_start_epochs: int = Field(200, ge=1, description="hard cap on start-phase epochs (ours; spec §1.6)")
+    sampling: Literal["random", "contiguous"] = Field(
+        "random", description="s% sample: uniform subset (paper) or the reference code's contiguous slice")
+
+
+def blend(local: Params, received: Params, weights: Params) -> Params:
+    """Theta_local + (Theta_received - Theta_local) * W for the names in ``weights`` (Eq. 3)."""
+    return {k: local[k] + (received[k] - local[k]) * w for k, w in weights.items()}
+
+
+def weight_gradient(blended_grad: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """dL/dW = dL/dTheta_hat * (Theta_received - Theta_local), with delta = received - local (Eq. 7)."""
+    return blended_grad * delta
+
+
+def weight_step(weights: torch.Tensor, blended_grad: torch.Tensor, delta: torch.Tensor,
+                eta: float) -> torch.Tensor:
+    """One ALA update: W <- clip_[0,1](W - eta * dL/dW) (paper Eq. 5)."""
+    return torch.clamp(weights - eta * weight_gradient(blended_grad, delta), 0.0, 1.0)
+
+
+class AdaptiveLocalAggregation:
+    """The ALA step for one model layout; stateless, all client state is passed in and out."""
+
+    def __init__(self, settings: ALASettings, units: Units, train: TrainSettings) -> None:
+        if settings.p > len(units):
+            raise ValueError(f"fedala.p={settings.p} exceeds this model's {len(units)} units "
+                             f"({', '.join(u for u, _ in units)})")
+        self.settings = settings
+        self.units = units
+        self.train = train
+
+    @staticmethod
+    def init_state() -> State:
+        return {"weights": None, "started": False}
+
+    def top_names(self, received: Params) -> list[str]:
+        """Names of the top p units among the units the payload carries (FedRep: body only)."""
+        carried = [(u, ms) for u, ms in self.units if all(m in received for m in ms)]
+        if not carried:
+            raise ValueError("ALA received no complete unit of the model")
+        return top_unit_names(carried, min(self.settings.p, len(carried)))
+
+    def sample(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The s% sample D_i^{s,t}: at least one sample, drawn from the client's ALA stream."""
+        x, y = ctx.data.train_x, ctx.data.train_y
+        n = len(y)
+        k = max(1, int(self.settings.sample_fraction * n))
+        g = ctx.generator("ala")
+        if self.settings.sampling == "random":
+            idx = torch.randperm(n, generator=g)[:k]
+        else:
+            start = int(torch.randint(0, n - k + 1, (1,), generator=g))
+            idx = torch.arange(start, start + k)
+        idx = idx.to(x.device)
+        return x[idx], y[idx]
+
+    def __call__(self, received: Params, local: Params, state: State,
+                 ctx: ClientContext) -> tuple[Params, State, dict[str, Any]]:
+        """Return the initialised local model, the new ALA state and diagnostics."""
+        if equal(received, local):
+            return {**local, **received}, state, {"ala_epochs": 0}
+        top = self.top_names(received)
+        fixed = {**local, **{k: v for k, v in received.items() if k not in top}}
+        local_top = {k: local[k].detach() for k in top}
+        delta = {k: received[k].detach() - local_top[k] for k in top}
+        weights = state["weights"]
+        weights = ({k: torch.ones_like(local_top[k]) for k in top} if weights is None
+                   else {k: w.clone() for k, w in weights.items()})
+        start_phase = not state["started"]
+        x, y = self.sample(ctx)
+        b = self.train.batch_size
+        batches = [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
+        losses: list[float] = []
+        eta, cfg = self.settings.eta, self.settings
+        while True:
+            for xb, yb in batches:
+                blended = {k: (local_top[k] + delta[k] * weights[k]).requires_grad_(True) for k in top}
+                loss = F.cross_entropy(forward(ctx.model, {**fixed, **blended}, xb), yb)
+                grads = torch.autograd.grad(loss, [blended[k] for k in top])
+                with torch.no_grad():
+                    for k, g in zip(top, grads):
+                        weights[k] = weight_step(weights[k], g, delta[k], eta)
+            last = loss.detach()
+            check_finite(last, ctx.where("ALA weight learning"))
+            losses.append(float(last))
+            if not start_phase:
+                break
+            if len(losses) > cfg.num_pre_loss and np.std(losses[-cfg.num_pre_loss:]) < cfg.threshold:
+                break
+            if len(losses) >= cfg.max_start_epochs:
+                log.warning("ALA start phase of client %d stopped at the cap of %d epochs (loss std %.4g "
+                            ">= threshold %.4g)", ctx.client_id, cfg.max_start_epochs,
+                            float(np.std(losses[-cfg.num_pre_loss:])), cfg.threshold)
+                break
+        with torch.no_grad():
+            initialised = {**fixed, **blend(local_top, {k: received[k] for k in top}, weights)}
+        info = {"ala_epochs": len(losses), "ala_loss": losses[-1]}
+        return {k: initialised[k] for k in local}, {"weights": weights, "started": True}, info
+
+
+class WithALA(Algorithm):
+    """``base`` with its local initialisation replaced by ALA on its configured target."""
+
+    def __init__(self, base: Algorithm, ala: AdaptiveLocalAggregation, display_name: str) -> None:
+        super().__init__(base.settings, base.train, base.units)
+        self.base = base
+        self.ala = ala
+        self.name = display_name  # type: ignore[misc]
+        target = base.ala_target
+        if target not in base.ala_targets:
+            raise ValueError(f"{base.name} offers ALA targets {sorted(base.ala_targets)}, not {target!r}")
+        self.payload_key, self.state_key = base.ala_targets[target]
+
+    def init_server(self, init_params: Params) -> State:
+        return self.base.init_server(init_params)
+
+    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
+        return self.base.prepare(server, clients)
+
+    def downlink(self, server: State, client_id: int, round: int) -> Payload:
+        return self.base.downlink(server, client_id, round)
+
+    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+        return self.base.aggregate(server, uploads, round)
+
+    def global_params(self, server: State) -> Params:
+        return self.base.global_params(server)
+
+    def init_client(self, init_params: Params, client_id: int) -> State:
+        return {**self.base.init_client(init_params, client_id), "ala": self.ala.init_state()}
+
+    def local_init(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+        old_local = state[self.state_key]
+        new_state = self.base.local_init(payload, state, ctx)
+        initialised, ala_state, info = self.ala(payload[self.payload_key], old_local, state["ala"], ctx)
+        ctx.info.update(info)
+        return {**new_state, self.state_key: initialised, "ala": ala_state}
+
+    def local_train(self, payload: Payload, state: State,
+                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
+        return self.base.local_train(payload, state, ctx)
+
+    def eval_params(self, state: State) -> Params:
+        return self.base.eval_params(state)

@@ -1,0 +1,55 @@
+"""Atomic checkpoints of a RunState (safe against kill -9 at any moment)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .rounds import RunState
+
+
+def save_checkpoint(path: Path, state: RunState) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save({f.name: getattr(state, f.name) for f in dataclasses.fields(state)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """Move every tensor in nested dicts/lists to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    return obj
+
+
+def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> RunState:
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+        raw["server"] = to_device(raw["server"], device)
+        raw["clients"] = to_device(raw["clients"], device)
+        return RunState(**raw)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
+        raise RuntimeError(f"checkpoint {path} is unreadable ({exc}); delete it to restart that run "
+                           "from round 0") from exc
+
+
+class Checkpointer:
+    """Callback: save the run state every ``every`` rounds and when the run is done."""
+
+    def __init__(self, path: Path, every: int) -> None:
+        self.path = path
+        self.every = every
+
+    def on_record(self, state: RunState, record: dict) -> None:
+        if state.done or state.rounds_done % self.every == 0:
+            save_checkpoint(self.path, state)

@@ -1,0 +1,131 @@
+"""Run a whole experiment: every algorithm x seed on the same partition, into one results folder."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..algorithms import TrainSettings, build_algorithm
+from ..config import BaseConfig, load_config, to_dict
+from ..data import load_dataset
+from ..data.federated import FederatedData
+from ..engines import RoundSetup, build_engine
+from ..functional import numpy_generator, stream_seed
+from ..models import build_model
+from ..reporting import format_table, plot_accuracy, plot_partition, summarize
+from .checkpoint import Checkpointer, load_checkpoint
+from .results import ResultsFolder
+from .rounds import RunState, run_rounds, start_run
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} was requested but CUDA is not available on this machine")
+    return device
+
+
+def initial_params(config: BaseConfig, data: FederatedData, seed: int,
+                   device: torch.device) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The model skeleton and Theta^0, seeded by the run seed (same for every algorithm)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed(seed, "model-init"))
+        model = build_model(config.resolved_model, data.input_shape, data.num_classes)
+    model = model.to(device)
+    return model, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+class _Recorder:
+    """Callback: append records to metrics.jsonl and advance the progress bar."""
+
+    def __init__(self, results: ResultsFolder, bar: Any) -> None:
+        self.results = results
+        self.bar = bar
+
+    def on_record(self, state: RunState, record: dict[str, Any]) -> None:
+        self.results.append_record(record)
+        if "train_round" in record and not state.done:
+            self.bar.update(1)
+        if "accuracy" in record:
+            self.bar.set_postfix(acc=f"{100 * record['accuracy']:.2f}%")
+
+
+def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
+                   echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run (or, with ``resume``, continue) ``config`` into folder ``out``; return the summary."""
+    results = ResultsFolder(out)
+    torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    # Data problems surface before the results folder is created.
+    dataset = load_dataset(config.dataset, config.data_dir)
+    partitions: dict[int, FederatedData] = {}
+    for seed in config.seeds:
+        pseed = seed if config.partition_seed is None else config.partition_seed
+        if pseed not in partitions:
+            partitions[pseed] = FederatedData.build(
+                dataset, num_clients=config.num_clients, method=config.partition,
+                rng=numpy_generator(pseed, "partition"), alpha=config.alpha,
+                classes_per_client=config.classes_per_client, balanced=config.balanced,
+                min_samples=config.min_samples_per_client, train_fraction=config.train_fraction, device=device)
+    if resume:
+        results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
+        results.set_status("running")
+    else:
+        results.create(to_dict(config))
+    try:
+        for pseed, data in partitions.items():
+            path = results.plots / f"partition-seed{pseed}.png"
+            if not path.exists():
+                plot_partition(data.counts, path, f"{config.dataset}: {config.partition} partition, "
+                               f"{config.num_clients} clients (seed {pseed})")
+        train = TrainSettings(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
+                              eval_batch_size=config.eval_batch_size)
+        engine = build_engine(config.engine)
+        histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for seed in config.seeds:
+            data = partitions[seed if config.partition_seed is None else config.partition_seed]
+            model, init = initial_params(config, data, seed, device)
+            units = model.units()
+            for name in config.algorithms:
+                ckpt = results.checkpoint_path(name, seed)
+                state = load_checkpoint(ckpt, device) if ckpt.is_file() else None
+                if state is None or not state.done:
+                    algorithm = build_algorithm(name, config.algorithm_sections(), train, units)
+                    setup = RoundSetup(algorithm, data, model, units, train, seed)
+                    state = state or start_run(setup, init)
+                    bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
+                               disable=not progress, leave=True, dynamic_ncols=True)
+                    with bar if progress else nullcontext():
+                        state = run_rounds(setup, engine, state, rounds=config.rounds,
+                                           join_ratio=config.join_ratio, eval_every=config.eval_every,
+                                           callbacks=[Checkpointer(ckpt, config.checkpoint_every),
+                                                      _Recorder(results, bar)])
+                histories[(name, seed)] = state.history
+        summary = summarize(histories, config.algorithms, config.seeds)
+        plot_accuracy(histories, results.plots / "accuracy.png",
+                      f"{config.dataset}, {config.partition}, {config.num_clients} clients")
+        results.write_summary(summary)
+        results.set_status("complete")
+    except BaseException as exc:
+        results.set_status("failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    echo(format_table(summary))
+    echo(f"results: {results.root}")
+    return summary
+
+
+def resume_experiment(out: str | Path, **kwargs: Any) -> dict[str, Any]:
+    """Continue the run saved in ``out`` with its own resolved config."""
+    results = ResultsFolder(out)
+    results.status()  # fails clearly if this is no results folder
+    config = load_config(results.config_path)
+    return run_experiment(config, out, resume=True, **kwargs)

@@ -1,0 +1,96 @@
+"""The results folder of one experiment.
+
+    config.toml       the resolved configuration (every default filled in)
+    run.json          status: running | failed (with the error) | complete
+    metrics.jsonl     one JSON record per (algorithm, seed, round)
+    summary.json      written last, only when every run finished
+    plots/            accuracy.png, partition-seed<k>.png
+    checkpoints/      <algorithm>-seed<k>.pt, the latest state of each run (for --resume)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import tomli_w
+
+from .. import __version__
+from .checkpoint import load_checkpoint
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ResultsFolder:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.root / "summary.json"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    def checkpoint_path(self, algorithm: str, seed: int) -> Path:
+        return self.root / "checkpoints" / f"{algorithm}-seed{seed}.pt"
+
+    def create(self, config: Mapping[str, Any]) -> None:
+        """Start a new folder; refuse one that already holds files."""
+        if self.root.exists() and any(self.root.iterdir()):
+            raise FileExistsError(f"results folder {self.root} already exists and is not empty; "
+                                  f"use --resume {self.root} to continue it, or choose another --out")
+        (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
+        self.plots.mkdir(exist_ok=True)
+        _atomic_write_text(self.config_path, tomli_w.dumps(dict(config)))
+        self.metrics_path.touch()
+        self.set_status("running")
+
+    def set_status(self, status: str, **extra: Any) -> None:
+        info = {"status": status, "pflkit_version": __version__,
+                "updated": dt.datetime.now().isoformat(timespec="seconds"), **extra}
+        _atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
+
+    def status(self) -> dict[str, Any]:
+        path = self.root / "run.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.root} is not a pflkit results folder (no run.json)")
+        return json.loads(path.read_text())
+
+    def append_record(self, record: Mapping[str, Any]) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def rewrite_metrics(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Make metrics.jsonl match the checkpoints exactly (drops rows after the last checkpoint)."""
+        _atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in records))
+
+    def saved_histories(self, algorithms: Iterable[str], seeds: Iterable[int]) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        for seed in seeds:
+            for alg in algorithms:
+                path = self.checkpoint_path(alg, seed)
+                if path.is_file():
+                    records.extend(load_checkpoint(path).history)
+        return records
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        _atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
