@@ -29,7 +29,7 @@ class BaseConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    name: str = Field("experiment", min_length=1, description="label used for the default results folder")
+    name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
     dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
     data_dir: str | None = Field(None, description="folder with the dataset's files (mnist)")
     model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for MNIST")

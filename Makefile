@@ -1,0 +1,20 @@
+# One-command entry points. `make demo` runs the main job offline; `make test` runs the tests.
+# Both create .venv and install pflkit with constraints.txt (torch 2.13.0, the CPU build here);
+# elsewhere, `pip install -e .` accepts any recent torch.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install demo test
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test]"
+
+demo: install
+	$(BIN)/pflkit run
+
+test: install
+	$(BIN)/python -m pytest -q

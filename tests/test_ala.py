@@ -1,0 +1,180 @@
+"""ALA maths and behaviour against the spec (algorithms.md §1.2-1.7)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from pflkit.algorithms import TrainSettings, build_algorithm
+from pflkit.functional import forward
+from pflkit.models import FedAvgCNN, build_model, count_parameters, reference_layer_idx, top_unit_names
+from pflkit.personalize import ALASettings, AdaptiveLocalAggregation, blend, weight_gradient, weight_step
+
+from helpers import params_of, tiny_context
+
+
+def make_ala(ctx, **kw) -> AdaptiveLocalAggregation:
+    return AdaptiveLocalAggregation(ALASettings(**kw), ctx.units, ctx.train)
+
+
+def test_blend_with_ones_is_overwrite_and_zeros_keep_local():
+    ctx = tiny_context()
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    ones = {k: torch.ones_like(v) for k, v in local.items()}
+    zeros = {k: torch.zeros_like(v) for k, v in local.items()}
+    for k, v in blend(local, glob, ones).items():
+        torch.testing.assert_close(v, glob[k], rtol=0, atol=1e-7)
+    for k, v in blend(local, glob, zeros).items():
+        assert torch.equal(v, local[k])
+
+
+def test_weight_gradient_matches_autograd_through_w():
+    ctx = tiny_context()
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    top = top_unit_names(ctx.units, 2)
+    w = {k: torch.rand_like(local[k]).requires_grad_(True) for k in top}
+    x, y = ctx.data.train_x[:10], ctx.data.train_y[:10]
+    # autograd straight through W
+    blended = {**glob, **blend(local, glob, w)}
+    loss = F.cross_entropy(forward(ctx.model, blended, x), y)
+    auto = torch.autograd.grad(loss, [w[k] for k in top])
+    # chain rule of paper Eq. 7: dL/dTheta_hat * (global - local)
+    leaves = {k: blended[k].detach().requires_grad_(True) for k in top}
+    loss2 = F.cross_entropy(forward(ctx.model, {**glob, **leaves}, x), y)
+    g_hat = torch.autograd.grad(loss2, [leaves[k] for k in top])
+    for k, a, g in zip(top, auto, g_hat):
+        torch.testing.assert_close(weight_gradient(g, glob[k] - local[k]), a, rtol=1e-5, atol=1e-7)
+
+
+def test_weight_step_clips_to_unit_interval():
+    w = torch.tensor([0.0, 0.5, 1.0, 0.9, 0.1])
+    grad = torch.tensor([1.0, 1.0, -1.0, -10.0, 10.0])
+    delta = torch.ones(5)
+    out = weight_step(w, grad, delta, eta=0.2)
+    torch.testing.assert_close(out, torch.tensor([0.0, 0.3, 1.0, 1.0, 0.0]))
+    assert out.min() >= 0 and out.max() <= 1
+
+
+@pytest.mark.parametrize("p,expected", [(1, 5130), (2, 529930), (3, 581194), (4, 582026)])
+def test_ala_weight_count_per_p_on_fedavg_cnn(p, expected):
+    model = build_model("fedavg_cnn", (1, 28, 28), 10)
+    ala = AdaptiveLocalAggregation(ALASettings(p=p), model.units(), TrainSettings())
+    params = dict(model.named_parameters())
+    assert count_parameters(model, ala.top_names(params)) == expected
+    assert reference_layer_idx(model.units(), p) == 2 * p  # weight+bias per unit in the reference code
+
+
+def test_fedavg_cnn_sizes_match_spec():
+    assert count_parameters(FedAvgCNN(1, 10, 28)) == 582026
+    assert count_parameters(FedAvgCNN(3, 10, 32)) == 878538
+    assert count_parameters(FedAvgCNN(3, 100, 32)) == 924708
+
+
+def test_p_out_of_range_is_rejected():
+    ctx = tiny_context()
+    with pytest.raises(ValueError, match="p=5 exceeds"):
+        make_ala(ctx, p=5)
+
+
+def test_inactive_when_global_equals_local():
+    ctx = tiny_context()
+    local = params_of(ctx, 1)
+    ala = make_ala(ctx)
+    state = ala.init_state()
+    out, new_state, info = ala(dict(local), local, state, ctx)
+    assert info["ala_epochs"] == 0 and new_state is state and new_state["weights"] is None
+    assert all(torch.equal(out[k], local[k]) for k in local)
+
+
+def test_lower_units_overwritten_top_units_blended_and_weights_persist():
+    ctx = tiny_context(n_train=40)
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    ala = make_ala(ctx, p=1, max_start_epochs=3, eta=1.0)
+    out, state, info = ala(glob, local, ala.init_state(), ctx)
+    top = set(top_unit_names(ctx.units, 1))
+    for k in local:
+        if k not in top:
+            assert torch.equal(out[k], glob[k]), k
+    w = state["weights"]
+    assert set(w) == top and state["started"]
+    for k in top:  # out = local + (global - local) * W exactly
+        torch.testing.assert_close(out[k], local[k] + (glob[k] - local[k]) * w[k])
+        assert w[k].min() >= 0 and w[k].max() <= 1
+    assert any((w[k] < 1).any() for k in top), "weights never moved from their initial ones"
+    assert info["ala_epochs"] == 3  # start phase ran to the cap
+    # after the start phase: exactly one epoch, continuing from the stored weights
+    out2, state2, info2 = ala(glob, local, state, ctx)
+    assert info2["ala_epochs"] == 1
+    assert any(not torch.equal(state2["weights"][k], w[k]) for k in top)
+
+
+def test_start_phase_stops_on_convergence_before_cap():
+    ctx = tiny_context(n_train=40)
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    ala = make_ala(ctx, threshold=10.0, num_pre_loss=3, max_start_epochs=50)
+    _, _, info = ala(glob, local, ala.init_state(), ctx)
+    assert info["ala_epochs"] == 4  # more than num_pre_loss losses, std < huge threshold
+
+
+def test_matches_transcription_of_reference_loop():
+    """One non-start-phase ALA epoch equals a literal re-statement of Algorithm 1 lines 6-20."""
+    ctx = tiny_context(n_train=25, batch_size=10)
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    ala = make_ala(ctx, p=2, eta=0.7, sample_fraction=1.0)
+    state = {"weights": None, "started": True}
+    out, state_out, _ = ala(glob, local, state, ctx)
+    # transcription
+    x, y = ala.sample(ctx)
+    top = top_unit_names(ctx.units, 2)
+    w = {k: torch.ones_like(local[k]) for k in top}
+    theta = {**local, **{k: v for k, v in glob.items() if k not in top}}
+    for i in range(0, len(y), 10):
+        for k in top:
+            theta[k] = (local[k] + (glob[k] - local[k]) * w[k]).detach().requires_grad_(True)
+        loss = F.cross_entropy(forward(ctx.model, theta, x[i:i + 10]), y[i:i + 10])
+        loss.backward()
+        for k in top:
+            w[k] = torch.clamp(w[k] - 0.7 * theta[k].grad * (glob[k] - local[k]), 0, 1)
+    for k in top:
+        torch.testing.assert_close(state_out["weights"][k], w[k])
+        torch.testing.assert_close(out[k], local[k] + (glob[k] - local[k]) * w[k])
+
+
+@pytest.mark.parametrize("n_train", [1, 3, 9])
+def test_robust_to_clients_smaller_than_a_batch(n_train):
+    ctx = tiny_context(n_train=n_train, batch_size=10)
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    ala = make_ala(ctx, sample_fraction=0.5, max_start_epochs=4)
+    out, state, info = ala(glob, local, ala.init_state(), ctx)
+    assert info["ala_epochs"] == 4 and all(torch.isfinite(v).all() for v in out.values())
+
+
+def test_contiguous_sampling_takes_a_slice():
+    ctx = tiny_context(n_train=50)
+    ala = make_ala(ctx, sampling="contiguous", sample_fraction=0.2)
+    x, _ = ala.sample(ctx)
+    rows = [int(torch.nonzero((ctx.data.train_x == r).all(dim=(1, 2, 3)))[0]) for r in x]
+    assert len(rows) == 10 and rows == list(range(rows[0], rows[0] + 10))
+
+
+def test_with_ala_replaces_only_local_init_for_fedprox_and_ditto_targets():
+    from pflkit.config import load_config
+
+    ctx = tiny_context(n_train=30)
+    cfg = load_config(None, ["fedala.max_start_epochs=2"])
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    for name, key in [("fedprox+ala", "model"), ("ditto+ala", "model")]:
+        alg = build_algorithm(name, cfg.algorithm_sections(), ctx.train, ctx.units)
+        state = alg.init_client(local, 0)
+        state = alg.local_init({"global": glob}, state, ctx)
+        assert state["ala"]["started"]
+        assert not all(torch.equal(state[key][k], glob[k]) for k in glob)
+    cfg = load_config(None, ["fedala.max_start_epochs=2", "ditto.ala_target='personal'"])
+    alg = build_algorithm("ditto+ala", cfg.algorithm_sections(), ctx.train, ctx.units)
+    state = alg.init_client(local, 0)
+    state["personal"] = params_of(ctx, 3)
+    state = alg.local_init({"global": glob}, state, ctx)
+    assert all(torch.equal(state["model"][k], glob[k]) for k in glob)  # global track overwritten
+    top = top_unit_names(ctx.units, 1)
+    assert not all(torch.equal(state["personal"][k], glob[k]) for k in top)  # personal blended

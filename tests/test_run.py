@@ -1,0 +1,186 @@
+"""End-to-end runs, resume equivalence (incl. kill -9), determinism and bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from pflkit.cli import main
+from pflkit.config import ConfigError, load_config
+from pflkit.data import DataError, PartitionError, write_idx
+from pflkit.functional import NonFiniteLossError
+from pflkit.run.experiment import resume_experiment, run_experiment
+from pflkit.run.results import ResultsFolder
+
+ALGOS = 'algorithms=["fedavg","fedprox","ditto","fedrep","fedala","fedprox+ala","ditto+ala"]'
+
+
+def records(folder: Path) -> list[dict]:
+    """metrics.jsonl without wall-clock fields (those differ between runs by nature)."""
+    out = []
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out.append({k: v for k, v in rec.items() if k != "seconds" and not k.endswith("_seconds")})
+    return out
+
+
+def test_cli_two_rounds_writes_a_complete_results_folder(tmp_path, fast_config):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", *fast_config, ALGOS, "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "results:" in result.output and "fedala" in result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary) == {"fedavg", "fedprox", "ditto", "fedrep", "fedala", "fedprox+ala", "ditto+ala"}
+    for entry in summary.values():
+        for key in ("best_accuracy", "final_accuracy", "best_mean_client_accuracy", "mean_seconds_per_round"):
+            assert np.isfinite(entry[key])
+        assert 0 <= entry["final_accuracy"] <= entry["best_accuracy"] <= 1
+    recs = records(out)
+    assert len(recs) == 7 * 3  # rounds 0, 1, 2 for each algorithm
+    assert [r["round"] for r in recs[:3]] == [0, 1, 2]
+    assert all(r["evaluated_clients"] == 4 for r in recs)
+    fedala = [r for r in recs if r["algorithm"] == "fedala"]
+    assert fedala[1]["ala_epochs"] == 0 and fedala[2]["ala_epochs"] > 0  # inactive in round 1
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    for png in ("accuracy.png", "partition-seed0.png"):
+        assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
+    assert load_config(out / "config.toml").rounds == 2
+
+
+def test_same_seed_gives_identical_numbers_and_seeds_summarize(tmp_path, fast_config):
+    cfg = load_config(None, fast_config + ['algorithms=["fedala"]', "seeds=[0, 1]"])
+    s1 = run_experiment(cfg, tmp_path / "a", progress=False, echo=lambda s: None)
+    s2 = run_experiment(cfg, tmp_path / "b", progress=False, echo=lambda s: None)
+    assert records(tmp_path / "a") == records(tmp_path / "b")
+    assert s1["fedala"]["best_accuracy"] == s2["fedala"]["best_accuracy"]
+    per_seed = [s1["fedala"]["seeds"][k]["best_accuracy"] for k in ("0", "1")]
+    assert s1["fedala"]["best_accuracy"] == pytest.approx(np.mean(per_seed))
+    assert s1["fedala"]["best_accuracy_std"] == pytest.approx(np.std(per_seed))
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_config, monkeypatch):
+    overrides = fast_config + ['algorithms=["fedavg","fedala"]', "rounds=4"]
+    cfg = load_config(None, overrides)
+    run_experiment(cfg, tmp_path / "full", progress=False, echo=lambda s: None)
+
+    from pflkit.run import rounds as rounds_module
+    original = rounds_module.make_record
+    calls = {"n": 0}
+
+    def crash_after_some_rounds(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 7:  # inside fedala's second round, after fedavg finished
+            raise KeyboardInterrupt("simulated interruption")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rounds_module, "make_record", crash_after_some_rounds)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "cut", progress=False, echo=lambda s: None)
+    status = ResultsFolder(tmp_path / "cut").status()
+    assert status["status"] == "failed" and not (tmp_path / "cut" / "summary.json").exists()
+    monkeypatch.setattr(rounds_module, "make_record", original)
+    resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
+    assert records(tmp_path / "cut") == records(tmp_path / "full")
+
+
+def test_kill_9_then_resume_gives_the_same_metrics(tmp_path, fast_config):
+    overrides = fast_config + ['algorithms=["fedavg","fedala"]', "rounds=8"]
+    run_experiment(load_config(None, overrides), tmp_path / "full", progress=False, echo=lambda s: None)
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "pflkit.cli", "run", *overrides, "--out", str(out), "--quiet"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = out / "checkpoints" / "fedala-seed0.pt"
+    deadline = time.time() + 120
+    while not target.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    result = CliRunner().invoke(main, ["run", "--resume", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert records(out) == records(tmp_path / "full")
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("fedala.etaa=1.0", "fedala.etaa: unknown key"),
+    ("colour=1", "colour: unknown key"),
+    ('rounds="three"', "rounds"),
+    ("alpha=-1.0", "alpha"),
+    ("join_ratio=1.5", "join_ratio"),
+    ('algorithms=["fedsomething"]', "unknown algorithm 'fedsomething'"),
+    ('partition="random"', "partition"),
+    ("device=tpu", "device"),
+    ("dataset=mnist", "needs data_dir"),
+])
+def test_bad_config_values_name_the_key(override, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        load_config(None, [override])
+
+
+def test_bad_config_file_and_cli_exit_code(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("rounds = 3\n[fedala]\nnope = 1\n")
+    with pytest.raises(ConfigError, match="fedala.nope: unknown key"):
+        load_config(bad)
+    broken = tmp_path / "broken.toml"
+    broken.write_text("rounds = = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+    result = CliRunner().invoke(main, ["run", str(bad), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "fedala.nope" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_and_corrupt_data_files_are_named_and_leave_no_folder(tmp_path):
+    empty = tmp_path / "mnist"
+    empty.mkdir()
+    cfg = load_config(None, ["dataset=mnist", f"data_dir='{empty}'", "num_clients=2"])
+    with pytest.raises(DataError, match="train-images-idx3-ubyte"):
+        run_experiment(cfg, tmp_path / "out1", progress=False)
+    assert not (tmp_path / "out1").exists()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 30), ("t10k", 10)):
+        write_idx(empty / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28), dtype=np.uint8))
+        write_idx(empty / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, n, dtype=np.uint8))
+    corrupt = empty / "t10k-images-idx3-ubyte.gz"
+    corrupt.write_bytes(gzip.compress(gzip.decompress(corrupt.read_bytes())[:-100]))
+    with pytest.raises(DataError, match="t10k-images-idx3-ubyte"):
+        run_experiment(cfg, tmp_path / "out2", progress=False)
+    assert not (tmp_path / "out2").exists()
+
+
+def test_impossible_partition_is_refused_before_any_output(tmp_path):
+    cfg = load_config(None, ["dataset=synthetic", "num_clients=500", "min_samples_per_client=40"])
+    with pytest.raises(PartitionError, match="500"):
+        run_experiment(cfg, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_nan_loss_stops_with_a_clear_error_and_a_failed_folder(tmp_path, fast_config):
+    cfg = load_config(None, fast_config + ['algorithms=["fedavg"]', "lr=1e12"])
+    with pytest.raises(NonFiniteLossError, match=r"algorithm fedavg, client \d+, round \d+"):
+        run_experiment(cfg, tmp_path / "out", progress=False)
+    status = ResultsFolder(tmp_path / "out").status()
+    assert status["status"] == "failed" and "NonFiniteLossError" in status["error"]
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_refuses_to_overwrite_a_results_folder(tmp_path, fast_config):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "something").write_text("x")
+    result = CliRunner().invoke(main, ["run", *fast_config, "--out", str(out)])
+    assert result.exit_code == 2 and "already exists" in result.output
+    result = CliRunner().invoke(main, ["run", "--resume", str(out)])
+    assert result.exit_code == 2 and "not a pflkit results folder" in result.output
