@@ -45,7 +45,8 @@ def sgd(model: nn.Module, params: Mapping[str, torch.Tensor], batches: Iterable[
     batch loss. Raises NonFiniteLossError when the loss is NaN/inf.
     """
     names = list(params) if trainable is None else list(trainable)
-    frozen = {k: v.detach() for k, v in params.items() if k not in set(names)}
+    trainable_set = set(names)
+    frozen = {k: v.detach() for k, v in params.items() if k not in trainable_set}
     train = {k: params[k].detach().clone().requires_grad_(True) for k in names}
     leaves = [train[k] for k in names]
     anchors = [prox_anchor[k].detach() for k in names] if prox_anchor is not None and prox_mu else None

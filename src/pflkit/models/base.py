@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
 from torch import nn
 
 Units = list[tuple[str, list[str]]]

@@ -53,7 +53,7 @@ class _Recorder:
 
     def on_record(self, state: RunState, record: dict[str, Any]) -> None:
         self.results.append_record(record)
-        if "train_round" in record and not state.done:
+        if not state.done:  # every record but the final one closes a training round
             self.bar.update(1)
         if "accuracy" in record:
             self.bar.set_postfix(acc=f"{100 * record['accuracy']:.2f}%")
