@@ -81,9 +81,9 @@ def test_inactive_when_global_equals_local():
     ctx = tiny_context()
     local = params_of(ctx, 1)
     ala = make_ala(ctx)
-    state = ala.init_state()
+    state = ala.init_state(local)
     out, new_state, info = ala(dict(local), local, state, ctx)
-    assert info["ala_epochs"] == 0 and new_state is state and new_state["weights"] is None
+    assert info["ala_epochs"] == 0 and new_state is state and not new_state["started"]
     assert all(torch.equal(out[k], local[k]) for k in local)
 
 
@@ -91,7 +91,7 @@ def test_lower_units_overwritten_top_units_blended_and_weights_persist():
     ctx = tiny_context(n_train=40)
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     ala = make_ala(ctx, p=1, max_start_epochs=3, eta=1.0)
-    out, state, info = ala(glob, local, ala.init_state(), ctx)
+    out, state, info = ala(glob, local, ala.init_state(local), ctx)
     top = set(top_unit_names(ctx.units, 1))
     for k in local:
         if k not in top:
@@ -113,7 +113,7 @@ def test_start_phase_stops_on_convergence_before_cap():
     ctx = tiny_context(n_train=40)
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     ala = make_ala(ctx, threshold=10.0, num_pre_loss=3, max_start_epochs=50)
-    _, _, info = ala(glob, local, ala.init_state(), ctx)
+    _, _, info = ala(glob, local, ala.init_state(local), ctx)
     assert info["ala_epochs"] == 4  # more than num_pre_loss losses, std < huge threshold
 
 
@@ -122,7 +122,7 @@ def test_matches_transcription_of_reference_loop():
     ctx = tiny_context(n_train=25, batch_size=10)
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     ala = make_ala(ctx, p=2, eta=0.7, sample_fraction=1.0)
-    state = {"weights": None, "started": True}
+    state = {**ala.init_state(local), "started": True}
     out, state_out, _ = ala(glob, local, state, ctx)
     # transcription
     x, y = ala.sample(ctx)
@@ -146,7 +146,7 @@ def test_robust_to_clients_smaller_than_a_batch(n_train):
     ctx = tiny_context(n_train=n_train, batch_size=10)
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     ala = make_ala(ctx, sample_fraction=0.5, max_start_epochs=4)
-    out, state, info = ala(glob, local, ala.init_state(), ctx)
+    out, state, info = ala(glob, local, ala.init_state(local), ctx)
     assert info["ala_epochs"] == 4 and all(torch.isfinite(v).all() for v in out.values())
 
 

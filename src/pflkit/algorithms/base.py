@@ -17,7 +17,7 @@ store, so the same functions run sequentially, batched, or on Flower clients.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator, Mapping
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from ..data.federated import ClientData
-from ..functional import Params, clone, torch_generator, weighted_average
+from ..functional import Params, clone, sgd, torch_generator, weighted_average
 from ..functional.training import Batch
 from ..models import Units
 
@@ -80,6 +80,17 @@ class ClientContext:
     def where(self, stage: str) -> str:
         return f"algorithm {self.algorithm}, client {self.client_id}, round {self.round}, {stage}"
 
+    def sgd(self, params: Params, *, purpose: str = "train", epochs: int = 1,
+            trainable: Sequence[str] | None = None, prox_anchor: Mapping[str, torch.Tensor] | None = None,
+            prox_mu: float = 0.0, stage: str = "local training") -> tuple[Params, float]:
+        """``epochs`` epochs of plain SGD at the local lr over this client's ``purpose`` batches.
+
+        Algorithms train only through this method, so an engine can substitute a batched
+        implementation (many clients at once) without changing algorithm code.
+        """
+        return sgd(self.model, params, self.batches(purpose, epochs), self.train.lr, trainable=trainable,
+                   prox_anchor=prox_anchor, prox_mu=prox_mu, where=self.where(stage))
+
     def batches(self, purpose: str = "train", epochs: int = 1) -> Iterator[Batch]:
         """Shuffled mini-batches of the client's training data, ``epochs`` times.
 
@@ -132,6 +143,10 @@ class Algorithm:
     def prepare(self, server: State, clients: list[ClientSummary]) -> State:
         """Server-side preparation before round 1 from client summaries (default: nothing)."""
         return server
+
+    def downloaded_names(self, names: list[str]) -> list[str]:
+        """Which parameters the downlink carries (FedRep: the body only)."""
+        return names
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         return {"global": server["global"]}

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..functional import clone, sgd
+from ..functional import clone
 from ..functional.params import Params
 from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
 from .registry import register
@@ -37,12 +37,10 @@ class Ditto(Algorithm):
 
     def local_train(self, payload: Payload, state: State,
                     ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        personal, personal_loss = sgd(
-            ctx.model, state["personal"], ctx.batches("personal", self.settings.personal_epochs),
-            self.train.lr, prox_anchor=payload["global"], prox_mu=self.settings.mu,
-            where=ctx.where("personal training"))
-        params, loss = sgd(ctx.model, state["model"], ctx.batches("train", self.train.local_epochs),
-                           self.train.lr, where=ctx.where("local training"))
+        personal, personal_loss = ctx.sgd(state["personal"], purpose="personal",
+                                          epochs=self.settings.personal_epochs, prox_anchor=payload["global"],
+                                          prox_mu=self.settings.mu, stage="personal training")
+        params, loss = ctx.sgd(state["model"], epochs=self.train.local_epochs)
         return ({**state, "model": params, "personal": personal}, self.upload(params, ctx),
                 {"train_loss": loss, "personal_loss": personal_loss})
 

@@ -6,7 +6,6 @@ Evaluated model: the downloaded global model (spec §2.1), which is the local mo
 
 from __future__ import annotations
 
-from ..functional import sgd
 from .base import Algorithm, ClientContext, Payload, State, Upload
 from .registry import register
 
@@ -17,6 +16,5 @@ class FedAvg(Algorithm):
 
     def local_train(self, payload: Payload, state: State,
                     ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        params, loss = sgd(ctx.model, state["model"], ctx.batches("train", self.train.local_epochs),
-                           self.train.lr, where=ctx.where("local training"))
+        params, loss = ctx.sgd(state["model"], epochs=self.train.local_epochs)
         return {**state, "model": params}, self.upload(params, ctx), {"train_loss": loss}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..functional import sgd
 from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
 from .registry import register
 
@@ -21,7 +20,6 @@ class FedProx(Algorithm):
 
     def local_train(self, payload: Payload, state: State,
                     ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        params, loss = sgd(ctx.model, state["model"], ctx.batches("train", self.train.local_epochs),
-                           self.train.lr, prox_anchor=payload["global"], prox_mu=self.settings.mu,
-                           where=ctx.where("local training"))
+        params, loss = ctx.sgd(state["model"], epochs=self.train.local_epochs, prox_anchor=payload["global"],
+                               prox_mu=self.settings.mu)
         return {**state, "model": params}, self.upload(params, ctx), {"train_loss": loss}

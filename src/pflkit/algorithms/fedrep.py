@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..functional import sgd, subset
+from ..functional import subset
 from ..models import head_names
 from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
 from .registry import register
@@ -24,18 +24,20 @@ class FedRep(Algorithm):
     settings_class = FedRepSettings
     settings: FedRepSettings
 
-    def downlink(self, server: State, client_id: int, round: int) -> Payload:
+    def downloaded_names(self, names: list[str]) -> list[str]:
         """Only the body travels; heads stay on the clients."""
         head = set(head_names(self.units))
-        return {"global": {k: v for k, v in server["global"].items() if k not in head}}
+        return [n for n in names if n not in head]
+
+    def downlink(self, server: State, client_id: int, round: int) -> Payload:
+        return {"global": {k: server["global"][k] for k in self.downloaded_names(list(server["global"]))}}
 
     def local_train(self, payload: Payload, state: State,
                     ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
         head = head_names(self.units)
         body = [k for k in state["model"] if k not in head]
-        params, head_loss = sgd(ctx.model, state["model"], ctx.batches("head", self.settings.head_epochs),
-                                self.train.lr, trainable=head, where=ctx.where("head training"))
-        params, loss = sgd(ctx.model, params, ctx.batches("train", self.train.local_epochs),
-                           self.train.lr, trainable=body, where=ctx.where("body training"))
+        params, head_loss = ctx.sgd(state["model"], purpose="head", epochs=self.settings.head_epochs,
+                                    trainable=head, stage="head training")
+        params, loss = ctx.sgd(params, epochs=self.train.local_epochs, trainable=body, stage="body training")
         return ({**state, "model": params}, self.upload(subset(params, body), ctx),
                 {"train_loss": loss, "head_loss": head_loss})

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from .base import ClientJob, ClientResult, Engine, RoundSetup, run_client
 from .loop import LoopEngine
+from .parallel import ParallelEngine, default_workers
 
-ENGINES = {"loop": LoopEngine}
+ENGINES = ("loop", "parallel")
 
 
-def build_engine(name: str) -> Engine:
-    """``auto`` picks the fastest engine available for the device (only ``loop`` exists so far)."""
+def build_engine(name: str, *, workers: int | None = None, device: str = "cpu") -> Engine:
+    """``auto``: the parallel CPU engine on CPU (vmap on CUDA once available)."""
     if name == "auto":
-        name = "loop"
-    if name not in ENGINES:
-        raise ValueError(f"unknown engine {name!r}; available: auto, {', '.join(ENGINES)}")
-    return ENGINES[name]()
+        name = "parallel"
+    if name == "loop":
+        return LoopEngine()
+    if name == "parallel":
+        return ParallelEngine(workers)
+    raise ValueError(f"unknown engine {name!r}; available: auto, {', '.join(ENGINES)}")
 
 
-__all__ = ["ClientJob", "ClientResult", "Engine", "RoundSetup", "run_client", "LoopEngine", "build_engine"]
+__all__ = ["ClientJob", "ClientResult", "Engine", "RoundSetup", "run_client", "LoopEngine", "ParallelEngine",
+           "build_engine", "default_workers"]

@@ -10,3 +10,6 @@ class LoopEngine:
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
         return [run_client(setup, job, round) for job in jobs]
+
+    def close(self) -> None:
+        pass

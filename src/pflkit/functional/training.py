@@ -24,8 +24,12 @@ class NonFiniteLossError(FloatingPointError):
     """A training loss became NaN or infinite."""
 
 
-def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    return functional_call(model, dict(params), (x,))
+def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, start: int = 0,
+            stop: int | None = None) -> torch.Tensor:
+    """Run units ``start..stop-1`` of a pflkit model with ``params`` (all units by default)."""
+    if start == 0 and stop is None:
+        return functional_call(model, dict(params), (x,))
+    return functional_call(model, dict(params), (x,), {"start": start, "stop": stop})
 
 
 def check_finite(loss_sum: torch.Tensor, where: str) -> None:

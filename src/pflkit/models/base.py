@@ -9,15 +9,32 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 from torch import nn
 
 Units = list[tuple[str, list[str]]]
 
 
 class UnitModel(nn.Module):
-    """A module that knows its units (ordered input -> output)."""
+    """A module that knows its units (ordered input -> output) and can run any range of them.
+
+    Subclasses implement ``unit_forward(i, x)``: unit ``i`` including its activation/pooling.
+    ``forward(x, start, stop)`` runs units ``start..stop-1``, so frozen lower units can be
+    computed once and the top units iterated alone (ALA's feature cache).
+    ``prefix_is_deterministic`` must be False for models whose lower units contain dropout or
+    batch-norm in training mode (their output then depends on more than the inputs).
+    """
 
     unit_modules: Sequence[str] = ()
+    prefix_is_deterministic: bool = True
+
+    def unit_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        for index in range(start, len(self.unit_modules) if stop is None else stop):
+            x = self.unit_forward(index, x)
+        return x
 
     def units(self) -> Units:
         """Ordered (unit name, parameter names) pairs, input side first."""

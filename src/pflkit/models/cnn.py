@@ -9,6 +9,17 @@ from torch.nn import functional as F
 from .base import UnitModel
 
 
+def _four_unit_forward(model: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
+    """conv1 -> pool, conv2 -> pool, fc1 (on the flattened maps), fc; ReLU after all but fc."""
+    if index == 0:
+        return F.max_pool2d(F.relu(model.conv1(x)), 2)
+    if index == 1:
+        return F.max_pool2d(F.relu(model.conv2(x)), 2)
+    if index == 2:
+        return F.relu(model.fc1(torch.flatten(x, -3)))
+    return model.fc(x)
+
+
 class FedAvgCNN(UnitModel):
     """The 4-layer CNN of McMahan et al. (2017) as used by FedALA/PFLlib (spec §7.1).
 
@@ -28,13 +39,8 @@ class FedAvgCNN(UnitModel):
         self.fc1 = nn.Linear(64 * side * side, 512)
         self.fc = nn.Linear(512, num_classes)
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return F.relu(self.fc1(torch.flatten(x, 1)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x))
+    def unit_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        return _four_unit_forward(self, index, x)
 
 
 class DigitsCNN(UnitModel):
@@ -55,10 +61,5 @@ class DigitsCNN(UnitModel):
         self.fc1 = nn.Linear(32 * side * side, 64)
         self.fc = nn.Linear(64, num_classes)
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return F.relu(self.fc1(torch.flatten(x, 1)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x))
+    def unit_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        return _four_unit_forward(self, index, x)

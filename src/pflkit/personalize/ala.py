@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from ..algorithms.base import (Algorithm, ClientContext, ClientSummary, Payload, Settings, State,
                                TrainSettings, Upload)
 from ..functional import Params, check_finite, equal, forward
-from ..models import Units, top_unit_names
+from ..models import Units
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ class ALASettings(Settings):
     max_start_epochs: int = Field(200, ge=1, description="hard cap on start-phase epochs (ours; spec §1.6)")
     sampling: Literal["random", "contiguous"] = Field(
         "random", description="s% sample: uniform subset (paper) or the reference code's contiguous slice")
+    cache_features: bool = Field(
+        True, description="compute the frozen lower units' output on the sample once per round and "
+        "iterate only the top p units (exact for models whose lower units are deterministic)")
 
 
 def blend(local: Params, received: Params, weights: Params) -> Params:
@@ -75,16 +78,29 @@ class AdaptiveLocalAggregation:
         self.units = units
         self.train = train
 
-    @staticmethod
-    def init_state() -> State:
-        return {"weights": None, "started": False}
+    def init_state(self, downloaded: Params) -> State:
+        """Weights W initialised to ones over the top p of the downloaded units (spec §1.7)."""
+        _, top = self.top_units(downloaded)
+        return {"weights": {k: torch.ones_like(downloaded[k]) for k in top}, "started": False}
 
-    def top_names(self, received: Params) -> list[str]:
-        """Names of the top p units among the units the payload carries (FedRep: body only)."""
-        carried = [(u, ms) for u, ms in self.units if all(m in received for m in ms)]
+    def top_units(self, received: Params | list[str]) -> tuple[int, list[str]]:
+        """(index of the lowest top unit, parameter names of the top p units among the units
+        the payload carries); FedRep's payload carries the body only."""
+        carried = [i for i, (_, ms) in enumerate(self.units) if all(m in received for m in ms)]
         if not carried:
             raise ValueError("ALA received no complete unit of the model")
-        return top_unit_names(carried, min(self.settings.p, len(carried)))
+        chosen = carried[-min(self.settings.p, len(carried)):]
+        return chosen[0], [n for i in chosen for n in self.units[i][1]]
+
+    def top_names(self, received: Params | list[str]) -> list[str]:
+        return self.top_units(received)[1]
+
+    def prefix_stop(self, model: torch.nn.Module, lowest_top: int) -> int:
+        """How many lower units can be computed once per round (0: no feature cache)."""
+        if not self.settings.cache_features or not getattr(model, "prefix_is_deterministic", False):
+            return 0
+        # Only units below the lowest top unit, and only if none of them is blended.
+        return lowest_top
 
     def sample(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
         """The s% sample D_i^{s,t}: at least one sample, drawn from the client's ALA stream."""
@@ -105,15 +121,17 @@ class AdaptiveLocalAggregation:
         """Return the initialised local model, the new ALA state and diagnostics."""
         if equal(received, local):
             return {**local, **received}, state, {"ala_epochs": 0}
-        top = self.top_names(received)
+        lowest_top, top = self.top_units(received)
         fixed = {**local, **{k: v for k, v in received.items() if k not in top}}
         local_top = {k: local[k].detach() for k in top}
         delta = {k: received[k].detach() - local_top[k] for k in top}
-        weights = state["weights"]
-        weights = ({k: torch.ones_like(local_top[k]) for k in top} if weights is None
-                   else {k: w.clone() for k, w in weights.items()})
+        weights = {k: w.clone() for k, w in state["weights"].items()}
         start_phase = not state["started"]
         x, y = self.sample(ctx)
+        prefix = self.prefix_stop(ctx.model, lowest_top)
+        if prefix:
+            with torch.no_grad():  # lower units are frozen: their output is constant this round
+                x = forward(ctx.model, fixed, x, stop=prefix)
         b = self.train.batch_size
         batches = [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
         losses: list[float] = []
@@ -121,7 +139,7 @@ class AdaptiveLocalAggregation:
         while True:
             for xb, yb in batches:
                 blended = {k: (local_top[k] + delta[k] * weights[k]).requires_grad_(True) for k in top}
-                loss = F.cross_entropy(forward(ctx.model, {**fixed, **blended}, xb), yb)
+                loss = F.cross_entropy(forward(ctx.model, {**fixed, **blended}, xb, start=prefix), yb)
                 grads = torch.autograd.grad(loss, [blended[k] for k in top])
                 with torch.no_grad():
                     for k, g in zip(top, grads):
@@ -173,7 +191,8 @@ class WithALA(Algorithm):
         return self.base.global_params(server)
 
     def init_client(self, init_params: Params, client_id: int) -> State:
-        return {**self.base.init_client(init_params, client_id), "ala": self.ala.init_state()}
+        downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}
+        return {**self.base.init_client(init_params, client_id), "ala": self.ala.init_state(downloaded)}
 
     def local_init(self, payload: Payload, state: State, ctx: ClientContext) -> State:
         old_local = state[self.state_key]

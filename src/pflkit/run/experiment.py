@@ -89,7 +89,7 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
                                f"{config.num_clients} clients (seed {pseed})")
         train = TrainSettings(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
                               eval_batch_size=config.eval_batch_size)
-        engine = build_engine(config.engine)
+        engine = build_engine(config.engine, workers=config.workers, device=device.type)
         histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for seed in config.seeds:
             data = partitions[seed if config.partition_seed is None else config.partition_seed]
@@ -110,6 +110,7 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
                                            callbacks=[Checkpointer(ckpt, config.checkpoint_every),
                                                       _Recorder(results, bar)])
                 histories[(name, seed)] = state.history
+        engine.close()
         summary = summarize(histories, config.algorithms, config.seeds)
         plot_accuracy(histories, results.plots / "accuracy.png",
                       f"{config.dataset}, {config.partition}, {config.num_clients} clients")

@@ -1,0 +1,109 @@
+"""Every engine runs the same algorithm code to the same numbers (issue: fast engines)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pflkit.algorithms import TrainSettings, available, build_algorithm
+from pflkit.config import load_config
+from pflkit.data.federated import ClientData, FederatedData
+from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup
+from pflkit.models import build_model
+from pflkit.personalize import ALASettings, AdaptiveLocalAggregation
+from pflkit.run.rounds import run_rounds, start_run
+
+from helpers import params_of, tiny_context
+
+ALL_ALGORITHMS = available()
+
+
+def make_data(sizes: list[int], seed: int = 0, test: int = 4) -> FederatedData:
+    """Clients with exactly ``sizes`` training samples of learnable 8x8 data."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(10, 1, 8, 8, generator=g)
+    clients = []
+    for i, n in enumerate(sizes):
+        y = torch.randint(0, 10, (n + test,), generator=g)
+        x = means[y] + 0.5 * torch.randn(n + test, 1, 8, 8, generator=g)
+        clients.append(ClientData(i, x[:n], y[:n], x[n:], y[n:]))
+    counts = np.stack([np.bincount(c.train_y.numpy(), minlength=10) for c in clients])
+    return FederatedData("toy", 10, (1, 8, 8), [np.arange(n) for n in sizes], [np.arange(test)] * len(sizes),
+                         clients, counts)
+
+
+def run(name: str, engine, data: FederatedData, rounds: int = 2, overrides=()):
+    cfg = load_config(None, ["fedala.max_start_epochs=3", "fedrep.head_epochs=1", "ditto.personal_epochs=1",
+                             *overrides])
+    torch.manual_seed(0)
+    model = build_model("digits_cnn", (1, 8, 8), 10)
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
+    alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
+    setup = RoundSetup(alg, data, model, model.units(), train, seed=3)
+    state = run_rounds(setup, engine, start_run(setup, init), rounds=rounds, join_ratio=1.0, eval_every=1)
+    return state
+
+
+def assert_same_state(a, b, atol=0.0):
+    def walk(x, y, path):
+        if isinstance(x, dict):
+            assert x.keys() == y.keys(), path
+            for k in x:
+                walk(x[k], y[k], f"{path}.{k}")
+        elif isinstance(x, torch.Tensor):
+            torch.testing.assert_close(x, y, rtol=0, atol=atol, msg=path)
+        else:
+            assert x == y, path
+    walk(a.server, b.server, "server")
+    walk(a.clients, b.clients, "clients")
+    strip = lambda h: [{k: v for k, v in r.items() if "seconds" not in k} for r in h]  # noqa: E731
+    assert strip(a.history) == strip(b.history)
+
+
+@pytest.mark.parametrize("name", ALL_ALGORITHMS)
+def test_parallel_engine_matches_loop_for_every_algorithm_and_worker_count(name):
+    data = make_data([30, 45, 12, 60])
+    reference = run(name, LoopEngine(), data)
+    for workers in (1, 2):
+        engine = ParallelEngine(workers)
+        try:
+            assert_same_state(reference, run(name, engine, data))
+        finally:
+            engine.close()
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedala", "fedrep", "ditto+ala"])
+def test_clients_of_1_9_10_and_500_samples_in_one_round(name):
+    data = make_data([1, 9, 10, 500])
+    reference = run(name, LoopEngine(), data, rounds=2)
+    engine = ParallelEngine(2)
+    try:
+        assert_same_state(reference, run(name, engine, data, rounds=2))
+    finally:
+        engine.close()
+    for record in reference.history:
+        assert np.isfinite(record["accuracy"])
+        assert record["evaluated_clients"] == 4
+
+
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_ala_feature_cache_gives_the_same_weights(p):
+    ctx = tiny_context(n_train=47)
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    results = []
+    for cache in (True, False):
+        ala = AdaptiveLocalAggregation(ALASettings(p=p, max_start_epochs=4, cache_features=cache),
+                                       ctx.units, ctx.train)
+        out, state, info = ala(glob, local, ala.init_state(glob), ctx)
+        out2, state2, _ = ala(glob, local, state, ctx)
+        results.append((out2, state2["weights"], info["ala_epochs"]))
+    (o1, w1, e1), (o2, w2, e2) = results
+    assert e1 == e2 == 4
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(o1[k], o2[k], rtol=1e-6, atol=1e-7)
+    cached = AdaptiveLocalAggregation(ALASettings(p=p), ctx.units, ctx.train)
+    assert cached.prefix_stop(ctx.model, 4 - p) == 4 - p  # the cache was really used
+    assert ala.prefix_stop(ctx.model, 4 - p) == 0
