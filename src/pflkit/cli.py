@@ -82,6 +82,30 @@ def config(args: tuple[str, ...]) -> None:
 
 
 @main.command()
+@click.option("--data-dir", default=None, help="MNIST folder (IDX files); default: an MNIST-shaped stand-in")
+@click.option("--clients", default="20", show_default=True, help="comma-separated client counts")
+@click.option("--engines", default="loop,parallel", show_default=True, help="comma-separated engines")
+@click.option("--algorithms", "algos", default="fedavg,fedala", show_default=True)
+@click.option("--rounds", default=4, show_default=True, help="rounds per engine (round 2 = ALA start phase)")
+@click.option("--workers", type=int, default=None, help="parallel engine workers (default: all cores)")
+@click.option("--device", default="cpu", show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench.json"),
+              show_default=True, help="JSON report")
+def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: int, workers: int | None,
+          device: str, out: Path) -> None:
+    """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1)."""
+    from .bench import BenchSettings, format_report, run_bench, save_report
+
+    settings = BenchSettings(data_dir=data_dir, clients=[int(c) for c in clients.split(",")],
+                             engines=engines.split(","), algorithms=algos.split(","), rounds=rounds,
+                             workers=workers, device=device)
+    report = run_bench(settings, echo=click.echo)
+    save_report(report, out)
+    click.echo(format_report(report))
+    click.echo(f"report: {out}")
+
+
+@main.command()
 def algorithms() -> None:
     """List the algorithm names accepted in ``algorithms = [...]``."""
     from .algorithms import available

@@ -52,9 +52,9 @@ class BaseConfig(BaseModel):
     join_ratio: float = Field(1.0, gt=0, le=1)
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(1000, ge=1)
-    engine: Literal["auto", "loop", "parallel"] = Field(
-        "auto", description="loop: one client at a time; parallel: clients over worker threads; "
-        "auto: the fastest for the device")
+    engine: Literal["auto", "loop", "parallel", "vmap"] = Field(
+        "auto", description="loop: one client at a time; parallel: clients over worker threads; vmap: "
+        "many clients batched with torch.func (for GPUs); auto: vmap on CUDA, parallel on CPU")
     workers: int | None = Field(None, ge=1, description="parallel engine workers (default: all cores)")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int = Field(1, ge=1, description="torch intra-op threads per worker (set explicitly; see docs)")

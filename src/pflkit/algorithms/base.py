@@ -98,17 +98,23 @@ class ClientContext:
         samples than one batch trains on one batch holding all its samples.
         """
         x, y = self.data.train_x, self.data.train_y
-        n, b = len(y), self.train.batch_size
-        if n == 0:
-            return
-        g = self.generator(purpose)
-        full = n // b if n >= b else 1
-        size = b if n >= b else n
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=g).to(x.device)
-            for k in range(full):
-                idx = order[k * size:(k + 1) * size]
-                yield x[idx], y[idx]
+        for idx in batch_order(len(y), self.train.batch_size, epochs, self.generator(purpose)):
+            idx = idx.to(x.device)
+            yield x[idx], y[idx]
+
+
+def batch_order(n: int, batch_size: int, epochs: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Index batches of one client: a fresh permutation per epoch, full batches only (drop_last),
+    except that fewer than ``batch_size`` samples make one batch of all of them."""
+    if n == 0:
+        return []
+    full = n // batch_size if n >= batch_size else 1
+    size = batch_size if n >= batch_size else n
+    out = []
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=generator)
+        out.extend(order[k * size:(k + 1) * size] for k in range(full))
+    return out
 
 
 class Algorithm:

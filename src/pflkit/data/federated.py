@@ -20,6 +20,8 @@ class ClientData:
     train_y: torch.Tensor
     test_x: torch.Tensor
     test_y: torch.Tensor
+    train_rows: torch.Tensor | None = None  # rows of FederatedData.x (batched engines gather from it)
+    test_rows: torch.Tensor | None = None
 
     @property
     def num_train(self) -> int:
@@ -41,6 +43,8 @@ class FederatedData:
     test_indices: list[np.ndarray]
     clients: list[ClientData]
     counts: np.ndarray  # [num_clients, num_classes], all samples of each client
+    x: torch.Tensor | None = None  # the whole dataset on the device (batched engines gather from it)
+    y: torch.Tensor | None = None
 
     @property
     def num_clients(self) -> int:
@@ -66,7 +70,25 @@ class FederatedData:
         for i, (tr, te) in enumerate(zip(train_idx, test_idx)):
             tr_t = torch.as_tensor(tr, device=device)
             te_t = torch.as_tensor(te, device=device)
-            clients.append(ClientData(i, x[tr_t], y[tr_t], x[te_t], y[te_t]))
+            clients.append(ClientData(i, x[tr_t], y[tr_t], x[te_t], y[te_t], tr_t, te_t))
         return cls(dataset=data.name, num_classes=data.num_classes, input_shape=tuple(data.input_shape),
                    train_indices=train_idx, test_indices=test_idx, clients=clients,
-                   counts=class_counts(labels, parts, data.num_classes))
+                   counts=class_counts(labels, parts, data.num_classes), x=x, y=y)
+
+    @classmethod
+    def from_clients(cls, clients: list[ClientData], num_classes: int, name: str = "custom") -> "FederatedData":
+        """Wrap ready-made client tensors (tests, custom pipelines) into a FederatedData."""
+        xs = [t for c in clients for t in (c.train_x, c.test_x)]
+        ys = [t for c in clients for t in (c.train_y, c.test_y)]
+        x, y = torch.cat(xs), torch.cat(ys)
+        out, offset = [], 0
+        for c in clients:
+            tr = torch.arange(offset, offset + c.num_train, device=x.device)
+            te = torch.arange(offset + c.num_train, offset + c.num_train + c.num_test, device=x.device)
+            offset += c.num_train + c.num_test
+            out.append(ClientData(c.client_id, c.train_x, c.train_y, c.test_x, c.test_y, tr, te))
+        counts = np.stack([np.bincount(torch.cat([c.train_y, c.test_y]).cpu().numpy(), minlength=num_classes)
+                           for c in clients])
+        return cls(dataset=name, num_classes=num_classes, input_shape=tuple(x.shape[1:]),
+                   train_indices=[c.train_rows.cpu().numpy() for c in out],
+                   test_indices=[c.test_rows.cpu().numpy() for c in out], clients=out, counts=counts, x=x, y=y)

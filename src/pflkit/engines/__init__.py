@@ -5,20 +5,24 @@ from __future__ import annotations
 from .base import ClientJob, ClientResult, Engine, RoundSetup, run_client
 from .loop import LoopEngine
 from .parallel import ParallelEngine, default_workers
+from .vmap import BatchedContext, VmapEngine
 
-ENGINES = ("loop", "parallel")
+ENGINES = ("loop", "parallel", "vmap")
 
 
 def build_engine(name: str, *, workers: int | None = None, device: str = "cpu") -> Engine:
-    """``auto``: the parallel CPU engine on CPU (vmap on CUDA once available)."""
+    """``auto``: vmap on CUDA, the parallel CPU engine on CPU."""
     if name == "auto":
-        name = "parallel"
+        name = "vmap" if device == "cuda" else "parallel"
     if name == "loop":
         return LoopEngine()
     if name == "parallel":
         return ParallelEngine(workers)
+    if name == "vmap":
+        return VmapEngine()
     raise ValueError(f"unknown engine {name!r}; available: auto, {', '.join(ENGINES)}")
 
 
 __all__ = ["ClientJob", "ClientResult", "Engine", "RoundSetup", "run_client", "LoopEngine", "ParallelEngine",
-           "build_engine", "default_workers"]
+           "build_engine", "default_workers",
+           "VmapEngine", "BatchedContext"]

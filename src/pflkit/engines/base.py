@@ -55,8 +55,10 @@ def run_client(setup: RoundSetup, job: ClientJob, round: int) -> ClientResult:
     metrics: dict[str, Any] = {**ctx.info, "init_seconds": time.perf_counter() - t0}
     evaluation = None
     if job.evaluate:
+        t_eval = time.perf_counter()
         evaluation = evaluate(setup.model, alg.eval_params(state), ctx.data.test_x, ctx.data.test_y,
                               setup.train.eval_batch_size)
+        metrics["eval_seconds"] = time.perf_counter() - t_eval
     upload = None
     if job.train:
         t1 = time.perf_counter()

@@ -105,20 +105,35 @@ class AdaptiveLocalAggregation:
     def sample(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
         """The s% sample D_i^{s,t}: at least one sample, drawn from the client's ALA stream."""
         x, y = ctx.data.train_x, ctx.data.train_y
-        n = len(y)
-        k = max(1, int(self.settings.sample_fraction * n))
-        g = ctx.generator("ala")
-        if self.settings.sampling == "random":
-            idx = torch.randperm(n, generator=g)[:k]
-        else:
-            start = int(torch.randint(0, n - k + 1, (1,), generator=g))
-            idx = torch.arange(start, start + k)
-        idx = idx.to(x.device)
+        idx = self.sample_indices(len(y), ctx.generator("ala")).to(x.device)
         return x[idx], y[idx]
+
+    def sample_indices(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """Positions (in the client's training data) of the s% sample: at least one sample."""
+        k = max(1, int(self.settings.sample_fraction * n))
+        if self.settings.sampling == "random":
+            return torch.randperm(n, generator=generator)[:k]
+        start = int(torch.randint(0, n - k + 1, (1,), generator=generator))
+        return torch.arange(start, start + k)
+
+    def converged(self, losses: list[float], client_id: int) -> bool:
+        """The start-phase stopping rule (spec §1.6), with the hard cap."""
+        cfg = self.settings
+        if len(losses) > cfg.num_pre_loss and np.std(losses[-cfg.num_pre_loss:]) < cfg.threshold:
+            return True
+        if len(losses) >= cfg.max_start_epochs:
+            log.warning("ALA start phase of client %d stopped at the cap of %d epochs (loss std %.4g "
+                        ">= threshold %.4g)", client_id, cfg.max_start_epochs,
+                        float(np.std(losses[-cfg.num_pre_loss:])), cfg.threshold)
+            return True
+        return False
 
     def __call__(self, received: Params, local: Params, state: State,
                  ctx: ClientContext) -> tuple[Params, State, dict[str, Any]]:
         """Return the initialised local model, the new ALA state and diagnostics."""
+        if getattr(ctx, "batched", False):
+            from .ala_batched import batched_ala
+            return batched_ala(self, received, local, state, ctx)  # type: ignore[arg-type]
         if equal(received, local):
             return {**local, **received}, state, {"ala_epochs": 0}
         lowest_top, top = self.top_units(received)
@@ -135,7 +150,7 @@ class AdaptiveLocalAggregation:
         b = self.train.batch_size
         batches = [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
         losses: list[float] = []
-        eta, cfg = self.settings.eta, self.settings
+        eta = self.settings.eta
         while True:
             for xb, yb in batches:
                 blended = {k: (local_top[k] + delta[k] * weights[k]).requires_grad_(True) for k in top}
@@ -147,14 +162,7 @@ class AdaptiveLocalAggregation:
             last = loss.detach()
             check_finite(last, ctx.where("ALA weight learning"))
             losses.append(float(last))
-            if not start_phase:
-                break
-            if len(losses) > cfg.num_pre_loss and np.std(losses[-cfg.num_pre_loss:]) < cfg.threshold:
-                break
-            if len(losses) >= cfg.max_start_epochs:
-                log.warning("ALA start phase of client %d stopped at the cap of %d epochs (loss std %.4g "
-                            ">= threshold %.4g)", ctx.client_id, cfg.max_start_epochs,
-                            float(np.std(losses[-cfg.num_pre_loss:])), cfg.threshold)
+            if not start_phase or self.converged(losses, ctx.client_id):
                 break
         with torch.no_grad():
             initialised = {**fixed, **blend(local_top, {k: received[k] for k in top}, weights)}

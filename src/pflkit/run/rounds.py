@@ -102,36 +102,48 @@ def make_record(state: RunState, r: int, results: Sequence[ClientResult] | None)
     return record
 
 
+def run_round(setup: RoundSetup, engine: Engine, state: RunState, t: int, *, rounds: int, join_ratio: float,
+              eval_every: int) -> dict[str, Any]:
+    """Training round ``t``; returns the record of round ``t - 1`` (evaluated inside this round)."""
+    alg = setup.algorithm
+    start = time.perf_counter()
+    selected = sample_clients(setup.seed, t, setup.data.num_clients, join_ratio)
+    evaluate = should_evaluate(t - 1, rounds, eval_every)
+    jobs = [ClientJob(i, alg.downlink(state.server, i, t), state.clients[i], evaluate) for i in selected]
+    results = engine.run(setup, jobs, t)
+    for res in results:
+        state.clients[res.client_id] = res.state
+    state.server = alg.aggregate(state.server, [r.upload for r in results], t)
+    record = make_record(state, t - 1, results if evaluate else None)
+    state.pending = training_metrics(t, results, time.perf_counter() - start)
+    state.rounds_done = t
+    state.history.append(record)
+    return record
+
+
+def final_evaluation(setup: RoundSetup, engine: Engine, state: RunState, *, rounds: int,
+                     join_ratio: float) -> dict[str, Any]:
+    """Evaluate round ``rounds`` (local init + evaluation, no training; states are not kept)."""
+    final = rounds + 1
+    selected = sample_clients(setup.seed, final, setup.data.num_clients, join_ratio)
+    jobs = [ClientJob(i, setup.algorithm.downlink(state.server, i, final), state.clients[i], True, train=False)
+            for i in selected]
+    record = make_record(state, rounds, engine.run(setup, jobs, final))
+    state.pending = None
+    state.done = True
+    state.history.append(record)
+    return record
+
+
 def run_rounds(setup: RoundSetup, engine: Engine, state: RunState, *, rounds: int, join_ratio: float,
                eval_every: int, callbacks: Sequence[Callback] = ()) -> RunState:
     """Continue ``state`` until ``rounds`` rounds are done and round ``rounds`` is evaluated."""
-    alg, n = setup.algorithm, setup.data.num_clients
-
-    def emit(record: dict[str, Any]) -> None:
-        state.history.append(record)
+    for t in range(state.rounds_done + 1, rounds + 1):
+        record = run_round(setup, engine, state, t, rounds=rounds, join_ratio=join_ratio, eval_every=eval_every)
         for cb in callbacks:
             cb.on_record(state, record)
-
-    for t in range(state.rounds_done + 1, rounds + 1):
-        start = time.perf_counter()
-        selected = sample_clients(setup.seed, t, n, join_ratio)
-        evaluate = should_evaluate(t - 1, rounds, eval_every)
-        jobs = [ClientJob(i, alg.downlink(state.server, i, t), state.clients[i], evaluate) for i in selected]
-        results = engine.run(setup, jobs, t)
-        for res in results:
-            state.clients[res.client_id] = res.state
-        state.server = alg.aggregate(state.server, [r.upload for r in results], t)
-        record = make_record(state, t - 1, results if evaluate else None)
-        state.pending = training_metrics(t, results, time.perf_counter() - start)
-        state.rounds_done = t
-        emit(record)
     if not state.done:
-        final = rounds + 1
-        selected = sample_clients(setup.seed, final, n, join_ratio)
-        jobs = [ClientJob(i, alg.downlink(state.server, i, final), state.clients[i], True, train=False)
-                for i in selected]
-        record = make_record(state, rounds, engine.run(setup, jobs, final))  # states not kept
-        state.pending = None
-        state.done = True
-        emit(record)
+        record = final_evaluation(setup, engine, state, rounds=rounds, join_ratio=join_ratio)
+        for cb in callbacks:
+            cb.on_record(state, record)
     return state

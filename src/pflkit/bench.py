@@ -1,0 +1,222 @@
+"""``pflkit bench``: time rounds of FedAvg and FedALA on every engine, in one run.
+
+Engines are advanced round by round in alternating order (A B, B A, ...) so that machine noise
+hits them alike; every number is a median over rounds, and throughput is reported next to the
+same machine's single-model limits measured in the same run (batch-10 and large-batch training
+with the threads the engines use).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from .algorithms import TrainSettings, build_algorithm
+from .config import load_config
+from .data import Dataset, load_dataset
+from .data.federated import FederatedData
+from .engines import RoundSetup, build_engine, default_workers
+from .functional import forward, numpy_generator, sgd, stream_seed
+from .models import build_model
+from .run.rounds import run_round, start_run
+
+
+@dataclass
+class BenchSettings:
+    data_dir: str | None = None
+    clients: list[int] = field(default_factory=lambda: [20])
+    engines: list[str] = field(default_factory=lambda: ["loop", "parallel"])
+    algorithms: list[str] = field(default_factory=lambda: ["fedavg", "fedala"])
+    rounds: int = 4
+    workers: int | None = None
+    device: str = "cpu"
+    seed: int = 0
+
+
+def mnist_like(num: int = 70_000, seed: int = 0) -> Dataset:
+    """MNIST-shaped stand-in (timing only) when no MNIST folder is given."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 10, (num,), generator=g)
+    means = torch.randn(10, 1, 28, 28, generator=g)
+    x = (means[y] + torch.randn(num, 1, 28, 28, generator=g)).clamp(-1, 1)
+    return Dataset("mnist-like", x, y, 10)
+
+
+def _median_rate(fn: Callable[[], int], repeats: int = 5) -> float:
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        n = fn()
+        rates.append(n / (time.perf_counter() - start))
+    return statistics.median(rates)
+
+
+def single_model_limits(x: torch.Tensor, y: torch.Tensor, threads: int) -> dict[str, float]:
+    """Samples/s of one FedAvgCNN: training at batch 10 and 500, inference at batch 1000."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    model = build_model("fedavg_cnn", tuple(x.shape[1:]), 10).to(x.device)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def train(batch: int, steps: int) -> Callable[[], int]:
+        def run() -> int:
+            sgd(model, params, ((x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(steps)),
+                0.1)
+            _sync(x.device)
+            return batch * steps
+        return run
+
+    @torch.no_grad()
+    def infer() -> int:
+        for i in range(4):
+            F.cross_entropy(forward(model, params, x[i * 1000:(i + 1) * 1000]), y[i * 1000:(i + 1) * 1000])
+        _sync(x.device)
+        return 4000
+
+    train(10, 5)()
+    out = {"train_batch10": _median_rate(train(10, 100)), "train_batch500": _median_rate(train(500, 4)),
+           "inference_batch1000": _median_rate(infer)}
+    torch.set_num_threads(previous)
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_memory_mb(device: torch.device) -> dict[str, float]:
+    out = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if device.type == "cuda":
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    return out
+
+
+def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
+                    device: torch.device) -> dict[str, Any]:
+    """Alternate the engines round by round for each algorithm on one partition."""
+    min_samples = min(40, len(dataset) // num_clients // 2)
+    data = FederatedData.build(dataset, num_clients=num_clients, method="dirichlet",
+                               rng=numpy_generator(1, "partition"), alpha=0.1, min_samples=min_samples,
+                               device=device)
+    cfg = load_config(None, [])
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
+    train_samples = sum(c.num_train for c in data.clients)
+    out: dict[str, Any] = {"num_clients": num_clients, "train_samples": train_samples,
+                           "min_samples_per_client": min_samples, "algorithms": {}}
+    for name in settings.algorithms:
+        runs = {}
+        for engine_name in settings.engines:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(stream_seed(settings.seed, "model-init"))
+                model = build_model("fedavg_cnn", data.input_shape, data.num_classes).to(device)
+            init = {k: v.detach().clone() for k, v in model.named_parameters()}
+            alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
+            setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
+            engine = build_engine(engine_name, workers=settings.workers, device=device.type)
+            runs[engine_name] = (setup, engine, start_run(setup, init), [])
+        for t in range(1, settings.rounds + 1):
+            order = settings.engines if t % 2 else list(reversed(settings.engines))
+            for engine_name in order:
+                setup, engine, state, rows = runs[engine_name]
+                run_round(setup, engine, state, t, rounds=settings.rounds + 1, join_ratio=1.0, eval_every=1)
+                _sync(device)
+                rows.append(state.pending)
+        per_engine = {}
+        for engine_name, (_setup, engine, state, rows) in runs.items():
+            engine.close()
+            steady = rows[2:] if len(rows) > 2 else rows[1:]
+            seconds = statistics.median(r["seconds"] for r in steady)
+            client_compute = [r.get("init_seconds", 0) + r.get("train_seconds", 0) + r.get("eval_seconds", 0)
+                              for r in steady]
+            entry = {
+                "round_seconds": [r["seconds"] for r in rows],
+                "median_round_seconds": seconds,
+                "train_samples_per_second": train_samples / seconds,
+                "init_share": statistics.median(r.get("init_seconds", 0) / c for r, c in zip(steady, client_compute)),
+                "final_accuracy": state.history[-1]["accuracy"] if "accuracy" in state.history[-1] else None,
+            }
+            if len(rows) > 1 and "ala_epochs_max" in rows[1]:
+                entry["start_phase_round_seconds"] = rows[1]["seconds"]
+                entry["start_phase_ala_seconds_client_sum"] = rows[1]["init_seconds"]
+                entry["start_phase_epochs_max"] = rows[1]["ala_epochs_max"]
+                entry["steady_ala_seconds_client_sum"] = statistics.median(r["init_seconds"] for r in steady)
+                entry["first_three_rounds_seconds"] = sum(r["seconds"] for r in rows[:3])
+            per_engine[engine_name] = entry
+        base = per_engine[settings.engines[0]]["median_round_seconds"]
+        for entry in per_engine.values():
+            entry["speedup_vs_" + settings.engines[0]] = base / entry["median_round_seconds"]
+        out["algorithms"][name] = per_engine
+    # ALA steady cost vs one no-grad forward pass over the same s% samples (large batch)
+    model = build_model("fedavg_cnn", data.input_shape, data.num_classes).to(device)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    start = time.perf_counter()
+    with torch.no_grad():
+        for c in data.clients:
+            k = max(1, int(0.8 * c.num_train))
+            forward(model, params, c.train_x[:k])
+    _sync(device)
+    out["no_grad_forward_over_ala_samples_seconds"] = time.perf_counter() - start
+    out.update(_peak_memory_mb(device))
+    return out
+
+
+def run_bench(settings: BenchSettings, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    device = torch.device(settings.device)
+    workers = settings.workers or default_workers()
+    torch.set_num_threads(1)
+    dataset = load_dataset("mnist", settings.data_dir) if settings.data_dir else mnist_like()
+    xs, ys = dataset.x[:4000].to(device), dataset.y[:4000].to(device)
+    report: dict[str, Any] = {
+        "settings": {**settings.__dict__, "workers": workers, "dataset": dataset.name},
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "torch": torch.__version__, "cpus": default_workers()},
+        "limits_before": {"1_thread": single_model_limits(xs, ys, 1),
+                          f"{workers}_threads": single_model_limits(xs, ys, workers)},
+        "partitions": [],
+    }
+    for n in settings.clients:
+        echo(f"benchmarking {n} clients ...")
+        report["partitions"].append(bench_partition(dataset, n, settings, device))
+    report["limits_after"] = {"1_thread": single_model_limits(xs, ys, 1),
+                              f"{workers}_threads": single_model_limits(xs, ys, workers)}
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    workers = report["settings"]["workers"]
+    limit = np.median([report[k][f"{workers}_threads"]["train_batch500"] for k in ("limits_before", "limits_after")])
+    limit10 = np.median([report[k]["1_thread"]["train_batch10"] for k in ("limits_before", "limits_after")])
+    lines = [f"single model, same run: batch-10 training {limit10:.0f} samples/s (1 thread); "
+             f"batch-500 training {limit:.0f} samples/s ({workers} threads) = the large-batch limit"]
+    header = f"{'clients':>7}  {'algorithm':<9} {'engine':<9} {'s/round':>8} {'speedup':>8} " \
+             f"{'train samples/s':>15} {'% of limit':>10} {'init share':>10} {'start round':>11}"
+    lines += [header, "-" * len(header)]
+    for part in report["partitions"]:
+        for alg, engines in part["algorithms"].items():
+            for eng, e in engines.items():
+                speed = next(v for k, v in e.items() if k.startswith("speedup_vs_"))
+                start = e.get("start_phase_round_seconds")
+                fedavg = part["algorithms"].get("fedavg", {}).get(eng, {}).get("median_round_seconds")
+                start_txt = f"{start / fedavg:.2f} rnd" if start and fedavg else "-"
+                lines.append(f"{part['num_clients']:>7}  {alg:<9} {eng:<9} {e['median_round_seconds']:>8.2f} "
+                             f"{speed:>7.2f}x {e['train_samples_per_second']:>15.0f} "
+                             f"{100 * e['train_samples_per_second'] / limit:>9.0f}% {100 * e['init_share']:>9.1f}% "
+                             f"{start_txt:>11}")
+        lines.append(f"{'':>7}  peak RSS {part['peak_rss_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def save_report(report: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")

@@ -1,0 +1,125 @@
+"""ALA for K clients at once (the vmap engine), with the same maths and streams as ``ala.py``.
+
+Clients are sorted by size, so at every mini-batch step the clients that still have a batch
+form a prefix of the running set. Clients whose start phase converges leave the active set
+while the others go on; clients without a new global model (first round) are left untouched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.func import functional_call, grad_and_value, vmap
+from torch.nn import functional as F
+
+from ..functional import NonFiniteLossError, Params
+from .ala import weight_step
+
+if TYPE_CHECKING:
+    from ..algorithms.base import State
+    from ..engines.vmap import BatchedContext
+    from .ala import AdaptiveLocalAggregation
+
+
+def batched_ala(ala: "AdaptiveLocalAggregation", received: Params, local: Params, state: "State",
+                ctx: "BatchedContext") -> tuple[Params, "State", dict[str, Any]]:
+    K = len(ctx.clients)
+    lowest_top, top = ala.top_units(received)
+    same = torch.ones(K, dtype=torch.bool, device=ctx.device)
+    for k in received:
+        same &= (received[k] == local[k]).flatten(1).all(1)
+    fixed = {**local, **{k: v for k, v in received.items() if k not in top}}
+    local_top = {k: local[k].detach() for k in top}
+    delta = {k: received[k].detach() - local_top[k] for k in top}
+    weights = {k: w.clone() for k, w in state["weights"].items()}
+    started = state["started"].clone()
+    epochs = torch.zeros(K)
+    active = (~same).nonzero().flatten().tolist()
+    if active:
+        trained, counts = _learn_weights(ala, ctx, active, fixed, local_top, delta, weights,
+                                         ~started[active].cpu(), lowest_top)
+        for name in top:
+            weights[name][active] = trained[name]
+        started[active] = True
+        epochs[active] = counts
+    initialised = {**fixed, **{k: local_top[k] + delta[k] * weights[k] for k in top}}
+    return ({k: initialised[k] for k in local}, {"weights": weights, "started": started},
+            {"ala_epochs": epochs})
+
+
+def _learn_weights(ala: "AdaptiveLocalAggregation", ctx: "BatchedContext", active: list[int], fixed: Params,
+                   local_top: Params, delta: Params, weights: Params, start_phase: torch.Tensor,
+                   lowest_top: int) -> tuple[Params, torch.Tensor]:
+    """Train W of the ``active`` clients; returns their weights and epoch counts."""
+    device, b, eta = ctx.device, ctx.train.batch_size, ala.settings.eta
+    samples = [ctx.clients[k].train_rows[ala.sample_indices(ctx.clients[k].num_train, ctx.generator("ala", k))
+                                          .to(device)] for k in active]
+    steps = torch.tensor([(len(r) + b - 1) // b for r in samples])
+    width = int(steps.max()) * b
+    A = len(active)
+    rows = torch.zeros(A, width, dtype=torch.long, device=device)
+    mask = torch.zeros(A, width, device=device)
+    for i, r in enumerate(samples):
+        rows[i, :len(r)] = r
+        mask[i, :len(r)] = 1.0
+    sel = torch.tensor(active, device=device)
+    fixed_a = {k: v[sel] for k, v in fixed.items()}
+    prefix = ala.prefix_stop(ctx.model, lowest_top)
+    feats = _features(ctx, fixed_a, rows, prefix)
+    labels = ctx.fed.y[rows]
+    model = ctx.model
+
+    def loss_fn(blended: Params, fixed_p: Params, h: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, {**fixed_p, **blended}, (h,), {"start": prefix})
+        return (F.cross_entropy(logits, y, reduction="none") * m).sum() / m.sum()
+
+    step = vmap(grad_and_value(loss_fn))
+    w = {k: weights[k][sel] for k in weights}
+    lt = {k: v[sel] for k, v in local_top.items()}
+    dl = {k: v[sel] for k, v in delta.items()}
+    losses: list[list[float]] = [[] for _ in active]
+    running = list(range(A))
+    while running:
+        run = torch.tensor(running, device=device)
+        w_r = {k: v[run] for k, v in w.items()}
+        lt_r, dl_r = {k: v[run] for k, v in lt.items()}, {k: v[run] for k, v in dl.items()}
+        fx_r = {k: v[run] for k, v in fixed_a.items()}
+        steps_r = steps[run.cpu()]
+        last = torch.zeros(len(running), device=device)
+        for j in range(int(steps_r.max())):
+            n = int((steps_r > j).sum())  # a prefix: sizes are sorted
+            cols = slice(j * b, (j + 1) * b)
+            blended = {k: lt_r[k][:n] + dl_r[k][:n] * w_r[k][:n] for k in w_r}
+            grads, loss = step(blended, {k: v[:n] for k, v in fx_r.items()}, feats[run[:n], cols],
+                               labels[run[:n], cols], mask[run[:n], cols])
+            with torch.no_grad():
+                for k in w_r:
+                    w_r[k][:n] = weight_step(w_r[k][:n], grads[k], dl_r[k][:n], eta)
+                is_last = (steps_r[:n] - 1 == j).to(device)
+                last[:n] = torch.where(is_last, loss.detach(), last[:n])
+        for k in w:
+            w[k][run] = w_r[k]
+        still = []
+        for pos, value in zip(running, last.tolist()):
+            client = ctx.client_ids[active[pos]]
+            if value != value or value in (float("inf"), float("-inf")):
+                raise NonFiniteLossError(f"training loss became {value} "
+                                         f"({ctx.where('ALA weight learning', active[pos])})")
+            losses[pos].append(value)
+            if bool(start_phase[pos]) and not ala.converged(losses[pos], client):
+                still.append(pos)
+        running = still
+    return w, torch.tensor([len(v) for v in losses], dtype=torch.float)
+
+
+@torch.no_grad()
+def _features(ctx: "BatchedContext", fixed: Params, rows: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Inputs of the top units for every sampled row (the frozen lower units run once)."""
+    x = ctx.fed.x[rows]
+    if not prefix:
+        return x
+    run = vmap(lambda p, xb: functional_call(ctx.model, p, (xb,), {"stop": prefix}))
+    per_step = max(1, ctx.train.eval_batch_size // max(len(rows), 1))
+    parts = [run(fixed, x[:, i:i + per_step]) for i in range(0, x.shape[1], per_step)]
+    return torch.cat(parts, dim=1)
