@@ -149,3 +149,34 @@ def assert_close_runs(a, b, atol):
             assert ra["test_loss"] == pytest.approx(rb["test_loss"], rel=10 * atol, abs=1e-4)
         if "ala_epochs" in ra:
             assert ra["ala_epochs"] == rb["ala_epochs"]
+
+
+def test_closed_form_linear_head_gradient_equals_autograd():
+    from pflkit.personalize.ala import linear_head_step
+
+    g = torch.Generator().manual_seed(0)
+    h, y = torch.randn(7, 64, generator=g), torch.randint(0, 10, (7,), generator=g)
+    w = torch.randn(10, 64, generator=g).requires_grad_(True)
+    b = torch.randn(10, generator=g).requires_grad_(True)
+    loss = torch.nn.functional.cross_entropy(torch.nn.functional.linear(h, w, b), y)
+    gw, gb = torch.autograd.grad(loss, [w, b])
+    target = torch.nn.functional.one_hot(y, 10).float() / len(y)
+    loss2, gw2, gb2 = linear_head_step(h, target, w.detach(), b.detach())
+    torch.testing.assert_close(loss2, loss.detach())
+    torch.testing.assert_close(gw2, gw)
+    torch.testing.assert_close(gb2, gb)
+
+
+def test_closed_form_ala_matches_the_autograd_path():
+    ctx = tiny_context(n_train=53)
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    outs = []
+    for closed in (True, False):
+        ala = AdaptiveLocalAggregation(ALASettings(p=1, max_start_epochs=5, closed_form_head=closed),
+                                       ctx.units, ctx.train)
+        assert ala.closed_form(ctx.model, 3, ala.top_names(glob)) is closed
+        out, state, info = ala(glob, local, ala.init_state(glob), ctx)
+        outs.append((out, state["weights"], info["ala_epochs"]))
+    for k in outs[0][1]:
+        torch.testing.assert_close(outs[0][1][k], outs[1][1][k], rtol=1e-5, atol=1e-6)
+    assert outs[0][2] == outs[1][2]

@@ -50,8 +50,17 @@ class FederatedData:
     def num_clients(self) -> int:
         return len(self.clients)
 
+    def client(self, client_id: int) -> ClientData:
+        """The client with this id (a node on Flower may hold only its own client)."""
+        if client_id < len(self.clients) and self.clients[client_id].client_id == client_id:
+            return self.clients[client_id]
+        for c in self.clients:
+            if c.client_id == client_id:
+                return c
+        raise KeyError(f"no client {client_id} in this data")
+
     def train_label_counts(self, client_id: int) -> np.ndarray:
-        y = self.clients[client_id].train_y.cpu().numpy()
+        y = self.client(client_id).train_y.cpu().numpy()
         return np.bincount(y, minlength=self.num_classes)
 
     @classmethod

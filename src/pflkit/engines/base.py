@@ -48,7 +48,7 @@ def run_client(setup: RoundSetup, job: ClientJob, round: int) -> ClientResult:
     """local_init -> (evaluate) -> (local_train) for one client (spec §0.2 skeleton)."""
     alg = setup.algorithm
     ctx = ClientContext(client_id=job.client_id, round=round, seed=setup.seed,
-                        data=setup.data.clients[job.client_id], model=setup.model, units=setup.units,
+                        data=setup.data.client(job.client_id), model=setup.model, units=setup.units,
                         train=setup.train, algorithm=alg.name)
     t0 = time.perf_counter()
     state = alg.local_init(job.payload, job.state, ctx)

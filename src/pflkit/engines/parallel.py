@@ -45,7 +45,7 @@ class ParallelEngine:
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
         if self.workers == 1 or len(jobs) <= 1:
             return [run_client(setup, job, round) for job in jobs]
-        order = sorted(range(len(jobs)), key=lambda j: -setup.data.clients[jobs[j].client_id].num_train)
+        order = sorted(range(len(jobs)), key=lambda j: -setup.data.client(jobs[j].client_id).num_train)
         futures = {j: self._pool.submit(self._run_one, setup, jobs[j], round) for j in order}
         return [futures[j].result() for j in range(len(jobs))]
 

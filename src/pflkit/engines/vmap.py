@@ -17,12 +17,12 @@ import time
 from typing import Any, Mapping, Sequence
 
 import torch
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 
 from ..algorithms.base import TrainSettings, batch_order
 from ..data.federated import ClientData, FederatedData
-from ..functional import NonFiniteLossError, Params, torch_generator
+from ..functional import NonFiniteLossError, Params, forward, torch_generator
 from .base import ClientJob, ClientResult, RoundSetup, run_client
 from .stacking import stack, unstack
 
@@ -55,7 +55,7 @@ class BatchedContext:
         self.train = train
         self.algorithm = algorithm
         self.info: dict[str, Any] = {}
-        self.clients = [data.clients[i] for i in client_ids]
+        self.clients = [data.client(i) for i in client_ids]
         self.device = data.x.device
         self.data = BatchedData(self.clients, self.device)
 
@@ -95,7 +95,7 @@ class BatchedContext:
         model, lr = self.model, self.train.lr
 
         def loss_fn(tp: Params, fp: Params, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-            logits = functional_call(model, {**fp, **tp}, (x,))
+            logits = forward(model, {**fp, **tp}, x)
             return (F.cross_entropy(logits, y, reduction="none") * m).sum() / m.sum()
 
         step = vmap(grad_and_value(loss_fn))
@@ -134,7 +134,7 @@ class BatchedContext:
         correct = torch.zeros(K, device=self.device)
         loss = torch.zeros(K, device=self.device)
         per_step = max(1, self.train.eval_batch_size // max(K, 1))
-        run = vmap(lambda p, x: functional_call(self.model, p, (x,)))
+        run = vmap(lambda p, x: forward(self.model, p, x))
         for start in range(0, T, per_step):
             r, m = rows[:, start:start + per_step], mask[:, start:start + per_step]
             logits = run(params, self.fed.x[r])
@@ -156,7 +156,7 @@ class VmapEngine:
         if not getattr(alg, "supports_batching", True):
             log.info("vmap engine: %s does not support batching; running its clients one by one", alg.name)
             return [run_client(setup, job, round) for job in jobs]
-        order = sorted(range(len(jobs)), key=lambda j: -setup.data.clients[jobs[j].client_id].num_train)
+        order = sorted(range(len(jobs)), key=lambda j: -setup.data.client(jobs[j].client_id).num_train)
         results: dict[int, ClientResult] = {}
         for start in range(0, len(order), self.chunk_size):
             chunk = order[start:start + self.chunk_size]

@@ -26,7 +26,14 @@ class NonFiniteLossError(FloatingPointError):
 
 def forward(model: nn.Module, params: Mapping[str, torch.Tensor], x: torch.Tensor, start: int = 0,
             stop: int | None = None) -> torch.Tensor:
-    """Run units ``start..stop-1`` of a pflkit model with ``params`` (all units by default)."""
+    """Run units ``start..stop-1`` of a model with ``params`` (all units by default).
+
+    pflkit models apply their units as pure functions of the parameter dict; other modules go
+    through ``torch.func.functional_call``.
+    """
+    apply_units = getattr(model, "apply_units", None)
+    if apply_units is not None:
+        return apply_units(params, x, start, stop)
     if start == 0 and stop is None:
         return functional_call(model, dict(params), (x,))
     return functional_call(model, dict(params), (x,), {"start": start, "stop": stop})

@@ -7,7 +7,7 @@ they appear in ``named_parameters()``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -18,23 +18,31 @@ Units = list[tuple[str, list[str]]]
 class UnitModel(nn.Module):
     """A module that knows its units (ordered input -> output) and can run any range of them.
 
-    Subclasses implement ``unit_forward(i, x)``: unit ``i`` including its activation/pooling.
-    ``forward(x, start, stop)`` runs units ``start..stop-1``, so frozen lower units can be
-    computed once and the top units iterated alone (ALA's feature cache).
-    ``prefix_is_deterministic`` must be False for models whose lower units contain dropout or
-    batch-norm in training mode (their output then depends on more than the inputs).
+    Subclasses implement ``unit_forward(i, params, x)``: unit ``i`` (with its activation and
+    pooling) as a pure function of a parameter dict. ``apply_units(params, x, start, stop)``
+    runs units ``start..stop-1`` on any parameters, without touching the module's own (no
+    parameter swapping, vmappable); frozen lower units can thus be computed once and the top
+    units iterated alone (ALA's feature cache). ``prefix_is_deterministic`` must be False for
+    models whose lower units contain dropout or batch-norm in training mode.
     """
 
     unit_modules: Sequence[str] = ()
     prefix_is_deterministic: bool = True
+    #: True when the last unit is exactly ``F.linear(x, weight, bias)`` with its two parameters
+    #: in that order; ALA then uses the closed-form gradient of cross-entropy for p = 1.
+    linear_head: bool = False
 
-    def unit_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+    def apply_units(self, params: Mapping[str, torch.Tensor], x: torch.Tensor, start: int = 0,
+                    stop: int | None = None) -> torch.Tensor:
         for index in range(start, len(self.unit_modules) if stop is None else stop):
-            x = self.unit_forward(index, x)
+            x = self.unit_forward(index, params, x)
         return x
+
+    def forward(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        return self.apply_units(dict(self.named_parameters()), x, start, stop)
 
     def units(self) -> Units:
         """Ordered (unit name, parameter names) pairs, input side first."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -9,15 +11,16 @@ from torch.nn import functional as F
 from .base import UnitModel
 
 
-def _four_unit_forward(model: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
+def _four_unit_forward(model: nn.Module, index: int, p: Mapping[str, torch.Tensor],
+                       x: torch.Tensor) -> torch.Tensor:
     """conv1 -> pool, conv2 -> pool, fc1 (on the flattened maps), fc; ReLU after all but fc."""
     if index == 0:
-        return F.max_pool2d(F.relu(model.conv1(x)), 2)
+        return F.max_pool2d(F.relu(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=model.conv1.padding)), 2)
     if index == 1:
-        return F.max_pool2d(F.relu(model.conv2(x)), 2)
+        return F.max_pool2d(F.relu(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=model.conv2.padding)), 2)
     if index == 2:
-        return F.relu(model.fc1(torch.flatten(x, -3)))
-    return model.fc(x)
+        return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"], p["fc1.bias"]))
+    return F.linear(x, p["fc.weight"], p["fc.bias"])
 
 
 class FedAvgCNN(UnitModel):
@@ -28,6 +31,7 @@ class FedAvgCNN(UnitModel):
     """
 
     unit_modules = ("conv1", "conv2", "fc1", "fc")
+    linear_head = True
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
         super().__init__()
@@ -39,8 +43,8 @@ class FedAvgCNN(UnitModel):
         self.fc1 = nn.Linear(64 * side * side, 512)
         self.fc = nn.Linear(512, num_classes)
 
-    def unit_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        return _four_unit_forward(self, index, x)
+    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return _four_unit_forward(self, index, params, x)
 
 
 class DigitsCNN(UnitModel):
@@ -50,6 +54,7 @@ class DigitsCNN(UnitModel):
     """
 
     unit_modules = ("conv1", "conv2", "fc1", "fc")
+    linear_head = True
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 8) -> None:
         super().__init__()
@@ -61,5 +66,5 @@ class DigitsCNN(UnitModel):
         self.fc1 = nn.Linear(32 * side * side, 64)
         self.fc = nn.Linear(64, num_classes)
 
-    def unit_forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        return _four_unit_forward(self, index, x)
+    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        return _four_unit_forward(self, index, params, x)

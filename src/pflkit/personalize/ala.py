@@ -49,11 +49,14 @@ class ALASettings(Settings):
     cache_features: bool = Field(
         True, description="compute the frozen lower units' output on the sample once per round and "
         "iterate only the top p units (exact for models whose lower units are deterministic)")
+    closed_form_head: bool = Field(
+        True, description="with p=1 and a linear head, use the closed-form cross-entropy gradient "
+        "instead of autograd (same maths, less per-step overhead)")
 
 
 def blend(local: Params, received: Params, weights: Params) -> Params:
     """Theta_local + (Theta_received - Theta_local) * W for the names in ``weights`` (Eq. 3)."""
-    return {k: local[k] + (received[k] - local[k]) * w for k, w in weights.items()}
+    return {k: torch.addcmul(local[k], received[k] - local[k], w) for k, w in weights.items()}
 
 
 def weight_gradient(blended_grad: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -63,8 +66,22 @@ def weight_gradient(blended_grad: torch.Tensor, delta: torch.Tensor) -> torch.Te
 
 def weight_step(weights: torch.Tensor, blended_grad: torch.Tensor, delta: torch.Tensor,
                 eta: float) -> torch.Tensor:
-    """One ALA update: W <- clip_[0,1](W - eta * dL/dW) (paper Eq. 5)."""
-    return torch.clamp(weights - eta * weight_gradient(blended_grad, delta), 0.0, 1.0)
+    """One ALA update: W <- clip_[0,1](W - eta * dL/dW) (paper Eq. 5), dL/dW = grad * delta."""
+    return torch.addcmul(weights, blended_grad, delta, value=-eta).clamp_(0.0, 1.0)
+
+
+def linear_head_step(h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                     with_loss: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy of ``h @ weight.T + bias`` and its gradients, in closed form.
+
+    ``target`` is one-hot(labels) / batch size. dL/dlogits = softmax / B - target, so
+    dL/dweight = (dL/dlogits)^T h and dL/dbias = its column sum: autograd's result (to float
+    rounding) with a few tensor ops, since on CPU the per-op overhead dominates these steps.
+    """
+    logits = torch.addmm(bias, h, weight.t())
+    loss = -(torch.log_softmax(logits, dim=1) * target).sum() if with_loss else None
+    g = torch.softmax(logits, dim=1).div_(len(h)).sub_(target)
+    return loss, g.t() @ h, g.sum(0)
 
 
 class AdaptiveLocalAggregation:
@@ -94,6 +111,11 @@ class AdaptiveLocalAggregation:
 
     def top_names(self, received: Params | list[str]) -> list[str]:
         return self.top_units(received)[1]
+
+    def closed_form(self, model: torch.nn.Module, prefix: int, top: list[str]) -> bool:
+        """Whether the cached features feed only a linear head (p = 1): closed-form gradients."""
+        return (self.settings.closed_form_head and prefix == len(self.units) - 1
+                and getattr(model, "linear_head", False) and top == list(self.units[-1][1]) and len(top) == 2)
 
     def prefix_stop(self, model: torch.nn.Module, lowest_top: int) -> int:
         """How many lower units can be computed once per round (0: no feature cache)."""
@@ -151,11 +173,20 @@ class AdaptiveLocalAggregation:
         batches = [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
         losses: list[float] = []
         eta = self.settings.eta
+        closed_form = self.closed_form(ctx.model, prefix, top)
+        if closed_form:
+            targets = [F.one_hot(yb, len(local_top[top[1]])).to(xb.dtype).div_(len(yb)) for xb, yb in batches]
         while True:
-            for xb, yb in batches:
-                blended = {k: (local_top[k] + delta[k] * weights[k]).requires_grad_(True) for k in top}
-                loss = F.cross_entropy(forward(ctx.model, {**fixed, **blended}, xb, start=prefix), yb)
-                grads = torch.autograd.grad(loss, [blended[k] for k in top])
+            for j, (xb, yb) in enumerate(batches):
+                if closed_form:
+                    with torch.no_grad():
+                        blended = [torch.addcmul(local_top[k], delta[k], weights[k]) for k in top]
+                        loss, *grads = linear_head_step(xb, targets[j], *blended, with_loss=j == len(batches) - 1)
+                else:
+                    blended = {k: torch.addcmul(local_top[k], delta[k], weights[k]).requires_grad_(True)
+                               for k in top}
+                    loss = F.cross_entropy(forward(ctx.model, {**fixed, **blended}, xb, start=prefix), yb)
+                    grads = torch.autograd.grad(loss, [blended[k] for k in top])
                 with torch.no_grad():
                     for k, g in zip(top, grads):
                         weights[k] = weight_step(weights[k], g, delta[k], eta)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 
-from ..functional import NonFiniteLossError, Params
+from ..functional import NonFiniteLossError, Params, forward
 from .ala import weight_step
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def _learn_weights(ala: "AdaptiveLocalAggregation", ctx: "BatchedContext", activ
     model = ctx.model
 
     def loss_fn(blended: Params, fixed_p: Params, h: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        logits = functional_call(model, {**fixed_p, **blended}, (h,), {"start": prefix})
+        logits = forward(model, {**fixed_p, **blended}, h, start=prefix)
         return (F.cross_entropy(logits, y, reduction="none") * m).sum() / m.sum()
 
     step = vmap(grad_and_value(loss_fn))
@@ -90,7 +90,7 @@ def _learn_weights(ala: "AdaptiveLocalAggregation", ctx: "BatchedContext", activ
         for j in range(int(steps_r.max())):
             n = int((steps_r > j).sum())  # a prefix: sizes are sorted
             cols = slice(j * b, (j + 1) * b)
-            blended = {k: lt_r[k][:n] + dl_r[k][:n] * w_r[k][:n] for k in w_r}
+            blended = {k: torch.addcmul(lt_r[k][:n], dl_r[k][:n], w_r[k][:n]) for k in w_r}
             grads, loss = step(blended, {k: v[:n] for k, v in fx_r.items()}, feats[run[:n], cols],
                                labels[run[:n], cols], mask[run[:n], cols])
             with torch.no_grad():
@@ -119,7 +119,7 @@ def _features(ctx: "BatchedContext", fixed: Params, rows: torch.Tensor, prefix: 
     x = ctx.fed.x[rows]
     if not prefix:
         return x
-    run = vmap(lambda p, xb: functional_call(ctx.model, p, (xb,), {"stop": prefix}))
+    run = vmap(lambda p, xb: forward(ctx.model, p, xb, stop=prefix))
     per_step = max(1, ctx.train.eval_batch_size // max(len(rows), 1))
     parts = [run(fixed, x[:, i:i + per_step]) for i in range(0, x.shape[1], per_step)]
     return torch.cat(parts, dim=1)

@@ -34,12 +34,18 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def initial_params(config: BaseConfig, data: FederatedData, seed: int,
+def initial_params(config: BaseConfig, data: FederatedData | tuple[tuple[int, ...], int], seed: int,
                    device: torch.device) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """The model skeleton and Theta^0, seeded by the run seed (same for every algorithm)."""
+    """The model skeleton and Theta^0, seeded by the run seed (same for every algorithm).
+
+    ``data`` is a FederatedData or (input shape, number of classes). Built on the CPU from a
+    seeded generator, Theta^0 is identical on every machine with the same PyTorch version,
+    which lets Flower nodes build it locally.
+    """
+    shape, classes = (data.input_shape, data.num_classes) if isinstance(data, FederatedData) else data
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed, "model-init"))
-        model = build_model(config.resolved_model, data.input_shape, data.num_classes)
+        model = build_model(config.resolved_model, tuple(shape), classes)
     model = model.to(device)
     return model, {k: v.detach().clone() for k, v in model.named_parameters()}
 

@@ -1,0 +1,80 @@
+"""The pflkit ClientApp: the same client functions as the simulator, behind Flower messages.
+
+``query``: report this node's client id, training-set size and label counts (for ``prepare``).
+``train``: local initialisation (e.g. ALA), personalised evaluation (returned with the reply, as
+pFL needs), local training, upload. ``evaluate``: the final evaluation-only pass.
+Per-client state persists in ``context.state`` (one entry per algorithm and seed) and, when the
+node config names a ``state-dir``, on disk, so a restarted SuperNode carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ..engines.base import ClientJob, RoundSetup, run_client
+from . import serde
+from .node import config_from_text, load_state, node_setup, save_state, state_file, state_key
+
+log = logging.getLogger("flwr")  # Flower's handler prints it in the SuperNode's log
+app = ClientApp()
+
+
+@app.query()
+def query(message: Message, context: Context) -> Message:
+    meta = message.content["pflkit"]
+    setup = node_setup(str(meta["config"]), context.node_config, int(meta["seed"]))
+    counts = np.bincount(setup.client.train_y.cpu().numpy(), minlength=setup.data.num_classes)
+    reply = ConfigRecord({"client-id": setup.client_id, "num-train": setup.client.num_train,
+                          "num-test": setup.client.num_test, "label-counts": [int(c) for c in counts],
+                          "input-shape": [int(s) for s in setup.data.input_shape],
+                          "num-classes": int(setup.data.num_classes)})
+    return Message(RecordDict({"pflkit": reply}), reply_to=message)
+
+
+@app.train()
+def train(message: Message, context: Context) -> Message:
+    return _client_round(message, context, train=True)
+
+
+@app.evaluate()
+def evaluate(message: Message, context: Context) -> Message:
+    return _client_round(message, context, train=False)
+
+
+def _client_round(message: Message, context: Context, train: bool) -> Message:
+    meta = message.content["pflkit"]
+    config = config_from_text(str(meta["config"]))
+    name, seed, round = str(meta["algorithm"]), int(meta["seed"]), int(meta["round"])
+    setup = node_setup(str(meta["config"]), context.node_config, seed)
+    algorithm = setup.algorithm(config, name)
+    key = state_key(name, seed)
+    path = state_file(context.node_config, key)
+    if serde.has(context.state, key):
+        state = serde.get(context.state, key, setup.device)
+    elif path is not None and path.is_file():
+        state, saved_round = load_state(path, setup.device)
+        log.info("client %d resumes %s from its state saved after round %d", setup.client_id, key, saved_round)
+    else:
+        state = algorithm.init_client(setup.init, setup.client_id)
+    payload = serde.get(message.content, "payload", setup.device)
+    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed)
+    result = run_client(round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train),
+                        round)
+    content = RecordDict()
+    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    metrics["client-id"] = setup.client_id
+    if result.evaluation is not None:
+        metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})
+    if train:
+        serde.put(context.state, key, result.state)
+        if path is not None:
+            save_state(path, result.state, round)
+        upload = result.upload
+        metrics["num-examples"] = int(upload["num_samples"])
+        serde.put(content, "upload", upload)
+    content["metrics"] = MetricRecord(metrics)
+    return Message(content, reply_to=message)

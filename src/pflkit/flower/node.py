@@ -1,0 +1,137 @@
+"""What a Flower node needs to run pflkit client functions: config, its data, model, state."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ..algorithms import Algorithm, TrainSettings, build_algorithm
+from ..config import BaseConfig, build_config
+from ..data import DataError, load_dataset
+from ..data.federated import ClientData, FederatedData
+from ..functional import numpy_generator
+from ..models import UnitModel
+from ..run.experiment import initial_params, resolve_device
+
+NUM_CLASSES = {"digits": 10, "mnist": 10, "synthetic": 10}
+
+
+def config_from_text(text: str) -> BaseConfig:
+    return build_config(tomllib.loads(text), "config sent by the ServerApp")
+
+
+def state_key(algorithm: str, seed: int) -> str:
+    """Name of one run's client state (several algorithms/seeds may share a node)."""
+    return f"pflkit.{algorithm}.seed{seed}"
+
+
+@dataclass
+class NodeSetup:
+    client_id: int
+    data: FederatedData  # holds at least this node's client
+    model: UnitModel
+    init: dict[str, torch.Tensor]
+    train: TrainSettings
+    device: torch.device
+
+    @property
+    def client(self) -> ClientData:
+        return self.data.client(self.client_id)
+
+    def algorithm(self, config: BaseConfig, name: str) -> Algorithm:
+        return build_algorithm(name, config.algorithm_sections(), self.train, self.model.units())
+
+
+def _own_data(folder: Path, client_id: int, num_classes: int, device: torch.device) -> FederatedData:
+    """A node's own data: ``train.npz`` and ``test.npz``, each with arrays ``x`` and ``y``."""
+    parts = []
+    for split in ("train", "test"):
+        path = folder / f"{split}.npz"
+        if not path.is_file():
+            raise DataError(f"client data folder {folder} lacks {split}.npz (arrays x and y)")
+        try:
+            with np.load(path) as f:
+                x, y = torch.as_tensor(f["x"], dtype=torch.float32), torch.as_tensor(f["y"], dtype=torch.long)
+        except (KeyError, ValueError, OSError) as exc:
+            raise DataError(f"{path} is not an .npz file with arrays x and y: {exc}") from exc
+        if len(x) != len(y):
+            raise DataError(f"{path}: {len(x)} inputs but {len(y)} labels")
+        parts += [x.to(device), y.to(device)]
+    client = ClientData(client_id, *parts)
+    return FederatedData.from_clients([client], num_classes, name=str(folder))
+
+
+@functools.lru_cache(maxsize=8)
+def _shared_partition(config_text: str, data_dir: str | None, seed: int, device: str) -> FederatedData:
+    config = config_from_text(config_text)
+    pseed = seed if config.partition_seed is None else config.partition_seed
+    dataset = load_dataset(config.dataset, data_dir or config.data_dir)
+    return FederatedData.build(dataset, num_clients=config.num_clients, method=config.partition,
+                               rng=numpy_generator(pseed, "partition"), alpha=config.alpha,
+                               classes_per_client=config.classes_per_client, balanced=config.balanced,
+                               min_samples=config.min_samples_per_client, train_fraction=config.train_fraction,
+                               device=device)
+
+
+def node_setup(config_text: str, node_config: Mapping[str, Any], seed: int) -> NodeSetup:
+    """Build (and cache in this process) what this node needs for one seed of the experiment."""
+    return _node_setup(config_text, tuple(sorted(node_config.items())), seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
+    node = dict(node_items)
+    config = config_from_text(config_text)
+    if "partition-id" not in node:
+        raise ValueError("this SuperNode has no 'partition-id' in its node config (the pflkit client id)")
+    client_id = int(node["partition-id"])
+    if "num-partitions" in node and int(node["num-partitions"]) != config.num_clients:
+        raise ValueError(f"node config num-partitions={node['num-partitions']} differs from the experiment's "
+                         f"num_clients={config.num_clients}")
+    if not 0 <= client_id < config.num_clients:
+        raise ValueError(f"partition-id {client_id} is outside 0..{config.num_clients - 1}")
+    device = resolve_device(str(node.get("device", config.device)))
+    torch.set_num_threads(int(node.get("threads", config.threads)))
+    if "client-data" in node:
+        data = _own_data(Path(str(node["client-data"])), client_id, NUM_CLASSES[config.dataset], device)
+    else:
+        data = _shared_partition(config_text, node.get("data-dir"), seed, str(device))
+    model, init = initial_params(config, data, seed, device)
+    train = TrainSettings(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
+                          eval_batch_size=config.eval_batch_size)
+    return NodeSetup(client_id, data, model, init, train, device)
+
+
+def state_file(node_config: Mapping[str, Any], key: str) -> Path | None:
+    folder = node_config.get("state-dir")
+    return Path(str(folder)) / f"{key}.pt" if folder else None
+
+
+def save_state(path: Path, state: dict[str, Any], round: int) -> None:
+    """Atomically write a client's state after ``round`` (a restarted SuperNode reads it back)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save({"round": round, "state": state}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, device: torch.device) -> tuple[dict[str, Any], int]:
+    from ..run.checkpoint import to_device
+
+    raw = torch.load(path, map_location="cpu", weights_only=True)
+    return to_device(raw["state"], device), int(raw["round"])
+
+
+def config_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
