@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pflkit.config import ConfigError, load_config, parse_override, to_dict
+from pflkit.config import ConfigError, load_config, parse_override, split_overrides, to_dict
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -45,3 +45,12 @@ def test_mnist_paper_config_has_the_papers_settings():
         (20, "dirichlet", 0.1, 0.1, 10, 1)
     assert (cfg.fedala.eta, cfg.fedala.sample_fraction, cfg.fedala.p) == (1.0, 0.8, 1)
     assert cfg.resolved_model == "fedavg_cnn"
+
+
+def test_override_strings_split_outside_quotes_and_brackets():
+    text = "rounds=2 algorithms=['fedala', 'fedavg'] name=\"a b\" fedala.eta=0.5"
+    assert split_overrides(text) == ["rounds=2", "algorithms=['fedala', 'fedavg']", 'name="a b"', "fedala.eta=0.5"]
+    cfg = load_config(None, split_overrides(text))
+    assert cfg.algorithms == ["fedala", "fedavg"] and cfg.name == "a b" and cfg.rounds == 2
+    with pytest.raises(ConfigError, match="unbalanced"):
+        split_overrides("algorithms=['fedala'")

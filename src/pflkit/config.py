@@ -130,6 +130,29 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def split_overrides(text: str) -> list[str]:
+    """Split ``"a=1 b=['x', 'y'] c.d=\"s t\""`` into overrides at spaces outside quotes/brackets."""
+    items, current, depth, quote = [], "", 0, ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch.isspace() and depth == 0:
+            if current:
+                items.append(current)
+            current = ""
+            continue
+        current += ch
+    if quote or depth:
+        raise ConfigError(f"unbalanced quotes or brackets in overrides {text!r}")
+    return items + ([current] if current else [])
+
+
 def merge(base: dict[str, Any], path: list[str], value: Any) -> None:
     node = base
     for part in path[:-1]:

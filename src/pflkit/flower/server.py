@@ -18,6 +18,7 @@ from ..reporting import format_table, plot_accuracy, plot_partition, summarize
 from ..run.experiment import initial_params, resolve_device
 from ..run.results import ResultsFolder
 from ..run.rounds import RunState
+from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
 def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: float = 3600.0,
                   wait_seconds: float = 120.0) -> dict[str, Any]:
     """The Flower counterpart of ``run_experiment`` (same records, summary and plots)."""
+    grid = ResilientGrid(grid, wait_seconds)
     results = ResultsFolder(out)
     results.create(to_dict(config))
     config_text = tomli_w.dumps(to_dict(config))

@@ -9,12 +9,10 @@
 
 from __future__ import annotations
 
-import shlex
-
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from ..config import load_config
+from ..config import load_config, split_overrides
 from .server import run_on_flower
 
 app = ServerApp()
@@ -24,7 +22,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     run_config = context.run_config
     config = load_config(str(run_config.get("config-file", "")) or None,
-                         shlex.split(str(run_config.get("overrides", ""))))
+                         split_overrides(str(run_config.get("overrides", ""))))
     run_on_flower(config, grid, str(run_config.get("out", "results/flower")),
                   timeout=float(run_config.get("timeout", 3600.0)),
                   wait_seconds=float(run_config.get("wait-seconds", 120.0)))
