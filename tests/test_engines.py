@@ -64,12 +64,18 @@ def assert_same_state(a, b, atol=0.0):
 def test_parallel_engine_matches_loop_for_every_algorithm_and_worker_count(name):
     data = make_data([30, 45, 12, 60])
     reference = run(name, LoopEngine(), data)
+    runs = []
     for workers in (1, 2):
         engine = ParallelEngine(workers)
         try:
-            assert_same_state(reference, run(name, engine, data))
+            runs.append(run(name, engine, data))
         finally:
             engine.close()
+    assert_same_state(runs[0], runs[1])  # bit-identical whatever the number of workers
+    if "ala" in name:  # ALA runs batched across clients on this engine: float reassociation only
+        assert_close_runs(reference, runs[0], atol=tolerance(name))
+    else:
+        assert_same_state(reference, runs[0])
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedala", "fedrep", "ditto+ala"])
@@ -78,7 +84,7 @@ def test_clients_of_1_9_10_and_500_samples_in_one_round(name):
     reference = run(name, LoopEngine(), data, rounds=2)
     engine = ParallelEngine(2)
     try:
-        assert_same_state(reference, run(name, engine, data, rounds=2))
+        assert_close_runs(reference, run(name, engine, data, rounds=2), atol=tolerance(name))
     finally:
         engine.close()
     for record in reference.history:

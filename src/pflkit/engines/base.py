@@ -44,15 +44,23 @@ class RoundSetup:
     seed: int
 
 
-def run_client(setup: RoundSetup, job: ClientJob, round: int) -> ClientResult:
-    """local_init -> (evaluate) -> (local_train) for one client (spec §0.2 skeleton)."""
+def run_client(setup: RoundSetup, job: ClientJob, round: int,
+               initialized: dict[str, Any] | None = None) -> ClientResult:
+    """local_init -> (evaluate) -> (local_train) for one client (spec §0.2 skeleton).
+
+    ``initialized`` holds the metrics of a ``local_init`` an engine already ran (batched across
+    clients); ``job.state`` is then the initialised state.
+    """
     alg = setup.algorithm
     ctx = ClientContext(client_id=job.client_id, round=round, seed=setup.seed,
                         data=setup.data.client(job.client_id), model=setup.model, units=setup.units,
                         train=setup.train, algorithm=alg.name)
-    t0 = time.perf_counter()
-    state = alg.local_init(job.payload, job.state, ctx)
-    metrics: dict[str, Any] = {**ctx.info, "init_seconds": time.perf_counter() - t0}
+    if initialized is None:
+        t0 = time.perf_counter()
+        state = alg.local_init(job.payload, job.state, ctx)
+        metrics: dict[str, Any] = {**ctx.info, "init_seconds": time.perf_counter() - t0}
+    else:
+        state, metrics = job.state, dict(initialized)
     evaluation = None
     if job.evaluate:
         t_eval = time.perf_counter()

@@ -4,7 +4,9 @@ PyTorch kernels release the GIL, so worker threads run client training truly in 
 dataset stays shared in memory (no copies, no pickling) and each worker owns a model skeleton
 (``functional_call`` temporarily swaps a module's parameters, so a skeleton cannot be shared).
 Jobs are submitted longest first (by training samples), which bounds the idle tail of a round
-by one client's work. Every client draws from its own (seed, round, client) streams, so the
+by one client's work. Algorithms with ALA run their local initialisation for all clients of the
+round at once first (``batched_init``): ALA's thousands of tiny steps would otherwise serialise
+on Python's GIL. Every client draws from its own (seed, round, client) streams, so the
 numbers do not depend on the number of workers or on scheduling.
 """
 
@@ -15,10 +17,13 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
+import torch
 from torch import nn
 
 from .base import ClientJob, ClientResult, RoundSetup, run_client
+from .vmap import batched_local_init
 
 
 def default_workers() -> int:
@@ -39,14 +44,27 @@ class ParallelEngine:
             cache = self._local.models = (model, copy.deepcopy(model))
         return cache[1]
 
-    def _run_one(self, setup: RoundSetup, job: ClientJob, round: int) -> ClientResult:
-        return run_client(replace(setup, model=self._model(setup.model)), job, round)
+    def _run_one(self, setup: RoundSetup, job: ClientJob, round: int,
+                 initialized: dict[str, Any] | None) -> ClientResult:
+        return run_client(replace(setup, model=self._model(setup.model)), job, round, initialized)
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
+        inits: list[dict[str, Any] | None] = [None] * len(jobs)
+        if getattr(setup.algorithm, "batched_init", False) and setup.data.x is not None:
+            # ALA's many tiny steps are bound by Python's GIL in threads: run them for all
+            # clients at once (batched, with an active set), then evaluate/train in threads.
+            previous = torch.get_num_threads()
+            torch.set_num_threads(previous * self.workers)
+            try:
+                initialised = batched_local_init(setup, jobs, round)
+            finally:
+                torch.set_num_threads(previous)
+            jobs = [replace(job, state=state) for job, (state, _) in zip(jobs, initialised)]
+            inits = [info for _, info in initialised]
         if self.workers == 1 or len(jobs) <= 1:
-            return [run_client(setup, job, round) for job in jobs]
+            return [run_client(setup, job, round, init) for job, init in zip(jobs, inits)]
         order = sorted(range(len(jobs)), key=lambda j: -setup.data.client(jobs[j].client_id).num_train)
-        futures = {j: self._pool.submit(self._run_one, setup, jobs[j], round) for j in order}
+        futures = {j: self._pool.submit(self._run_one, setup, jobs[j], round, inits[j]) for j in order}
         return [futures[j].result() for j in range(len(jobs))]
 
     def close(self) -> None:

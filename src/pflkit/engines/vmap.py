@@ -166,13 +166,7 @@ class VmapEngine:
 
     def _run_chunk(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
         alg = setup.algorithm
-        ids = [job.client_id for job in jobs]
-        ctx = BatchedContext(ids, round, setup.seed, setup.data, setup.model, setup.units, setup.train, alg.name)
-        payload = stack([job.payload for job in jobs])
-        state = stack([job.state for job in jobs])
-        t0 = time.perf_counter()
-        state = alg.local_init(payload, state, ctx)
-        init_seconds = time.perf_counter() - t0
+        ctx, payload, state, init_seconds = init_chunk(setup, jobs, round)
         evaluations = ctx.evaluate(alg.eval_params(state)) if jobs[0].evaluate else None
         upload, metrics = None, {}
         t1 = time.perf_counter()
@@ -197,6 +191,32 @@ class VmapEngine:
 
     def close(self) -> None:
         pass
+
+
+def init_chunk(setup: RoundSetup, jobs: list[ClientJob],
+               round: int) -> tuple[BatchedContext, Any, Any, float]:
+    """Stack the jobs' payloads and states and run ``local_init`` once for all of them."""
+    alg = setup.algorithm
+    ids = [job.client_id for job in jobs]
+    ctx = BatchedContext(ids, round, setup.seed, setup.data, setup.model, setup.units, setup.train, alg.name)
+    payload = stack([job.payload for job in jobs])
+    t0 = time.perf_counter()
+    state = alg.local_init(payload, stack([job.state for job in jobs]), ctx)
+    return ctx, payload, state, time.perf_counter() - t0
+
+
+def batched_local_init(setup: RoundSetup, jobs: list[ClientJob], round: int,
+                       chunk_size: int = 64) -> list[tuple[Any, dict[str, Any]]]:
+    """Per job (in job order): its initialised state and init metrics, computed chunk-wise."""
+    order = sorted(range(len(jobs)), key=lambda j: -setup.data.client(jobs[j].client_id).num_train)
+    out: dict[int, tuple[Any, dict[str, Any]]] = {}
+    for start in range(0, len(order), chunk_size):
+        chunk = order[start:start + chunk_size]
+        ctx, _, state, seconds = init_chunk(setup, [jobs[j] for j in chunk], round)
+        for k, j in enumerate(chunk):
+            info = {key: _item(v, k) for key, v in ctx.info.items()}
+            out[j] = (unstack(state, k, jobs[j].state), {**info, "init_seconds": seconds / len(chunk)})
+    return [out[j] for j in range(len(jobs))]
 
 
 def _item(value: Any, k: int) -> Any:

@@ -204,6 +204,8 @@ class AdaptiveLocalAggregation:
 class WithALA(Algorithm):
     """``base`` with its local initialisation replaced by ALA on its configured target."""
 
+    batched_init = True  # the parallel engine runs ALA for all clients of a round at once
+
     def __init__(self, base: Algorithm, ala: AdaptiveLocalAggregation, display_name: str) -> None:
         super().__init__(base.settings, base.train, base.units)
         self.base = base

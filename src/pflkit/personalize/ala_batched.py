@@ -66,9 +66,14 @@ def _learn_weights(ala: "AdaptiveLocalAggregation", ctx: "BatchedContext", activ
     sel = torch.tensor(active, device=device)
     fixed_a = {k: v[sel] for k, v in fixed.items()}
     prefix = ala.prefix_stop(ctx.model, lowest_top)
-    feats = _features(ctx, fixed_a, rows, prefix)
+    feats = _features(ctx, fixed_a, rows, [len(r) for r in samples], prefix)
     labels = ctx.fed.y[rows]
     model = ctx.model
+    closed = ala.closed_form(model, prefix, list(weights))
+    if closed:  # targets of the closed-form step: one-hot / batch size, zero on padding
+        counts = mask.view(A, -1, b).sum(2, keepdim=True).clamp(min=1)
+        scale = (mask.view(A, -1, b) / counts).view(A, width, 1)
+        targets = F.one_hot(labels, local_top[list(weights)[1]].shape[-1]).to(feats.dtype) * scale
 
     def loss_fn(blended: Params, fixed_p: Params, h: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         logits = forward(model, {**fixed_p, **blended}, h, start=prefix)
@@ -91,8 +96,14 @@ def _learn_weights(ala: "AdaptiveLocalAggregation", ctx: "BatchedContext", activ
             n = int((steps_r > j).sum())  # a prefix: sizes are sorted
             cols = slice(j * b, (j + 1) * b)
             blended = {k: torch.addcmul(lt_r[k][:n], dl_r[k][:n], w_r[k][:n]) for k in w_r}
-            grads, loss = step(blended, {k: v[:n] for k, v in fx_r.items()}, feats[run[:n], cols],
-                               labels[run[:n], cols], mask[run[:n], cols])
+            if closed:
+                (wn, bn) = list(w_r)
+                loss, gw, gb = _linear_head_steps(feats[run[:n], cols], targets[run[:n], cols],
+                                                  scale[run[:n], cols], blended[wn], blended[bn])
+                grads = {wn: gw, bn: gb}
+            else:
+                grads, loss = step(blended, {k: v[:n] for k, v in fx_r.items()}, feats[run[:n], cols],
+                                   labels[run[:n], cols], mask[run[:n], cols])
             with torch.no_grad():
                 for k in w_r:
                     w_r[k][:n] = weight_step(w_r[k][:n], grads[k], dl_r[k][:n], eta)
@@ -114,11 +125,30 @@ def _learn_weights(ala: "AdaptiveLocalAggregation", ctx: "BatchedContext", activ
 
 
 @torch.no_grad()
-def _features(ctx: "BatchedContext", fixed: Params, rows: torch.Tensor, prefix: int) -> torch.Tensor:
+def _linear_head_steps(h: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``linear_head_step`` for n clients at once ([n, b, F] features, [n, C, F] weights)."""
+    logits = torch.baddbmm(bias.unsqueeze(1), h, weight.transpose(1, 2))
+    loss = -(torch.log_softmax(logits, dim=2) * targets).sum((1, 2))
+    g = torch.softmax(logits, dim=2).mul_(scale).sub_(targets)
+    return loss, torch.bmm(g.transpose(1, 2), h), g.sum(1)
+
+
+@torch.no_grad()
+def _features(ctx: "BatchedContext", fixed: Params, rows: torch.Tensor, lengths: list[int],
+              prefix: int) -> torch.Tensor:
     """Inputs of the top units for every sampled row (the frozen lower units run once)."""
     x = ctx.fed.x[rows]
     if not prefix:
         return x
+    if x.device.type == "cpu":
+        # vmapped convolutions become grouped convolutions, slow on CPU: one large batch per client
+        parts = [forward(ctx.model, {k: v[i] for k, v in fixed.items()}, x[i, :n], stop=prefix)
+                 for i, n in enumerate(lengths)]
+        out = parts[0].new_zeros((len(parts), x.shape[1], *parts[0].shape[1:]))
+        for i, part in enumerate(parts):
+            out[i, :len(part)] = part
+        return out
     run = vmap(lambda p, xb: forward(ctx.model, p, xb, stop=prefix))
     per_step = max(1, ctx.train.eval_batch_size // max(len(rows), 1))
     parts = [run(fixed, x[:, i:i + per_step]) for i in range(0, x.shape[1], per_step)]
