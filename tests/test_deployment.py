@@ -130,8 +130,10 @@ def saved_round(path: Path) -> int | None:
 def test_two_supernodes_with_tls_and_auth_survive_a_killed_node(tmp_path):
     home = tmp_path / "flwr-home"
     home.mkdir()
+    # Flower's processes start their helpers (flower-superexec, flwr-clientapp) by name: put this
+    # interpreter's scripts first on PATH, whether or not the virtualenv is activated.
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     ca, cert, key = make_certificates(tmp_path)
     keys = [make_node_keys(tmp_path, i) for i in range(2)]
     port = free_port()
