@@ -44,18 +44,27 @@ def run(name: str, engine, data: FederatedData, rounds: int = 2, overrides=()):
     return state
 
 
-def assert_same_state(a, b, atol=0.0):
+def assert_states_close(a, b, atol: float) -> None:
+    """Server and client states equal within ``atol`` (0: bit-identical)."""
     def walk(x, y, path):
         if isinstance(x, dict):
             assert x.keys() == y.keys(), path
             for k in x:
                 walk(x[k], y[k], f"{path}.{k}")
         elif isinstance(x, torch.Tensor):
-            torch.testing.assert_close(x, y, rtol=0, atol=atol, msg=path)
+            if atol == 0:
+                assert torch.equal(x, y), path
+            else:
+                torch.testing.assert_close(x, y, rtol=1e-3, atol=atol, msg=path)
         else:
             assert x == y, path
     walk(a.server, b.server, "server")
     walk(a.clients, b.clients, "clients")
+
+
+def assert_same_state(a, b):
+    """Bit-identical states and identical metrics (wall-clock fields aside)."""
+    assert_states_close(a, b, atol=0.0)
     strip = lambda h: [{k: v for k, v in r.items() if "seconds" not in k} for r in h]  # noqa: E731
     assert strip(a.history) == strip(b.history)
 
@@ -137,17 +146,7 @@ def tolerance(name: str) -> float:
 
 def assert_close_runs(a, b, atol):
     """Same parameters within ``atol`` and the same metrics (accuracies within one test sample)."""
-    def walk(x, y, path):
-        if isinstance(x, dict):
-            assert x.keys() == y.keys(), path
-            for k in x:
-                walk(x[k], y[k], f"{path}.{k}")
-        elif isinstance(x, torch.Tensor):
-            torch.testing.assert_close(x, y, rtol=1e-3, atol=atol, msg=path)
-        else:
-            assert x == y, path
-    walk(a.server, b.server, "server")
-    walk(a.clients, b.clients, "clients")
+    assert_states_close(a, b, atol)
     for ra, rb in zip(a.history, b.history, strict=True):
         assert ra["round"] == rb["round"]
         if "accuracy" in ra:
