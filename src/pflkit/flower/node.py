@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import tomllib
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from ..algorithms import Algorithm, TrainSettings, build_algorithm
 from ..config import BaseConfig, build_config
 from ..data import DataError, load_dataset
 from ..data.federated import ClientData, FederatedData
-from ..functional import numpy_generator
+from ..functional import numpy_generator, to_device
 from ..models import UnitModel
 from ..run.experiment import initial_params, resolve_device
 
@@ -127,11 +126,5 @@ def save_state(path: Path, state: dict[str, Any], round: int) -> None:
 
 
 def load_state(path: Path, device: torch.device) -> tuple[dict[str, Any], int]:
-    from ..run.checkpoint import to_device
-
     raw = torch.load(path, map_location="cpu", weights_only=True)
     return to_device(raw["state"], device), int(raw["round"])
-
-
-def config_digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,9 +1,9 @@
 """Pure building blocks shared by algorithms: parameter ops, seeded streams, local SGD."""
 
-from .params import Params, clone, equal, squared_distance, subset, to_device, weighted_average
+from .params import Params, clone, equal, subset, to_device, weighted_average
 from .streams import numpy_generator, stream_seed, torch_generator
 from .training import NonFiniteLossError, check_finite, evaluate, forward, sgd
 
-__all__ = ["Params", "clone", "equal", "squared_distance", "subset", "to_device", "weighted_average",
+__all__ = ["Params", "clone", "equal", "subset", "to_device", "weighted_average",
            "numpy_generator", "stream_seed", "torch_generator", "NonFiniteLossError", "check_finite",
            "evaluate", "forward", "sgd"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -33,14 +33,17 @@ def weighted_average(models: Sequence[Mapping[str, torch.Tensor]], weights: Sequ
     return out
 
 
-def squared_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    return sum(((a[k] - b[k]) ** 2).sum() for k in a)  # type: ignore[return-value]
-
-
 def equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
     """Exact equality of every shared tensor (used to detect 'no new global model yet')."""
     return all(torch.equal(a[k], b[k]) for k in a if k in b)
 
 
-def to_device(params: Mapping[str, torch.Tensor], device: torch.device | str) -> Params:
-    return {k: v.to(device) for k, v in params.items()}
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """Move every tensor in nested dicts/lists (parameters, client states) to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_device(v, device) for v in obj]
+    return obj

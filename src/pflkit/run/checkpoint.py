@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from ..functional import to_device
 from .rounds import RunState
 
 
@@ -19,17 +19,6 @@ def save_checkpoint(path: Path, state: RunState) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def to_device(obj: Any, device: torch.device | str) -> Any:
-    """Move every tensor in nested dicts/lists to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [to_device(v, device) for v in obj]
-    return obj
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> RunState:

@@ -87,6 +87,7 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
         results.set_status("running")
     else:
         results.create(to_dict(config))
+    engine = None
     try:
         for pseed, data in partitions.items():
             path = results.plots / f"partition-seed{pseed}.png"
@@ -116,7 +117,6 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
                                            callbacks=[Checkpointer(ckpt, config.checkpoint_every),
                                                       _Recorder(results, bar)])
                 histories[(name, seed)] = state.history
-        engine.close()
         summary = summarize(histories, config.algorithms, config.seeds)
         plot_accuracy(histories, results.plots / "accuracy.png",
                       f"{config.dataset}, {config.partition}, {config.num_clients} clients")
@@ -125,6 +125,9 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
     except BaseException as exc:
         results.set_status("failed", error=f"{type(exc).__name__}: {exc}")
         raise
+    finally:
+        if engine is not None:
+            engine.close()
     echo(format_table(summary))
     echo(f"results: {results.root}")
     return summary
