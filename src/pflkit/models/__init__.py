@@ -4,29 +4,51 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .base import (UnitModel, Units, check_no_buffers, count_parameters, head_names,
+from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names,
                    reference_layer_idx, top_unit_names)
 from .cnn import DigitsCNN, FedAvgCNN
+from .resnet import ResNet18
+from .text import FastText
 
 MODELS: dict[str, Callable[..., UnitModel]] = {
     "fedavg_cnn": FedAvgCNN,
     "digits_cnn": DigitsCNN,
+    "resnet18": ResNet18,
+    "fasttext": FastText,
 }
 
-DEFAULT_MODEL = {"digits": "digits_cnn", "synthetic": "digits_cnn", "mnist": "fedavg_cnn"}
+# pfllib is absent on purpose: its model depends on the imported data (BaseConfig.model_for).
+DEFAULT_MODEL = {"digits": "digits_cnn", "synthetic": "digits_cnn", "mnist": "fedavg_cnn", "cifar10": "fedavg_cnn",
+                 "cifar100": "fedavg_cnn", "tiny_imagenet": "fedavg_cnn", "agnews": "fasttext"}
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> UnitModel:
-    """Build model ``name`` for inputs of ``input_shape`` ([C, H, W]) and ``num_classes`` outputs."""
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
+                vocab_size: int | None = None) -> UnitModel:
+    """Build model ``name`` for inputs of ``input_shape`` and ``num_classes`` outputs.
+
+    Image models take square images [C, H, H]; token models (fasttext) take token ids of shape
+    [L] and need ``vocab_size`` (ignored by image models).
+    """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(sorted(MODELS))}")
-    if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
-        raise ValueError(f"model {name!r} expects square images [C, H, H], got input shape {input_shape}")
-    model = MODELS[name](in_channels=input_shape[0], num_classes=num_classes, image_size=input_shape[1])
-    check_no_buffers(model)
+    constructor = MODELS[name]
+    shape = tuple(int(d) for d in input_shape)
+    if getattr(constructor, "input_kind", "image") == "tokens":
+        if len(shape) != 1:
+            raise ValueError(f"model {name!r} expects token-id sequences of shape [L], got input shape {shape}")
+        if vocab_size is None:
+            raise ValueError(f"model {name!r} needs the vocabulary size (vocab_size) of the dataset; "
+                             "it is only available for text datasets")
+        model = constructor(vocab_size=int(vocab_size), num_classes=num_classes, seq_len=shape[0])
+    else:
+        if len(shape) != 3 or shape[1] != shape[2]:
+            raise ValueError(f"model {name!r} expects square images [C, H, H], got input shape {shape}")
+        model = constructor(in_channels=shape[0], num_classes=num_classes, image_size=shape[1])
+    check_buffers(model)
     model.units()  # validates the unit map
     return model
 
 
 __all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN",
+           "ResNet18", "FastText", "buffer_names",
            "top_unit_names", "head_names", "count_parameters", "reference_layer_idx"]

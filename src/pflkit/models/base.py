@@ -3,6 +3,11 @@
 A *unit* is an architectural layer/block (FedALA Table 5): ALA's ``p`` counts units from the
 output side, FedRep splits body/head at the last unit. Units are lists of parameter names as
 they appear in ``named_parameters()``.
+
+Batch-norm running statistics (floating buffers, e.g. ``bn1.running_mean``) travel in the same
+parameter dicts as the parameters, under their state-dict names, but belong to no unit: ALA's
+weights, FedRep's head and parameter counts only see parameters. ``buffer_names`` lists them.
+Integer ``num_batches_tracked`` counters are not kept (pflkit's batch norm uses a fixed momentum).
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ from torch import nn
 
 Units = list[tuple[str, list[str]]]
 
+#: Integer buffers that pflkit tolerates but does not keep in parameter dicts.
+IGNORED_BUFFERS = ("num_batches_tracked",)
+
 
 class UnitModel(nn.Module):
     """A module that knows its units (ordered input -> output) and can run any range of them.
@@ -24,35 +32,56 @@ class UnitModel(nn.Module):
     parameter swapping, vmappable); frozen lower units can thus be computed once and the top
     units iterated alone (ALA's feature cache). ``prefix_is_deterministic`` must be False for
     models whose lower units contain dropout or batch-norm in training mode.
+
+    ``unit_modules`` entries are a module name or a tuple of module names (one unit owning
+    several modules, e.g. ``("conv1", "bn1")``; the unit is named after the first one).
+
+    Models whose units behave differently in training and evaluation mode (batch norm) set
+    ``train_mode_aware = True`` and take ``unit_forward(i, params, x, *, train=False)``: with
+    ``train=True`` batch norm uses batch statistics and updates the running statistics found in
+    ``params`` in place; with ``train=False`` it uses them.
     """
 
-    unit_modules: Sequence[str] = ()
+    unit_modules: Sequence[str | tuple[str, ...]] = ()
     prefix_is_deterministic: bool = True
     #: True when the last unit is exactly ``F.linear(x, weight, bias)`` with its two parameters
     #: in that order; ALA then uses the closed-form gradient of cross-entropy for p = 1.
     linear_head: bool = False
+    #: True when ``unit_forward`` takes the ``train`` keyword (models with batch norm or dropout).
+    train_mode_aware: bool = False
+    #: What ``build_model`` checks the input shape against: "image" ([C, H, H]) or "tokens" ([L]).
+    input_kind: str = "image"
 
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def apply_units(self, params: Mapping[str, torch.Tensor], x: torch.Tensor, start: int = 0,
-                    stop: int | None = None) -> torch.Tensor:
+                    stop: int | None = None, *, train: bool = False) -> torch.Tensor:
+        mode = {"train": train} if self.train_mode_aware else {}
         for index in range(start, len(self.unit_modules) if stop is None else stop):
-            x = self.unit_forward(index, params, x)
+            x = self.unit_forward(index, params, x, **mode)
         return x
 
     def forward(self, x: torch.Tensor, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        return self.apply_units(dict(self.named_parameters()), x, start, stop)
+        """The module's own parameters and buffers (buffers updated in training mode)."""
+        keep = set(self.buffer_names())
+        own = {**dict(self.named_parameters()), **{n: b for n, b in self.named_buffers() if n in keep}}
+        return self.apply_units(own, x, start, stop, train=self.training)
+
+    def buffer_names(self) -> list[str]:
+        """Names of the floating buffers (batch-norm running statistics) kept in parameter dicts."""
+        return buffer_names(self)
 
     def units(self) -> Units:
-        """Ordered (unit name, parameter names) pairs, input side first."""
+        """Ordered (unit name, parameter names) pairs, input side first (buffers belong to none)."""
         names = [n for n, _ in self.named_parameters()]
         out: Units = []
-        for unit in self.unit_modules:
-            members = [n for n in names if n == unit or n.startswith(unit + ".")]
+        for entry in self.unit_modules:
+            modules = (entry,) if isinstance(entry, str) else tuple(entry)
+            members = [n for n in names if any(n == m or n.startswith(m + ".") for m in modules)]
             if not members:
-                raise ValueError(f"unit {unit!r} of {type(self).__name__} owns no parameters")
-            out.append((unit, members))
+                raise ValueError(f"unit {modules[0]!r} of {type(self).__name__} owns no parameters")
+            out.append((modules[0], members))
         covered = {n for _, ms in out for n in ms}
         missing = [n for n in names if n not in covered]
         if missing:
@@ -83,12 +112,24 @@ def reference_layer_idx(units: Units, p: int) -> int:
     return len(top_unit_names(units, p))
 
 
-def check_no_buffers(model: nn.Module) -> None:
-    """Refuse models with buffers (BatchNorm statistics) until per-client buffers exist."""
-    buffers = [n for n, _ in model.named_buffers()]
-    if buffers:
+def buffer_names(model: nn.Module) -> list[str]:
+    """Floating buffers of ``model`` (batch-norm running statistics), in ``named_buffers()`` order.
+
+    These travel in parameter dicts next to the parameters; integer ``num_batches_tracked``
+    counters do not.
+    """
+    return [n for n, b in model.named_buffers() if b.is_floating_point()]
+
+
+def check_buffers(model: nn.Module) -> None:
+    """Refuse buffers pflkit cannot carry in parameter dicts (integer buffers other than
+    ``num_batches_tracked``, complex buffers)."""
+    bad = [f"{n} ({b.dtype})" for n, b in model.named_buffers()
+           if not b.is_floating_point() and n.rsplit(".", 1)[-1] not in IGNORED_BUFFERS]
+    if bad:
         raise NotImplementedError(
-            f"{type(model).__name__} has buffers {buffers[:3]}...; per-client buffer handling "
-            "(spec §0.2 bn_buffers) is not implemented yet")
+            f"{type(model).__name__} has buffers pflkit does not handle: {', '.join(bad[:3])}"
+            f"{'...' if len(bad) > 3 else ''}; only floating buffers (batch-norm running statistics) "
+            "are kept per client")
 
 

@@ -3,6 +3,7 @@
 Clients are sorted by size, so at every mini-batch step the clients that still have a batch
 form a prefix of the running set. Clients whose start phase converges leave the active set
 while the others go on; clients without a new global model (first round) are left untouched.
+Models with buffers (batch norm) are not supported here: the engines run ALA client by client.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 
 from ..functional import NonFiniteLossError, Params, forward
+from ..models import buffer_names
 from .ala import weight_step
 
 if TYPE_CHECKING:
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
 
 def batched_ala(ala: "AdaptiveLocalAggregation", received: Params, local: Params, state: "State",
                 ctx: "BatchedContext") -> tuple[Params, "State", dict[str, Any]]:
+    if buffer_names(ctx.model):
+        raise NotImplementedError(f"batched ALA does not support models with buffers (batch norm: "
+                                  f"{type(ctx.model).__name__}); run ALA client by client")
     K = len(ctx.clients)
     lowest_top, top = ala.top_units(received)
     same = torch.ones(K, dtype=torch.bool, device=ctx.device)
@@ -76,7 +81,7 @@ def _learn_weights(ala: "AdaptiveLocalAggregation", ctx: "BatchedContext", activ
         targets = F.one_hot(labels, local_top[list(weights)[1]].shape[-1]).to(feats.dtype) * scale
 
     def loss_fn(blended: Params, fixed_p: Params, h: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        logits = forward(model, {**fixed_p, **blended}, h, start=prefix)
+        logits = forward(model, {**fixed_p, **blended}, h, start=prefix, train=True)
         return (F.cross_entropy(logits, y, reduction="none") * m).sum() / m.sum()
 
     step = vmap(grad_and_value(loss_fn))
@@ -143,13 +148,13 @@ def _features(ctx: "BatchedContext", fixed: Params, rows: torch.Tensor, lengths:
         return x
     if x.device.type == "cpu":
         # vmapped convolutions become grouped convolutions, slow on CPU: one large batch per client
-        parts = [forward(ctx.model, {k: v[i] for k, v in fixed.items()}, x[i, :n], stop=prefix)
+        parts = [forward(ctx.model, {k: v[i] for k, v in fixed.items()}, x[i, :n], stop=prefix, train=True)
                  for i, n in enumerate(lengths)]
         out = parts[0].new_zeros((len(parts), x.shape[1], *parts[0].shape[1:]))
         for i, part in enumerate(parts):
             out[i, :len(part)] = part
         return out
-    run = vmap(lambda p, xb: forward(ctx.model, p, xb, stop=prefix))
+    run = vmap(lambda p, xb: forward(ctx.model, p, xb, stop=prefix, train=True))
     per_step = max(1, ctx.train.eval_batch_size // max(len(rows), 1))
     parts = [run(fixed, x[:, i:i + per_step]) for i in range(0, x.shape[1], per_step)]
     return torch.cat(parts, dim=1)
