@@ -106,6 +106,22 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
 
 
 @main.command()
+@click.argument("name")
+@click.argument("data_dir", type=click.Path(file_okay=False, path_type=Path))
+def download(name: str, data_dir: Path) -> None:
+    """Download dataset NAME (mnist, cifar10, cifar100, tiny_imagenet, agnews) into DATA_DIR."""
+    from .data import DataError
+    from .data import download as fetch_dataset
+
+    try:
+        folder = fetch_dataset(name, data_dir)
+    except (DataError, ValueError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    click.echo(f"{name}: ready in {folder} (use dataset={name} data_dir={folder})")
+
+
+@main.command()
 def algorithms() -> None:
     """List the algorithm names accepted in ``algorithms = [...]``."""
     from .algorithms import available

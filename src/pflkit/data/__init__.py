@@ -1,5 +1,14 @@
 """Datasets, IDX file I/O and federated partitions (spec §5)."""
 
+from pflkit.data.agnews import basic_english, build_vocab, load_agnews
+from pflkit.data.cifar import load_cifar
+from pflkit.data.downloads import (
+    download,
+    download_agnews,
+    download_cifar10,
+    download_cifar100,
+    download_tiny_imagenet,
+)
 from pflkit.data.errors import DataError, PartitionError
 from pflkit.data.idx import read_idx, write_idx
 from pflkit.data.partition import (
@@ -11,17 +20,31 @@ from pflkit.data.partition import (
     partition_pathological,
     split_train_test,
 )
-from pflkit.data.sources import DATASETS, Dataset, download_mnist, load_dataset
+from pflkit.data.pfllib import load_pfllib
+from pflkit.data.sources import DATASETS, FILE_DATASETS, Dataset, download_mnist, load_dataset
+from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = [
     "DATASETS",
+    "FILE_DATASETS",
     "PARTITION_METHODS",
     "DataError",
     "Dataset",
     "PartitionError",
+    "basic_english",
+    "build_vocab",
     "class_counts",
+    "download",
+    "download_agnews",
+    "download_cifar10",
+    "download_cifar100",
     "download_mnist",
+    "download_tiny_imagenet",
+    "load_agnews",
+    "load_cifar",
     "load_dataset",
+    "load_pfllib",
+    "load_tiny_imagenet",
     "partition",
     "partition_dirichlet",
     "partition_iid",

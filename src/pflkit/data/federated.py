@@ -45,6 +45,7 @@ class FederatedData:
     counts: np.ndarray  # [num_clients, num_classes], all samples of each client
     x: torch.Tensor | None = None  # the whole dataset on the device (batched engines gather from it)
     y: torch.Tensor | None = None
+    vocab_size: int | None = None  # token-id data: ids are in 0..vocab_size-1 (the embedding size)
 
     @property
     def num_clients(self) -> int:
@@ -82,10 +83,11 @@ class FederatedData:
             clients.append(ClientData(i, x[tr_t], y[tr_t], x[te_t], y[te_t], tr_t, te_t))
         return cls(dataset=data.name, num_classes=data.num_classes, input_shape=tuple(data.input_shape),
                    train_indices=train_idx, test_indices=test_idx, clients=clients,
-                   counts=class_counts(labels, parts, data.num_classes), x=x, y=y)
+                   counts=class_counts(labels, parts, data.num_classes), x=x, y=y, vocab_size=data.vocab_size)
 
     @classmethod
-    def from_clients(cls, clients: list[ClientData], num_classes: int, name: str = "custom") -> "FederatedData":
+    def from_clients(cls, clients: list[ClientData], num_classes: int, name: str = "custom",
+                     vocab_size: int | None = None) -> "FederatedData":
         """Wrap ready-made client tensors (tests, custom pipelines) into a FederatedData."""
         xs = [t for c in clients for t in (c.train_x, c.test_x)]
         ys = [t for c in clients for t in (c.train_y, c.test_y)]
@@ -100,4 +102,5 @@ class FederatedData:
                            for c in clients])
         return cls(dataset=name, num_classes=num_classes, input_shape=tuple(x.shape[1:]),
                    train_indices=[c.train_rows.cpu().numpy() for c in out],
-                   test_indices=[c.test_rows.cpu().numpy() for c in out], clients=out, counts=counts, x=x, y=y)
+                   test_indices=[c.test_rows.cpu().numpy() for c in out], clients=out, counts=counts, x=x, y=y,
+                   vocab_size=vocab_size)

@@ -1,16 +1,13 @@
-"""Centralised image datasets as normalised tensors, before any federated split.
+"""Centralised datasets as tensors (normalised images or token ids), before any federated split.
 
 FedALA pools the official train and test sets and partitions the pool (spec
-§5.1, §5.5), so every loader here returns one pool of samples.
+§5.1, §5.5), so every loader here returns one pool of samples. The readers of
+the real datasets live in their own modules (cifar, tiny_imagenet, agnews) and
+are imported lazily so that, e.g., Pillow is needed only for Tiny-ImageNet.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,28 +15,53 @@ import numpy as np
 import torch
 
 from pflkit.data.errors import DataError
+from pflkit.data.fetch import fetch, md5_check
 from pflkit.data.idx import read_idx
 
-__all__ = ["DATASETS", "Dataset", "download_mnist", "load_dataset"]
+__all__ = ["DATASETS", "FILE_DATASETS", "Dataset", "download_mnist", "load_dataset"]
 
-DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic")
+# What data_dir must hold for each dataset read from files (config validation and error messages).
+FILE_DATASETS: dict[str, str] = {
+    "mnist": "the four MNIST IDX files (plain or .gz)",
+    "cifar10": "cifar-10-batches-py/ or cifar-10-python.tar.gz",
+    "cifar100": "cifar-100-python/ or cifar-100-python.tar.gz",
+    "tiny_imagenet": "the tiny-imagenet-200/ tree (wnids.txt, train/, val/)",
+    "agnews": "the AG News train.csv and test.csv",
+    "pfllib": "a PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz)",
+}
+DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic", "cifar10", "cifar100", "tiny_imagenet", "agnews",
+                             "pfllib")
 
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A pool of labelled images: ``x`` float32 ``[n, C, H, W]`` (normalised), ``y`` int64 ``[n]``."""
+    """A pool of labelled samples, ``y`` int64 ``[n]`` and ``x`` either
+
+    * images: float32 ``[n, C, H, W]`` (normalised), ``vocab_size`` None, or
+    * token ids: int64 ``[n, L]`` in ``0..vocab_size-1`` (``vocab_size`` required).
+    """
 
     name: str
     x: torch.Tensor
     y: torch.Tensor
     num_classes: int
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.x.dtype != torch.float32 or self.x.dim() != 4:
+        if self.x.dtype == torch.int64 and self.x.dim() == 2:
+            if self.vocab_size is None or self.vocab_size < 1:
+                raise ValueError(f"Dataset {self.name!r}: token ids x (int64 [n, L]) need vocab_size >= 1, "
+                                 f"got {self.vocab_size}")
+            if self.x.numel() and (int(self.x.min()) < 0 or int(self.x.max()) >= self.vocab_size):
+                raise ValueError(f"Dataset {self.name!r}: token ids must be in 0..{self.vocab_size - 1}, "
+                                 f"found {int(self.x.min())}..{int(self.x.max())}")
+        elif self.x.dtype != torch.float32 or self.x.dim() != 4:
             raise ValueError(
-                f"Dataset {self.name!r}: x must be float32 [n, C, H, W], "
-                f"got {self.x.dtype} {tuple(self.x.shape)}"
+                f"Dataset {self.name!r}: x must be float32 [n, C, H, W] (images) or int64 [n, L] "
+                f"(token ids), got {self.x.dtype} {tuple(self.x.shape)}"
             )
+        elif self.vocab_size is not None:
+            raise ValueError(f"Dataset {self.name!r}: vocab_size is only for token ids, not images")
         if self.y.dtype != torch.int64 or self.y.dim() != 1:
             raise ValueError(
                 f"Dataset {self.name!r}: y must be int64 [n], got {self.y.dtype} {tuple(self.y.shape)}"
@@ -49,7 +71,7 @@ class Dataset:
 
     @property
     def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample, ``(C, H, W)``."""
+        """Shape of one sample, ``(C, H, W)`` or ``(L,)``."""
         return tuple(self.x.shape[1:])
 
     def __len__(self) -> int:
@@ -168,10 +190,18 @@ def _load_mnist(data_dir: str | Path | None) -> Dataset:
     return Dataset("mnist", x, y, 10)
 
 
-def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
-    """Load a dataset by name (see :data:`DATASETS`) as one normalised pool.
+def _require_dir(name: str, data_dir: str | Path | None) -> Path:
+    if data_dir is None:
+        raise DataError(f"dataset {name!r} needs data_dir: {FILE_DATASETS[name]}; "
+                        f"fetch it with pflkit.data.download({name!r}, data_dir)")
+    return Path(data_dir)
 
-    ``data_dir`` is needed only for file-based datasets (``"mnist"``).
+
+def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
+    """Load a dataset by name (see :data:`DATASETS`) as one pool (train and test merged, spec §5.1).
+
+    ``data_dir`` is needed only for file-based datasets (:data:`FILE_DATASETS`).
+    ``"pfllib"`` holds ready-made client splits: load it with :func:`pflkit.data.load_pfllib`.
     """
     if name == "digits":
         return _load_digits()
@@ -179,6 +209,21 @@ def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
         return _load_mnist(data_dir)
     if name == "synthetic":
         return _load_synthetic()
+    if name in ("cifar10", "cifar100"):
+        from pflkit.data.cifar import load_cifar
+
+        return load_cifar(name, _require_dir(name, data_dir))
+    if name == "tiny_imagenet":
+        from pflkit.data.tiny_imagenet import load_tiny_imagenet
+
+        return load_tiny_imagenet(_require_dir(name, data_dir))
+    if name == "agnews":
+        from pflkit.data.agnews import load_agnews
+
+        return load_agnews(_require_dir(name, data_dir))
+    if name == "pfllib":
+        raise DataError("dataset 'pfllib' holds per-client splits, not one pool: "
+                        "use pflkit.data.load_pfllib(data_dir) to get a FederatedData")
     raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
 
 
@@ -195,20 +240,10 @@ _MNIST_MD5 = {
 }
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _verify_download(tmp: Path, filename: str) -> None:
     expected = _MNIST_MD5.get(filename)
     if expected is not None:
-        actual = _md5(tmp)
-        if actual != expected:
-            raise DataError(f"{filename}: md5 {actual} does not match the official {expected}")
+        md5_check(expected)(tmp)
         return
     images = read_idx(tmp)
     if images.dtype != np.uint8 or images.shape != (60000, 28, 28):
@@ -230,22 +265,6 @@ def download_mnist(data_dir: str | Path) -> Path:
         if (data_dir / base).is_file() or (data_dir / f"{base}.gz").is_file():
             continue
         filename = f"{base}.gz"
-        errors: list[str] = []
-        for mirror in _MNIST_MIRRORS:
-            url = mirror + filename
-            fd, tmp_name = tempfile.mkstemp(prefix=f".{filename}.", suffix=".part", dir=data_dir)
-            tmp = Path(tmp_name)
-            try:
-                with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-                    for chunk in iter(lambda: response.read(1 << 20), b""):
-                        out.write(chunk)
-                _verify_download(tmp, filename)
-                os.replace(tmp, data_dir / filename)
-                break
-            except (urllib.error.URLError, OSError, DataError) as exc:
-                errors.append(f"{url}: {exc}")
-            finally:
-                tmp.unlink(missing_ok=True)
-        else:
-            raise DataError(f"could not download {filename} into {data_dir}; tried " + "; ".join(errors))
+        fetch([mirror + filename for mirror in _MNIST_MIRRORS], data_dir / filename,
+              lambda tmp, filename=filename: _verify_download(tmp, filename))
     return data_dir
