@@ -26,3 +26,21 @@ def params_of(ctx: ClientContext, seed: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
     fresh = build_model("digits_cnn", (1, 8, 8), 10)
     return {k: v.detach().clone() for k, v in fresh.named_parameters()}
+
+
+def assert_states_close(a, b, atol: float) -> None:
+    """Server and client states equal within ``atol`` (0: bit-identical)."""
+    def walk(x, y, path):
+        if isinstance(x, dict):
+            assert x.keys() == y.keys(), path
+            for k in x:
+                walk(x[k], y[k], f"{path}.{k}")
+        elif isinstance(x, torch.Tensor):
+            if atol == 0:
+                assert torch.equal(x, y), path
+            else:
+                torch.testing.assert_close(x, y, rtol=1e-3, atol=atol, msg=path)
+        else:
+            assert x == y, path
+    walk(a.server, b.server, "server")
+    walk(a.clients, b.clients, "clients")

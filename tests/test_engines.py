@@ -14,7 +14,7 @@ from pflkit.models import build_model
 from pflkit.personalize import ALASettings, AdaptiveLocalAggregation
 from pflkit.run.rounds import run_rounds, start_run
 
-from helpers import params_of, tiny_context
+from helpers import assert_states_close, params_of, tiny_context
 
 ALL_ALGORITHMS = available()
 
@@ -42,24 +42,6 @@ def run(name: str, engine, data: FederatedData, rounds: int = 2, overrides=()):
     setup = RoundSetup(alg, data, model, model.units(), train, seed=3)
     state = run_rounds(setup, engine, start_run(setup, init), rounds=rounds, join_ratio=1.0, eval_every=1)
     return state
-
-
-def assert_states_close(a, b, atol: float) -> None:
-    """Server and client states equal within ``atol`` (0: bit-identical)."""
-    def walk(x, y, path):
-        if isinstance(x, dict):
-            assert x.keys() == y.keys(), path
-            for k in x:
-                walk(x[k], y[k], f"{path}.{k}")
-        elif isinstance(x, torch.Tensor):
-            if atol == 0:
-                assert torch.equal(x, y), path
-            else:
-                torch.testing.assert_close(x, y, rtol=1e-3, atol=atol, msg=path)
-        else:
-            assert x == y, path
-    walk(a.server, b.server, "server")
-    walk(a.clients, b.clients, "clients")
 
 
 def assert_same_state(a, b):

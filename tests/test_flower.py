@@ -86,7 +86,8 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
         assert torch.equal(a[name], b[name])
 
 
-@pytest.mark.parametrize("algorithms", [["fedala"], ["fedavg", "ditto+ala", "fedrep"]])
+@pytest.mark.parametrize("algorithms", [["fedala"], ["fedavg", "ditto+ala", "fedrep"],
+                                        ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"]])
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
     config = load_config(None, OVERRIDES + [f"algorithms={json.dumps(algorithms)}"])
     grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)])

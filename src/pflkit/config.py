@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from .algorithms import ALGORITHMS, Settings, parse_name
 from .algorithms.registry import ALA_SECTION
-from .data import DATASETS
+from .data import DATASETS, FILE_DATASETS
 from .models import DEFAULT_MODEL, MODELS
 from .personalize import ALASettings
 
@@ -31,8 +31,10 @@ class BaseConfig(BaseModel):
 
     name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
     dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
-    data_dir: str | None = Field(None, description="folder with the dataset's files (mnist)")
-    model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for MNIST")
+    data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
+                                 "and synthetic)")
+    model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
+                       "fasttext for AG News; pfllib: by its data")
     num_clients: int = Field(20, ge=1)
     partition: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
     alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4)")
@@ -59,6 +61,9 @@ class BaseConfig(BaseModel):
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int = Field(1, ge=1, description="torch intra-op threads per worker (set explicitly; see docs)")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
+    bn_buffers: Literal["local", "global"] = Field(
+        "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
+        "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
 
     @field_validator("algorithms")
     @classmethod
@@ -68,6 +73,14 @@ class BaseConfig(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"algorithms contains duplicates: {names}")
         return names
+
+    @model_validator(mode="after")
+    def _full_participation(self) -> "BaseConfig":
+        for name in self.algorithms:
+            if ALGORITHMS[parse_name(name)[0]].requires_full_participation and self.join_ratio < 1:
+                raise ValueError(f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
+                                 f"join_ratio must be 1, got {self.join_ratio}")
+        return self
 
     @field_validator("seeds")
     @classmethod
@@ -92,14 +105,27 @@ class BaseConfig(BaseModel):
 
     @model_validator(mode="after")
     def _dataset_needs(self) -> "BaseConfig":
-        if self.dataset == "mnist" and not self.data_dir:
-            raise ValueError("dataset 'mnist' needs data_dir: a folder with the four MNIST IDX files "
-                             "(pflkit.data.download_mnist fetches them where a network exists)")
+        if self.dataset in FILE_DATASETS and not self.data_dir:
+            hint = "" if self.dataset == "pfllib" else \
+                f" (pflkit.data.download({self.dataset!r}, data_dir) fetches them where a network exists)"
+            raise ValueError(f"dataset {self.dataset!r} needs data_dir: a folder with "
+                             f"{FILE_DATASETS[self.dataset]}{hint}")
         return self
 
     @property
     def resolved_model(self) -> str:
-        return DEFAULT_MODEL[self.dataset] if self.model == "auto" else self.model
+        """The model name; ``auto`` on pfllib depends on the data: use :meth:`model_for` there."""
+        if self.model != "auto":
+            return self.model
+        if self.dataset not in DEFAULT_MODEL:
+            raise ConfigError(f"model=auto for dataset {self.dataset!r} depends on its data: use model_for")
+        return DEFAULT_MODEL[self.dataset]
+
+    def model_for(self, input_shape: tuple[int, ...]) -> str:
+        """The model for samples of ``input_shape``: pfllib + auto picks fedavg_cnn (images) or fasttext (ids)."""
+        if self.model == "auto" and self.dataset == "pfllib":
+            return "fedavg_cnn" if len(input_shape) == 3 else "fasttext"
+        return self.resolved_model
 
     def algorithm_sections(self) -> dict[str, Settings]:
         return {name: getattr(self, name) for name in list(ALGORITHMS) + [ALA_SECTION]}

@@ -4,7 +4,8 @@ An algorithm never owns a loop and never keeps client state on itself. The round
 (``pflkit.run.rounds``) calls, for each sampled client ``i`` of round ``t``::
 
     payload = alg.downlink(server_state, i, t)            # what the server sends to client i
-    state   = alg.local_init(payload, state_i, ctx)        # e.g. overwrite; ALA replaces this step
+    state   = alg.local_init(payload, state_i, ctx)        # receive (overwrite; ALA replaces it),
+                                                           # then after_receive
     [evaluate alg.eval_params(state) on client i's test split]
     state, upload, metrics = alg.local_train(payload, state, ctx)
     ...
@@ -25,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from ..data.federated import ClientData
-from ..functional import Params, clone, sgd, torch_generator, weighted_average
+from ..functional import Params, clone, forward, sgd, torch_generator, weighted_average
 from ..functional.training import Batch
 from ..models import Units
 
@@ -48,6 +49,13 @@ class TrainSettings:
     local_epochs: int = 1
     lr: float = 0.1
     eval_batch_size: int = 1000
+    rounds: int = 1  # T, the run's total rounds (FedPHP's and APPLE's schedules)
+    bn_buffers: str = "local"  # "local": batch-norm statistics are not downloaded (spec §0.2)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "TrainSettings":
+        return cls(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
+                   eval_batch_size=config.eval_batch_size, rounds=config.rounds, bn_buffers=config.bn_buffers)
 
 
 @dataclass
@@ -91,6 +99,16 @@ class ClientContext:
         return sgd(self.model, params, self.batches(purpose, epochs), self.train.lr, trainable=trainable,
                    prox_anchor=prox_anchor, prox_mu=prox_mu, where=self.where(stage))
 
+    def logits(self, params: Mapping[str, torch.Tensor], x: torch.Tensor, start: int = 0, stop: int | None = None,
+               *, train: bool = True) -> torch.Tensor:
+        """Units ``start..stop-1`` of the model on ``params`` (custom training loops use this).
+
+        ``train=True`` is the training-mode forward (batch-norm batch statistics); callers of
+        training-mode forwards own the tensors in ``params`` (clones), because running
+        statistics found there may be updated in place.
+        """
+        return forward(self.model, params, x, start, stop, train=train)
+
     def batches(self, purpose: str = "train", epochs: int = 1) -> Iterator[Batch]:
         """Shuffled mini-batches of the client's training data, ``epochs`` times.
 
@@ -126,12 +144,18 @@ class Algorithm:
       ala_targets: ALA targets this algorithm offers, ``target -> (payload key, state key)``:
         the state entry whose overwrite by the downloaded payload entry ALA may replace.
       default_ala_target: the target used unless the settings choose another.
+      supports_batching: False when the client functions use more than ``ctx.sgd`` (custom
+        training loops); the vmap engine then runs those clients one by one (logged).
+      requires_full_participation: True for cross-silo methods that need every client in every
+        round (FedAMP, APPLE); configs with join_ratio < 1 are refused.
     """
 
     name: ClassVar[str] = ""
     settings_class: ClassVar[type[Settings]] = Settings
     ala_targets: ClassVar[dict[str, tuple[str, str]]] = {"model": ("global", "model")}
     default_ala_target: ClassVar[str] = "model"
+    supports_batching: ClassVar[bool] = True
+    requires_full_participation: ClassVar[bool] = False
 
     def __init__(self, settings: Settings, train: TrainSettings, units: Units) -> None:
         self.settings = settings
@@ -151,11 +175,18 @@ class Algorithm:
         return server
 
     def downloaded_names(self, names: list[str]) -> list[str]:
-        """Which parameters the downlink carries (FedRep: the body only)."""
-        return names
+        """Which entries of the global model the downlink carries: all parameters, and the
+        batch-norm buffers only with ``bn_buffers = "global"`` (FedRep: the body only)."""
+        if self.train.bn_buffers == "global":
+            return names
+        parameters = {n for _, members in self.units for n in members}
+        return [n for n in names if n in parameters]
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
-        return {"global": server["global"]}
+        names = self.downloaded_names(list(server["global"]))
+        if len(names) == len(server["global"]):
+            return {"global": server["global"]}
+        return {"global": {k: server["global"][k] for k in names}}
 
     def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
         """Sample-weighted average of the uploaded ``params`` (spec §0.2)."""
@@ -170,8 +201,17 @@ class Algorithm:
         return {"model": clone(init_params)}
 
     def local_init(self, payload: Payload, state: State, ctx: ClientContext) -> State:
-        """Overwrite the local model with the downloaded one (what ALA replaces)."""
+        """The client's initialisation for this round: ``receive``, then ``after_receive``."""
+        return self.after_receive(payload, self.receive(payload, state, ctx), ctx)
+
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+        """Overwrite the local model with the downloaded one: the step ALA replaces (spec §1.8)."""
         return {**state, "model": {**state["model"], **clone(payload["global"])}}
+
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+        """Work done on the initialised state before evaluation (FedAvg-C's fine-tuning,
+        Per-FedAvg's one-step adaptation); runs after ALA too. Default: nothing."""
+        return state
 
     def local_train(self, payload: Payload, state: State,
                     ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
@@ -180,6 +220,15 @@ class Algorithm:
     def eval_params(self, state: State) -> Params:
         """The model scored on the client's test split right after ``local_init`` (spec §5.7)."""
         return state["model"]
+
+    @staticmethod
+    def keep_latest_models(server: State, uploads: list[Upload]) -> State:
+        """Server rule of methods that send client models to other clients (FedAMP, FedFomo,
+        APPLE): ``models`` keeps every client's latest upload; ``global`` becomes their
+        sample-weighted average (the run's reference global model)."""
+        models = {**server["models"], **{u["client_id"]: u["params"] for u in uploads}}
+        merged = weighted_average([u["params"] for u in uploads], [u["num_samples"] for u in uploads])
+        return {**server, "models": models, "global": {**server["global"], **merged}}
 
     @staticmethod
     def upload(params: Mapping[str, torch.Tensor], ctx: ClientContext, **extra: Any) -> Upload:

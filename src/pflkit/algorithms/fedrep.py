@@ -27,10 +27,7 @@ class FedRep(Algorithm):
     def downloaded_names(self, names: list[str]) -> list[str]:
         """Only the body travels; heads stay on the clients."""
         head = set(head_names(self.units))
-        return [n for n in names if n not in head]
-
-    def downlink(self, server: State, client_id: int, round: int) -> Payload:
-        return {"global": {k: server["global"][k] for k in self.downloaded_names(list(server["global"]))}}
+        return [n for n in super().downloaded_names(names) if n not in head]
 
     def local_train(self, payload: Payload, state: State,
                     ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:

@@ -48,8 +48,8 @@ def run_client(setup: RoundSetup, job: ClientJob, round: int,
                initialized: dict[str, Any] | None = None) -> ClientResult:
     """local_init -> (evaluate) -> (local_train) for one client (spec §0.2 skeleton).
 
-    ``initialized`` holds the metrics of a ``local_init`` an engine already ran (batched across
-    clients); ``job.state`` is then the initialised state.
+    ``initialized`` holds the metrics of a ``receive`` step an engine already ran (batched
+    across clients); ``job.state`` is then the received state and only ``after_receive`` runs here.
     """
     alg = setup.algorithm
     ctx = ClientContext(client_id=job.client_id, round=round, seed=setup.seed,
@@ -60,7 +60,10 @@ def run_client(setup: RoundSetup, job: ClientJob, round: int,
         state = alg.local_init(job.payload, job.state, ctx)
         metrics: dict[str, Any] = {**ctx.info, "init_seconds": time.perf_counter() - t0}
     else:
-        state, metrics = job.state, dict(initialized)
+        t0 = time.perf_counter()
+        state = alg.after_receive(job.payload, job.state, ctx)
+        metrics = {**initialized, **ctx.info}
+        metrics["init_seconds"] = metrics.get("init_seconds", 0.0) + time.perf_counter() - t0
     evaluation = None
     if job.evaluate:
         t_eval = time.perf_counter()

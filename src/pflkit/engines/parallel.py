@@ -6,13 +6,15 @@ dataset stays shared in memory (no copies, no pickling) and each worker owns a m
 Jobs are submitted longest first (by training samples), which bounds the idle tail of a round
 by one client's work. Algorithms with ALA run their local initialisation for all clients of the
 round at once first (``batched_init``): ALA's thousands of tiny steps would otherwise serialise
-on Python's GIL. Every client draws from its own (seed, round, client) streams, so the
-numbers do not depend on the number of workers or on scheduling.
+on Python's GIL (not for models with buffers, batch norm: their ALA runs per client). Every
+client draws from its own (seed, round, client) streams, so the numbers do not depend on the
+number of workers or on scheduling.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -22,8 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models import buffer_names
 from .base import ClientJob, ClientResult, RoundSetup, run_client
 from .vmap import batched_local_init
+
+log = logging.getLogger(__name__)
 
 
 def default_workers() -> int:
@@ -37,6 +42,7 @@ class ParallelEngine:
         self.workers = workers or default_workers()
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="pflkit-client")
         self._local = threading.local()
+        self._warned_buffers = False
 
     def _model(self, model: nn.Module) -> nn.Module:
         cache = getattr(self._local, "models", None)
@@ -50,7 +56,15 @@ class ParallelEngine:
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
         inits: list[dict[str, Any] | None] = [None] * len(jobs)
-        if getattr(setup.algorithm, "batched_init", False) and setup.data.x is not None:
+        batched_init = getattr(setup.algorithm, "batched_init", False) and setup.data.x is not None
+        if batched_init and buffer_names(setup.model):
+            if not self._warned_buffers:
+                log.info("parallel engine: %s has buffers (batch-norm running statistics); running %s's "
+                         "local initialisation per client instead of batched", type(setup.model).__name__,
+                         setup.algorithm.name)
+                self._warned_buffers = True
+            batched_init = False
+        if batched_init:
             # ALA's many tiny steps are bound by Python's GIL in threads: run them for all
             # clients at once (batched, with an active set), then evaluate/train in threads.
             previous = torch.get_num_threads()

@@ -8,6 +8,8 @@ batches at step s are a prefix of the chunk: each step computes only that prefix
 work for finished clients); the only padding is inside the batch of a client with fewer
 samples than one batch. Every client draws the same (seed, round, client) streams as on the
 other engines, so results agree up to floating-point reassociation in batched kernels.
+Models with buffers (batch norm: running statistics updated in place by training-mode forwards,
+which vmap does not support in general) run client by client instead.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from torch.nn import functional as F
 from ..algorithms.base import TrainSettings, batch_order
 from ..data.federated import ClientData, FederatedData
 from ..functional import NonFiniteLossError, Params, forward, torch_generator
+from ..models import buffer_names
 from .base import ClientJob, ClientResult, RoundSetup, run_client
 from .stacking import stack, unstack
 
@@ -85,6 +88,9 @@ class BatchedContext:
             prox_anchor: Mapping[str, torch.Tensor] | None = None, prox_mu: float = 0.0,
             stage: str = "local training") -> tuple[Params, torch.Tensor]:
         """Batched ``ClientContext.sgd``: returns stacked parameters and per-client mean losses."""
+        if buffer_names(self.model):
+            raise NotImplementedError(f"batched training does not support models with buffers (batch norm: "
+                                      f"{type(self.model).__name__}); the vmap engine runs them client by client")
         names = list(params) if trainable is None else list(trainable)
         train = {k: params[k].detach().clone() for k in names}
         frozen = {k: v.detach() for k, v in params.items() if k not in train}
@@ -95,7 +101,7 @@ class BatchedContext:
         model, lr = self.model, self.train.lr
 
         def loss_fn(tp: Params, fp: Params, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-            logits = forward(model, {**fp, **tp}, x)
+            logits = forward(model, {**fp, **tp}, x, train=True)
             return (F.cross_entropy(logits, y, reduction="none") * m).sum() / m.sum()
 
         step = vmap(grad_and_value(loss_fn))
@@ -134,7 +140,7 @@ class BatchedContext:
         correct = torch.zeros(K, device=self.device)
         loss = torch.zeros(K, device=self.device)
         per_step = max(1, self.train.eval_batch_size // max(K, 1))
-        run = vmap(lambda p, x: forward(self.model, p, x))
+        run = vmap(lambda p, x: forward(self.model, p, x, train=False))
         for start in range(0, T, per_step):
             r, m = rows[:, start:start + per_step], mask[:, start:start + per_step]
             logits = run(params, self.fed.x[r])
@@ -150,11 +156,19 @@ class VmapEngine:
 
     def __init__(self, chunk_size: int = 64) -> None:
         self.chunk_size = chunk_size
+        self._warned_buffers = False
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
         alg = setup.algorithm
         if not getattr(alg, "supports_batching", True):
             log.info("vmap engine: %s does not support batching; running its clients one by one", alg.name)
+            return [run_client(setup, job, round) for job in jobs]
+        if buffer_names(setup.model):
+            if not self._warned_buffers:
+                log.info("vmap engine: %s has buffers (batch-norm running statistics, updated in place by "
+                         "training-mode forwards, which vmap does not support); running clients one by one",
+                         type(setup.model).__name__)
+                self._warned_buffers = True
             return [run_client(setup, job, round) for job in jobs]
         order = sorted(range(len(jobs)), key=lambda j: -setup.data.client(jobs[j].client_id).num_train)
         results: dict[int, ClientResult] = {}
@@ -193,26 +207,29 @@ class VmapEngine:
         pass
 
 
-def init_chunk(setup: RoundSetup, jobs: list[ClientJob],
-               round: int) -> tuple[BatchedContext, Any, Any, float]:
-    """Stack the jobs' payloads and states and run ``local_init`` once for all of them."""
+def init_chunk(setup: RoundSetup, jobs: list[ClientJob], round: int,
+               receive_only: bool = False) -> tuple[BatchedContext, Any, Any, float]:
+    """Stack the jobs' payloads and states and run ``local_init`` (or only its ``receive``
+    step) once for all of them."""
     alg = setup.algorithm
     ids = [job.client_id for job in jobs]
     ctx = BatchedContext(ids, round, setup.seed, setup.data, setup.model, setup.units, setup.train, alg.name)
     payload = stack([job.payload for job in jobs])
     t0 = time.perf_counter()
-    state = alg.local_init(payload, stack([job.state for job in jobs]), ctx)
+    init = alg.receive if receive_only else alg.local_init
+    state = init(payload, stack([job.state for job in jobs]), ctx)
     return ctx, payload, state, time.perf_counter() - t0
 
 
 def batched_local_init(setup: RoundSetup, jobs: list[ClientJob], round: int,
                        chunk_size: int = 64) -> list[tuple[Any, dict[str, Any]]]:
-    """Per job (in job order): its initialised state and init metrics, computed chunk-wise."""
+    """Per job (in job order): its state after the batched ``receive`` step (ALA) and its
+    metrics, computed chunk-wise; ``after_receive`` is left to the per-client workers."""
     order = sorted(range(len(jobs)), key=lambda j: -setup.data.client(jobs[j].client_id).num_train)
     out: dict[int, tuple[Any, dict[str, Any]]] = {}
     for start in range(0, len(order), chunk_size):
         chunk = order[start:start + chunk_size]
-        ctx, _, state, seconds = init_chunk(setup, [jobs[j] for j in chunk], round)
+        ctx, _, state, seconds = init_chunk(setup, [jobs[j] for j in chunk], round, receive_only=True)
         for k, j in enumerate(chunk):
             info = {key: _item(v, k) for key, v in ctx.info.items()}
             out[j] = (unstack(state, k, jobs[j].state), {**info, "init_seconds": seconds / len(chunk)})

@@ -14,13 +14,14 @@ import torch
 
 from ..algorithms import Algorithm, TrainSettings, build_algorithm
 from ..config import BaseConfig, build_config
-from ..data import DataError, load_dataset
+from ..data import DataError, load_dataset, load_pfllib
 from ..data.federated import ClientData, FederatedData
-from ..functional import numpy_generator, to_device
+from ..functional import to_device
 from ..models import UnitModel
-from ..run.experiment import initial_params, resolve_device
+from ..run.experiment import initial_params, partition_dataset, resolve_device
 
-NUM_CLASSES = {"digits": 10, "mnist": 10, "synthetic": 10}
+NUM_CLASSES = {"digits": 10, "mnist": 10, "synthetic": 10, "cifar10": 10, "cifar100": 100, "tiny_imagenet": 200,
+               "agnews": 4}
 
 
 def config_from_text(text: str) -> BaseConfig:
@@ -58,7 +59,8 @@ def _own_data(folder: Path, client_id: int, num_classes: int, device: torch.devi
             raise DataError(f"client data folder {folder} lacks {split}.npz (arrays x and y)")
         try:
             with np.load(path) as f:
-                x, y = torch.as_tensor(f["x"], dtype=torch.float32), torch.as_tensor(f["y"], dtype=torch.long)
+                x, y = torch.as_tensor(f["x"]), torch.as_tensor(f["y"], dtype=torch.long)
+                x = x.long() if not x.is_floating_point() else x.float()  # token ids stay integers
         except (KeyError, ValueError, OSError) as exc:
             raise DataError(f"{path} is not an .npz file with arrays x and y: {exc}") from exc
         if len(x) != len(y):
@@ -72,12 +74,9 @@ def _own_data(folder: Path, client_id: int, num_classes: int, device: torch.devi
 def _shared_partition(config_text: str, data_dir: str | None, seed: int, device: str) -> FederatedData:
     config = config_from_text(config_text)
     pseed = seed if config.partition_seed is None else config.partition_seed
-    dataset = load_dataset(config.dataset, data_dir or config.data_dir)
-    return FederatedData.build(dataset, num_clients=config.num_clients, method=config.partition,
-                               rng=numpy_generator(pseed, "partition"), alpha=config.alpha,
-                               classes_per_client=config.classes_per_client, balanced=config.balanced,
-                               min_samples=config.min_samples_per_client, train_fraction=config.train_fraction,
-                               device=device)
+    if config.dataset == "pfllib":
+        return load_pfllib(data_dir or config.data_dir, device=device)
+    return partition_dataset(config, load_dataset(config.dataset, data_dir or config.data_dir), pseed, device)
 
 
 def node_setup(config_text: str, node_config: Mapping[str, Any], seed: int) -> NodeSetup:
@@ -100,12 +99,14 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
     device = resolve_device(str(node.get("device", config.device)))
     torch.set_num_threads(int(node.get("threads", config.threads)))
     if "client-data" in node:
+        if config.dataset not in NUM_CLASSES:
+            raise ValueError(f"client-data folders need a dataset with a known class count "
+                             f"({', '.join(NUM_CLASSES)}), not {config.dataset!r}")
         data = _own_data(Path(str(node["client-data"])), client_id, NUM_CLASSES[config.dataset], device)
     else:
         data = _shared_partition(config_text, node.get("data-dir"), seed, str(device))
     model, init = initial_params(config, data, seed, device)
-    train = TrainSettings(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                          eval_batch_size=config.eval_batch_size)
+    train = TrainSettings.from_config(config)
     return NodeSetup(client_id, data, model, init, train, device)
 
 

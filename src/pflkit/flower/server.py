@@ -64,8 +64,7 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     results.create(to_dict(config))
     config_text = tomli_w.dumps(to_dict(config))
     device = resolve_device("cpu")
-    train = TrainSettings(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                          eval_batch_size=config.eval_batch_size)
+    train = TrainSettings.from_config(config)
     histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
     try:
         for seed in config.seeds:

@@ -23,7 +23,7 @@ from flwr.serverapp.strategy import Strategy
 from ..algorithms import Algorithm
 from ..config import BaseConfig
 from ..engines.base import ClientResult
-from ..run.rounds import RunState, make_record, sample_clients, should_evaluate, training_metrics
+from ..run.rounds import RunState, make_record, sample_clients, should_evaluate, training_metrics, uploads_of
 from . import serde
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class PflkitStrategy(Strategy):
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         results = self._results(replies, server_round, train=True)
         state = self.state
-        state.server = self.algorithm.aggregate(state.server, [r.upload for r in results], server_round)
+        state.server = self.algorithm.aggregate(state.server, uploads_of(results), server_round)
         record = make_record(state, server_round - 1, results if self._evaluate else None)
         state.pending = training_metrics(server_round, results, time.perf_counter() - self._started)
         state.rounds_done = server_round

@@ -6,10 +6,15 @@ element-wise weights W in [0, 1] on a random sample of its own training data (sp
     Theta_hat = Theta_local + (Theta_global - Theta_local) * [1 (lower units); W (top p units)]
     W <- clip_[0,1](W - eta * dL/dTheta_hat * (Theta_global - Theta_local))     (paper Eq. 5/7)
 
-Lower units are overwritten; W persists per client (initialised to ones); ALA is inactive while
-the downloaded model equals the local one (first round); the first active round is the *start
-phase* (train W until the std of the last ``num_pre_loss`` epoch losses < ``threshold``, at most
-``max_start_epochs`` epochs); later rounds train W for one epoch.
+Lower units are overwritten (the names the download carries); W persists per client
+(initialised to ones); ALA is inactive while the downloaded model equals the local one (first
+round); the first active round is the *start phase* (train W until the std of the last
+``num_pre_loss`` epoch losses < ``threshold``, at most ``max_start_epochs`` epochs); later
+rounds train W for one epoch.
+
+Batch-norm running statistics are no ALA weights. ALA's forward passes run in training mode,
+like the reference (which trains a deep copy of the local model), on throwaway copies of the
+statistics: the client's stored buffers are not changed by ALA.
 
 ``WithALA`` wraps any algorithm whose local initialisation overwrites a local copy with a
 downloaded model (FedALA = FedAvg + ALA; "X + ALA" of FedALA Table 4).
@@ -28,7 +33,7 @@ from torch.nn import functional as F
 from ..algorithms.base import (Algorithm, ClientContext, ClientSummary, Payload, Settings, State,
                                TrainSettings, Upload)
 from ..functional import Params, check_finite, equal, forward
-from ..models import Units
+from ..models import Units, buffer_names
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +165,8 @@ class AdaptiveLocalAggregation:
             return {**local, **received}, state, {"ala_epochs": 0}
         lowest_top, top = self.top_units(received)
         fixed = {**local, **{k: v for k, v in received.items() if k not in top}}
+        # training-mode forwards update running statistics in place: give them throwaway copies
+        scratch = {**fixed, **{k: fixed[k].detach().clone() for k in buffer_names(ctx.model) if k in fixed}}
         local_top = {k: local[k].detach() for k in top}
         delta = {k: received[k].detach() - local_top[k] for k in top}
         weights = {k: w.clone() for k, w in state["weights"].items()}
@@ -168,7 +175,7 @@ class AdaptiveLocalAggregation:
         prefix = self.prefix_stop(ctx.model, lowest_top)
         if prefix:
             with torch.no_grad():  # lower units are frozen: their output is constant this round
-                x = forward(ctx.model, fixed, x, stop=prefix)
+                x = forward(ctx.model, scratch, x, stop=prefix, train=True)
         b = self.train.batch_size
         batches = [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
         losses: list[float] = []
@@ -185,7 +192,8 @@ class AdaptiveLocalAggregation:
                 else:
                     blended = {k: torch.addcmul(local_top[k], delta[k], weights[k]).requires_grad_(True)
                                for k in top}
-                    loss = F.cross_entropy(forward(ctx.model, {**fixed, **blended}, xb, start=prefix), yb)
+                    loss = F.cross_entropy(forward(ctx.model, {**scratch, **blended}, xb, start=prefix, train=True),
+                                           yb)
                     grads = torch.autograd.grad(loss, [blended[k] for k in top])
                 with torch.no_grad():
                     for k, g in zip(top, grads):
@@ -204,7 +212,7 @@ class AdaptiveLocalAggregation:
 class WithALA(Algorithm):
     """``base`` with its local initialisation replaced by ALA on its configured target."""
 
-    batched_init = True  # the parallel engine runs ALA for all clients of a round at once
+    batched_init = True  # the parallel engine runs receive (ALA) for all clients of a round at once
 
     def __init__(self, base: Algorithm, ala: AdaptiveLocalAggregation, display_name: str) -> None:
         super().__init__(base.settings, base.train, base.units)
@@ -215,6 +223,7 @@ class WithALA(Algorithm):
         if target not in base.ala_targets:
             raise ValueError(f"{base.name} offers ALA targets {sorted(base.ala_targets)}, not {target!r}")
         self.payload_key, self.state_key = base.ala_targets[target]
+        self.supports_batching = base.supports_batching  # type: ignore[misc]
 
     def init_server(self, init_params: Params) -> State:
         return self.base.init_server(init_params)
@@ -235,12 +244,15 @@ class WithALA(Algorithm):
         downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}
         return {**self.base.init_client(init_params, client_id), "ala": self.ala.init_state(downloaded)}
 
-    def local_init(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
         old_local = state[self.state_key]
-        new_state = self.base.local_init(payload, state, ctx)
+        new_state = self.base.receive(payload, state, ctx)
         initialised, ala_state, info = self.ala(payload[self.payload_key], old_local, state["ala"], ctx)
         ctx.info.update(info)
         return {**new_state, self.state_key: initialised, "ala": ala_state}
+
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+        return self.base.after_receive(payload, state, ctx)
 
     def local_train(self, payload: Payload, state: State,
                     ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:

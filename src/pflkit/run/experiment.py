@@ -12,11 +12,11 @@ from tqdm.auto import tqdm
 
 from ..algorithms import TrainSettings, build_algorithm
 from ..config import BaseConfig, load_config, to_dict
-from ..data import load_dataset
+from ..data import Dataset, load_dataset, load_pfllib
 from ..data.federated import FederatedData
 from ..engines import RoundSetup, build_engine
 from ..functional import numpy_generator, stream_seed
-from ..models import build_model
+from ..models import buffer_names, build_model
 from ..reporting import format_table, plot_accuracy, plot_partition, summarize
 from .checkpoint import Checkpointer, load_checkpoint
 from .results import ResultsFolder
@@ -34,20 +34,27 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def initial_params(config: BaseConfig, data: FederatedData | tuple[tuple[int, ...], int], seed: int,
+def initial_params(config: BaseConfig, data: FederatedData | tuple[Any, ...], seed: int,
                    device: torch.device) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """The model skeleton and Theta^0, seeded by the run seed (same for every algorithm).
 
-    ``data`` is a FederatedData or (input shape, number of classes). Built on the CPU from a
-    seeded generator, Theta^0 is identical on every machine with the same PyTorch version,
-    which lets Flower nodes build it locally.
+    ``data`` is a FederatedData or (input shape, number of classes[, vocabulary size]). Built on
+    the CPU from a seeded generator, Theta^0 is identical on every machine with the same PyTorch
+    version, which lets Flower nodes build it locally. Theta^0 holds the parameters and the
+    floating buffers (batch-norm running statistics) under their state-dict names.
     """
-    shape, classes = (data.input_shape, data.num_classes) if isinstance(data, FederatedData) else data
+    if isinstance(data, FederatedData):
+        shape, classes, vocab_size = data.input_shape, data.num_classes, getattr(data, "vocab_size", None)
+    else:
+        shape, classes, vocab_size = data[0], data[1], (data[2] if len(data) > 2 else None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed, "model-init"))
-        model = build_model(config.resolved_model, tuple(shape), classes)
+        model = build_model(config.model_for(tuple(shape)), tuple(shape), classes, vocab_size=vocab_size)
     model = model.to(device)
-    return model, {k: v.detach().clone() for k, v in model.named_parameters()}
+    buffers = dict(model.named_buffers())
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    init.update({k: buffers[k].detach().clone() for k in buffer_names(model)})
+    return model, init
 
 
 class _Recorder:
@@ -65,6 +72,45 @@ class _Recorder:
             self.bar.set_postfix(acc=f"{100 * record['accuracy']:.2f}%")
 
 
+def _build_partitions(config: BaseConfig, device: torch.device) -> dict[int, FederatedData]:
+    """One partition of the pooled dataset per distinct partition seed."""
+    dataset = load_dataset(config.dataset, config.data_dir)
+    partitions: dict[int, FederatedData] = {}
+    for seed in config.seeds:
+        pseed = seed if config.partition_seed is None else config.partition_seed
+        if pseed not in partitions:
+            partitions[pseed] = partition_dataset(config, dataset, pseed, device)
+    return partitions
+
+
+def partition_dataset(config: BaseConfig, dataset: Dataset, partition_seed: int,
+                      device: torch.device | str) -> FederatedData:
+    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes)."""
+    return FederatedData.build(
+        dataset, num_clients=config.num_clients, method=config.partition,
+        rng=numpy_generator(partition_seed, "partition"), alpha=config.alpha,
+        classes_per_client=config.classes_per_client, balanced=config.balanced,
+        min_samples=config.min_samples_per_client, train_fraction=config.train_fraction, device=device)
+
+
+def _pfllib_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConfig, dict[int, FederatedData]]:
+    """The PFLlib folder's own client splits for every seed, and the config with its client count adopted.
+
+    The folder fixes the clients, so the partition keys (partition, alpha, ...) are ignored; a
+    different ``num_clients`` is replaced by the folder's so that the saved config tells the truth.
+    """
+    data = load_pfllib(config.data_dir, device=device)
+    log.info("dataset pfllib: using the %d client splits of %s; partition, alpha, classes_per_client, "
+             "balanced, min_samples_per_client, train_fraction and partition_seed are ignored",
+             data.num_clients, config.data_dir)
+    if data.num_clients != config.num_clients:
+        log.warning("num_clients=%d replaced by the %d clients of %s/config.json", config.num_clients,
+                    data.num_clients, config.data_dir)
+        config = config.model_copy(update={"num_clients": data.num_clients})
+    seeds = {seed if config.partition_seed is None else config.partition_seed for seed in config.seeds}
+    return config, {pseed: data for pseed in seeds}
+
+
 def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
                    echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run (or, with ``resume``, continue) ``config`` into folder ``out``; return the summary."""
@@ -72,16 +118,10 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
     torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     # Data problems surface before the results folder is created.
-    dataset = load_dataset(config.dataset, config.data_dir)
-    partitions: dict[int, FederatedData] = {}
-    for seed in config.seeds:
-        pseed = seed if config.partition_seed is None else config.partition_seed
-        if pseed not in partitions:
-            partitions[pseed] = FederatedData.build(
-                dataset, num_clients=config.num_clients, method=config.partition,
-                rng=numpy_generator(pseed, "partition"), alpha=config.alpha,
-                classes_per_client=config.classes_per_client, balanced=config.balanced,
-                min_samples=config.min_samples_per_client, train_fraction=config.train_fraction, device=device)
+    if config.dataset == "pfllib":
+        config, partitions = _pfllib_partitions(config, device)
+    else:
+        partitions = _build_partitions(config, device)
     if resume:
         results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
         results.set_status("running")
@@ -92,10 +132,10 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
         for pseed, data in partitions.items():
             path = results.plots / f"partition-seed{pseed}.png"
             if not path.exists():
-                plot_partition(data.counts, path, f"{config.dataset}: {config.partition} partition, "
+                kind = "PFLlib's own" if config.dataset == "pfllib" else config.partition
+                plot_partition(data.counts, path, f"{config.dataset}: {kind} partition, "
                                f"{config.num_clients} clients (seed {pseed})")
-        train = TrainSettings(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                              eval_batch_size=config.eval_batch_size)
+        train = TrainSettings.from_config(config)
         engine = build_engine(config.engine, workers=config.workers, device=device.type)
         histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for seed in config.seeds:

@@ -93,6 +93,11 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
     return out
 
 
+def uploads_of(results: Sequence[ClientResult]) -> list[dict[str, Any]]:
+    """The round's uploads, each tagged with its sender's ``client_id`` (FedAMP, FedFomo, APPLE)."""
+    return [{**r.upload, "client_id": r.client_id} for r in results if r.upload is not None]
+
+
 def make_record(state: RunState, r: int, results: Sequence[ClientResult] | None) -> dict[str, Any]:
     record: dict[str, Any] = {"algorithm": state.algorithm, "seed": state.seed, "round": r}
     if results is not None:
@@ -113,7 +118,7 @@ def run_round(setup: RoundSetup, engine: Engine, state: RunState, t: int, *, rou
     results = engine.run(setup, jobs, t)
     for res in results:
         state.clients[res.client_id] = res.state
-    state.server = alg.aggregate(state.server, [r.upload for r in results], t)
+    state.server = alg.aggregate(state.server, uploads_of(results), t)
     record = make_record(state, t - 1, results if evaluate else None)
     state.pending = training_metrics(t, results, time.perf_counter() - start)
     state.rounds_done = t
