@@ -33,10 +33,44 @@ def test_digits_demo_config_is_the_default_experiment():
     assert {**to_dict(shipped), "model": None} == {**to_dict(default), "model": None}
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.toml")), ids=lambda p: p.name)
 def test_shipped_configs_are_valid(path):
     cfg = load_config(path, ["data_dir='/somewhere'"])
     assert cfg.rounds >= 1
+
+
+PAPER_COLUMNS = {  # FedALA Table 2 / Table 4: dataset, model, partition, alpha or classes, lr, clients
+    "table2-mnist-pathological": ("mnist", "fedavg_cnn", "pathological", 2, 0.1, 20),
+    "table2-cifar10-pathological": ("cifar10", "fedavg_cnn", "pathological", 2, 0.005, 20),
+    "table2-cifar100-pathological": ("cifar100", "fedavg_cnn", "pathological", 10, 0.005, 20),
+    "table2-cifar10-dir0.1": ("cifar10", "fedavg_cnn", "dirichlet", 0.1, 0.005, 20),
+    "table2-cifar100-dir0.1": ("cifar100", "fedavg_cnn", "dirichlet", 0.1, 0.005, 20),
+    "table2-tiny-dir0.1": ("tiny_imagenet", "fedavg_cnn", "dirichlet", 0.1, 0.005, 20),
+    "table2-tiny-resnet18-dir0.1": ("tiny_imagenet", "resnet18", "dirichlet", 0.1, 0.1, 20),
+    "table2-agnews-dir0.1": ("agnews", "fasttext", "dirichlet", 0.1, 0.1, 20),
+    "table4-tiny-dir0.01": ("tiny_imagenet", "fedavg_cnn", "dirichlet", 0.01, 0.005, 20),
+    "table4-tiny-dir0.5": ("tiny_imagenet", "fedavg_cnn", "dirichlet", 0.5, 0.005, 20),
+    "table4-agnews-dir1": ("agnews", "fasttext", "dirichlet", 1.0, 0.1, 20),
+    "table4-cifar100-50clients": ("cifar100", "fedavg_cnn", "dirichlet", 0.1, 0.005, 50),
+    "table4-cifar100-100clients": ("cifar100", "fedavg_cnn", "dirichlet", 0.1, 0.005, 100),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_COLUMNS))
+def test_paper_configs_have_the_papers_settings_and_every_method(name):
+    cfg = load_config(CONFIGS / "paper" / f"{name}.toml", ["data_dir='/x'"])
+    dataset, model, partition, level, lr, clients = PAPER_COLUMNS[name]
+    assert (cfg.dataset, cfg.model, cfg.partition, cfg.lr, cfg.num_clients) == (dataset, model, partition, lr, clients)
+    assert (cfg.classes_per_client if partition == "pathological" else cfg.alpha) == level
+    assert (cfg.batch_size, cfg.local_epochs, cfg.join_ratio, cfg.rounds, len(cfg.seeds)) == (10, 1, 1.0, 2000, 5)
+    assert len(cfg.algorithms) == 14 and "fedala" in cfg.algorithms
+
+
+def test_paper_ala_applicability_configs_pair_each_method_with_its_ala_variant():
+    for name in ("table4-ala-tiny", "table4-ala-cifar100"):
+        algorithms = load_config(CONFIGS / "paper" / f"{name}.toml", ["data_dir='/x'"]).algorithms
+        bases = ["fedavg", "fedprox", "perfedavg", "fedrep", "pfedme", "ditto", "fedamp", "fedphp", "partialfed"]
+        assert algorithms == [a for b in bases for a in (b, f"{b}+ala")]
 
 
 def test_mnist_paper_config_has_the_papers_settings():
