@@ -228,7 +228,7 @@ def test_apple_step_updates_own_core_and_relationship_vector():
     (x, y), = list(ctx.batches("train", 1))
     g = ce_grads(ctx, personal, x, y)
     scale = loss_scale(1, ctx.train.rounds, 1.0, "cos") * 0.5
-    core_lr = 0.05 * 3
+    core_lr = 0.05  # the local lr (default)
     for k in cores[0]:
         torch.testing.assert_close(new["model"][k], cores[0][k] - core_lr * p[0] * g[k], rtol=1e-4, atol=1e-6)
     grad_p = torch.tensor([float(sum((g[k] * cores[j][k]).sum() for k in g)) for j in range(3)])
@@ -277,3 +277,26 @@ def test_nan_loss_names_the_method_and_stage():
     ctx.algorithm = "fedavgc"
     with pytest.raises(NonFiniteLossError, match="fine-tuning"):
         build("fedavgc", ctx).local_init({"global": init}, {"model": init}, ctx)
+
+
+@pytest.mark.parametrize("bn_buffers", ["local", "global"])
+def test_batch_norm_statistics_stay_local_unless_asked_and_the_server_averages_them(bn_buffers):
+    from pflkit.algorithms import TrainSettings
+    from pflkit.models import build_model, buffer_names
+
+    model = build_model("resnet18", (3, 32, 32), 10)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    params.update({k: b.detach() for k, b in model.named_buffers() if k in buffer_names(model)})
+    train = TrainSettings(bn_buffers=bn_buffers)
+    for name in ["fedavg", "fedrep", "fedala"]:
+        alg = build_algorithm(name, load_config(None, []).algorithm_sections(), train, model.units())
+        server = alg.init_server(params)
+        sent = set(alg.downlink(server, 0, 1)["global"])
+        assert bool(set(buffer_names(model)) & sent) == (bn_buffers == "global"), name
+    alg = build_algorithm("fedavg", load_config(None, []).algorithm_sections(), train, model.units())
+    key = "bn1.running_mean"
+    a = {**params, key: torch.ones(64)}
+    b = {**params, key: torch.zeros(64)}
+    merged = alg.aggregate(alg.init_server(params), [{"params": a, "num_samples": 1, "client_id": 0},
+                                                     {"params": b, "num_samples": 3, "client_id": 1}], 1)
+    torch.testing.assert_close(merged["global"][key], torch.full((64,), 0.25))

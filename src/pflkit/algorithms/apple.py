@@ -4,7 +4,8 @@ models (spec §2.11).
 Client i keeps its core model w_i^c and a directed-relationship vector p_i (initialised to the
 clients' data shares p^0). Each round it downloads every other client's core and, on every
 mini-batch, minimises CE(w_i^p) + lambda(r) mu ||p_i - p^0||^2 with w_i^p = sum_j p_ij w_j^c,
-updating only its own core (lr ``core_lr``) and p_i (lr ``dr_lr``); the other cores are frozen.
+updating only its own core (lr ``core_lr``, default the local lr) and p_i (lr ``dr_lr``); the
+other cores are frozen.
 lambda(r) anneals to 0 at round L*R (cos or exp schedule). It uploads its core; p_i stays local.
 Every client must take part in every round. Evaluated model: w_i^p. No ALA: several models
 are downloaded.
@@ -29,8 +30,9 @@ class AppleSettings(Settings):
     mu: float = Field(0.1, ge=0, description="mu, weight of the proximal term on p (App. G: 0.1)")
     L: float = Field(0.2, ge=0, le=1, description="share of the rounds during which lambda(r) > 0 (App. G: 0.2)")
     scheduler: Literal["cos", "exp"] = Field("cos", description="lambda(r) schedule (App. G: cos)")
-    core_lr: float | None = Field(None, gt=0, description="eta_1, core learning rate; None = local lr x N "
-                                  "(PFLlib's choice) [UNCERTAIN, spec §2.11]")
+    core_lr: float | None = Field(None, gt=0, description="eta_1, core learning rate; None = the local lr. "
+                                  "PFLlib's lr x N diverges with the true gradient of p (spec §2.11 [UNCERTAIN]; "
+                                  "docs/algorithms.md)")
 
 
 def loss_scale(r: int, total_rounds: int, L: float, scheduler: str) -> float:
@@ -100,7 +102,7 @@ class Apple(Algorithm):
         cfg, i = self.settings, ctx.client_id
         cores = self._stacked_others(payload, i)
         p0 = payload["p0"]
-        core_lr = cfg.core_lr if cfg.core_lr is not None else self.train.lr * len(p0)
+        core_lr = cfg.core_lr if cfg.core_lr is not None else self.train.lr
         scale = loss_scale(ctx.round, self.train.rounds, cfg.L, cfg.scheduler) * cfg.mu
         names = [n for _, members in self.units for n in members]
         own = {k: v.detach().clone() for k, v in state["model"].items()}
