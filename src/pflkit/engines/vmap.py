@@ -157,11 +157,15 @@ class VmapEngine:
     def __init__(self, chunk_size: int = 64) -> None:
         self.chunk_size = chunk_size
         self._warned_buffers = False
+        self._logged: set[str] = set()  # algorithms whose one-by-one fallback was logged
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
         alg = setup.algorithm
         if not getattr(alg, "supports_batching", True):
-            log.info("vmap engine: %s does not support batching; running its clients one by one", alg.name)
+            if alg.name not in self._logged:
+                self._logged.add(alg.name)
+                log.info("vmap engine: %s trains with more than plain SGD (a custom loop); running its clients "
+                         "one by one", alg.name)
             return [run_client(setup, job, round) for job in jobs]
         if buffer_names(setup.model):
             if not self._warned_buffers:
