@@ -118,3 +118,20 @@ def test_missing_partition_is_reported(tmp_path):
     with pytest.raises(RuntimeError, match="partition-id 1"):
         run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "failed"
+
+
+def test_flower_builds_the_text_model_from_the_nodes_vocabulary(tmp_path):
+    """AG News on Flower: the ServerApp learns the vocabulary size from the nodes' query replies."""
+    words = ["stocks", "rise", "team", "wins", "match", "chip", "launch", "election", "vote", "market"]
+    rows = [f'"{1 + i % 4}","{words[i % 10]} {words[(i * 3) % 10]}","{words[(i * 7) % 10]} news"' for i in range(48)]
+    (tmp_path / "agnews").mkdir()
+    (tmp_path / "agnews" / "train.csv").write_text("\n".join(rows[:40]) + "\n", encoding="utf-8")
+    (tmp_path / "agnews" / "test.csv").write_text("\n".join(rows[40:]) + "\n", encoding="utf-8")
+    config = load_config(None, ["dataset=agnews", f"data_dir='{tmp_path / 'agnews'}'", "num_clients=2",
+                                "partition=iid", "rounds=1", 'algorithms=["fedala"]', "engine=loop",
+                                "fedala.max_start_epochs=2"])
+    grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 2} for i in range(2)])
+    run_on_flower(config, grid, tmp_path / "flower", wait_seconds=5)
+    run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
+    flower, sim = [json.loads((tmp_path / f / "summary.json").read_text())["fedala"] for f in ("flower", "sim")]
+    assert flower["best_accuracy"] == pytest.approx(sim["best_accuracy"], abs=1e-9)

@@ -31,7 +31,8 @@ def query(message: Message, context: Context) -> Message:
     reply = ConfigRecord({"client-id": setup.client_id, "num-train": setup.client.num_train,
                           "num-test": setup.client.num_test, "label-counts": [int(c) for c in counts],
                           "input-shape": [int(s) for s in setup.data.input_shape],
-                          "num-classes": int(setup.data.num_classes)})
+                          "num-classes": int(setup.data.num_classes),
+                          "vocab-size": int(setup.data.vocab_size or 0)})  # 0: image data
     return Message(RecordDict({"pflkit": reply}), reply_to=message)
 
 

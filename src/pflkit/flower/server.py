@@ -49,7 +49,8 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
             raise RuntimeError(f"two SuperNodes claim partition-id {cid}")
         nodes[cid] = reply.metadata.src_node_id
         summaries.append(ClientSummary(cid, int(rec["num-train"]), np.array(list(rec["label-counts"]))))
-        info = {"input_shape": tuple(int(s) for s in rec["input-shape"]), "num_classes": int(rec["num-classes"])}
+        info = {"input_shape": tuple(int(s) for s in rec["input-shape"]), "num_classes": int(rec["num-classes"]),
+                "vocab_size": int(rec["vocab-size"]) or None}
     missing = sorted(set(range(config.num_clients)) - set(nodes))
     if missing:
         raise RuntimeError(f"no SuperNode holds client(s) {missing}; check each node's partition-id")
@@ -72,7 +73,8 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
             counts = np.stack([s.label_counts for s in summaries])
             plot_partition(counts, results.plots / f"partition-seed{seed}.png",
                            f"{config.dataset}: training labels per client on Flower (seed {seed})")
-            model, init = initial_params(config, (info["input_shape"], info["num_classes"]), seed, device)
+            model, init = initial_params(config, (info["input_shape"], info["num_classes"], info["vocab_size"]), seed,
+                                         device)
             for name in config.algorithms:
                 algorithm = build_algorithm(name, config.algorithm_sections(), train, model.units())
                 server = algorithm.prepare(algorithm.init_server(init), summaries)

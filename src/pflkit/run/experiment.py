@@ -44,7 +44,7 @@ def initial_params(config: BaseConfig, data: FederatedData | tuple[Any, ...], se
     floating buffers (batch-norm running statistics) under their state-dict names.
     """
     if isinstance(data, FederatedData):
-        shape, classes, vocab_size = data.input_shape, data.num_classes, getattr(data, "vocab_size", None)
+        shape, classes, vocab_size = data.input_shape, data.num_classes, data.vocab_size
     else:
         shape, classes, vocab_size = data[0], data[1], (data[2] if len(data) > 2 else None)
     with torch.random.fork_rng(devices=[]):
