@@ -174,13 +174,13 @@ def test_mnist_missing_file(tmp_path: Path, missing: str) -> None:
     with pytest.raises(DataError, match=missing) as info:
         load_dataset("mnist", tmp_path)
     msg = str(info.value)
-    assert str(tmp_path) in msg and "download_mnist" in msg
+    assert str(tmp_path) in msg and "pflkit download mnist" in msg
 
 
 @pytest.mark.parametrize("data_dir", [None, "does-not-exist"])
 def test_mnist_bad_dir(tmp_path: Path, data_dir: str | None) -> None:
     arg = None if data_dir is None else tmp_path / data_dir
-    with pytest.raises(DataError, match="download_mnist"):
+    with pytest.raises(DataError, match="pflkit download mnist"):
         load_dataset("mnist", arg)
 
 
@@ -323,7 +323,7 @@ def test_iid_too_many_clients() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_dirichlet_min_samples_and_cap(mnist_like: np.ndarray, seed: int) -> None:
-    parts = partition_dirichlet(mnist_like, 20, 0.1, np.random.default_rng(seed), min_samples=100)
+    parts = partition_dirichlet(mnist_like, 20, 0.1, np.random.default_rng(seed), min_samples_per_client=100)
     sizes = np.array([len(p) for p in parts])
     assert sizes.min() >= 100 and sizes.sum() == len(mnist_like)
     # The cap stops feeding a client once it holds the average (350), so it can
@@ -342,7 +342,7 @@ def test_dirichlet_without_cap_can_concentrate(mnist_like: np.ndarray) -> None:
     biggest = []
     for seed in range(10):
         rng = np.random.default_rng(seed)
-        parts = partition_dirichlet(mnist_like, 20, 0.1, rng, balance_cap=False, min_samples=0)
+        parts = partition_dirichlet(mnist_like, 20, 0.1, rng, balance_cap=False, min_samples_per_client=0)
         biggest.append(max(len(p) for p in parts))
     assert max(biggest) >= 350 + 700
 
@@ -354,19 +354,19 @@ def test_dirichlet_cap_all_zero_fallback() -> None:
     for seed in range(10):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a 0/0 division would warn
-            parts = partition_dirichlet(labels, 5, 1e-4, np.random.default_rng(seed), min_samples=0)
+            parts = partition_dirichlet(labels, 5, 1e-4, np.random.default_rng(seed), min_samples_per_client=0)
         assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
 
 
 def test_dirichlet_impossible_requests(mnist_like: np.ndarray) -> None:
-    with pytest.raises(PartitionError, match="min_samples=400") as info:
-        partition_dirichlet(mnist_like, 20, 0.1, np.random.default_rng(0), min_samples=400)
+    with pytest.raises(PartitionError, match="min_samples_per_client=400") as info:
+        partition_dirichlet(mnist_like, 20, 0.1, np.random.default_rng(0), min_samples_per_client=400)
     assert "num_clients=20" in str(info.value)
     with pytest.raises(PartitionError, match="alpha") as info:
-        partition_dirichlet(mnist_like, 100, 0.001, np.random.default_rng(0), min_samples=60, max_retries=5)
+        partition_dirichlet(mnist_like, 100, 0.001, np.random.default_rng(0), min_samples_per_client=60, max_retries=5)
     msg = str(info.value)
-    assert "num_clients=100" in msg and "min_samples=60" in msg and "smallest client" in msg
-    assert "fewer clients" in msg
+    assert "num_clients=100" in msg and "min_samples_per_client=60" in msg and "smallest client" in msg
+    assert "lower num_clients" in msg and "raise alpha" in msg
     with pytest.raises(PartitionError, match="alpha"):
         partition_dirichlet(mnist_like, 20, 0.0, np.random.default_rng(0))
     with pytest.raises(PartitionError, match="num_clients"):
@@ -428,7 +428,7 @@ def test_split_train_test(mnist_like: np.ndarray) -> None:
 
 def test_split_train_test_empty_train() -> None:
     parts = [np.arange(10), np.array([10])]
-    with pytest.raises(PartitionError, match="client 1 has 1 samples"):
+    with pytest.raises(PartitionError, match="client 1 got 1 sample.*min_samples_per_client"):
         split_train_test(parts, 0.75, np.random.default_rng(0))
 
 

@@ -21,6 +21,7 @@ from PIL import Image
 from pflkit.cli import main
 from pflkit.config import ConfigError, build_config
 from pflkit.data import (
+    PartitionSpec,
     DataError,
     Dataset,
     basic_english,
@@ -389,7 +390,7 @@ def test_agnews_missing_file_and_bad_encoding(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="test.csv"):
         load_agnews(tmp_path)
     (tmp_path / "test.csv").unlink()
-    with pytest.raises(DataError, match=r"lacks test.csv.*download\('agnews'"):
+    with pytest.raises(DataError, match="lacks test.csv.*pflkit download agnews"):
         load_agnews(tmp_path)
 
 
@@ -412,7 +413,7 @@ def test_dataset_accepts_token_ids_with_vocab_size_only() -> None:
 def test_federated_data_carries_vocab_size(tmp_path: Path) -> None:
     write_agnews(tmp_path)
     ds = load_agnews(tmp_path)
-    fed = FederatedData.build(ds, num_clients=2, method="iid", rng=np.random.default_rng(0), train_fraction=0.5)
+    fed = FederatedData.build(ds, PartitionSpec(method="iid", num_clients=2, train_fraction=0.5), 0)
     assert fed.vocab_size == ds.vocab_size and fed.input_shape == (200,) and fed.x.dtype == torch.int64
     client = ClientData(0, ds.x[:2], ds.y[:2], ds.x[2:], ds.y[2:])
     assert FederatedData.from_clients([client], 4, vocab_size=7).vocab_size == 7
@@ -422,7 +423,8 @@ def test_federated_data_carries_vocab_size(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- PFLlib folders
 
 
-def write_pfllib(root: Path, kind: str = "image", clients: int = 3, num_classes: int | None = 10) -> Path:
+def write_pfllib(root: Path, kind: str = "image", clients: int = 3, num_classes: int | None = 10,
+                 naming: str = "pfllib") -> Path:
     rng = np.random.default_rng(2)
     config = {"num_clients": clients, "non_iid": True, "balance": False, "partition": "dir", "alpha": 0.1,
               "batch_size": 10, "Size of samples for labels in clients": []}
@@ -441,7 +443,8 @@ def write_pfllib(root: Path, kind: str = "image", clients: int = 3, num_classes:
                 ids[0, 0] = 63 if (split, i) == ("test", 2) else ids[0, 0]
                 lens = np.full(n + i, 12)
                 x = [(row, length) for row, length in zip(ids, lens)] if kind == "pairs" else (ids, lens)
-            with open(root / split / f"{i}.npz", "wb") as fh:
+            name = f"{i}.npz" if naming == "pfllib" else f"{split}{i}_.npz"  # FedALA repository
+            with open(root / split / name, "wb") as fh:
                 np.savez_compressed(fh, data={"x": x, "y": y})
     return root
 
@@ -464,6 +467,18 @@ def test_pfllib_images_keep_the_client_splits(tmp_path: Path) -> None:
     assert fed.counts.sum() == sum(8 + 2 * i for i in range(3))
 
 
+def test_pfllib_reads_the_fedala_repository_naming(tmp_path: Path) -> None:
+    plain = load_pfllib(write_pfllib(tmp_path / "plain"))
+    fedala = load_pfllib(write_pfllib(tmp_path / "fedala", naming="fedala"))
+    assert [c.num_train for c in fedala.clients] == [6, 7, 8]
+    for a, b in zip(plain.clients, fedala.clients):
+        assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
+    root = tmp_path / "fedala"
+    (root / "train" / "1.npz").write_bytes((root / "train" / "train1_.npz").read_bytes())
+    with pytest.raises(DataError, match="two files for client 1: 1.npz and train1_.npz"):
+        load_pfllib(root)
+
+
 @pytest.mark.parametrize("kind", ["pairs", "tuple"])
 def test_pfllib_text_takes_the_ids(tmp_path: Path, kind: str) -> None:
     root = write_pfllib(tmp_path / "agnews", kind=kind)
@@ -481,7 +496,7 @@ def test_pfllib_infers_num_classes_when_config_lacks_it(tmp_path: Path) -> None:
 def test_pfllib_errors_name_the_problem(tmp_path: Path) -> None:
     root = write_pfllib(tmp_path / "d")
     (root / "test" / "1.npz").rename(tmp_path / "moved.npz")
-    with pytest.raises(DataError, match=r"3 clients but .*test/1\.npz"):
+    with pytest.raises(DataError, match=r"3 clients but .*test lacks the files of 1 of them \(1\.npz"):
         load_pfllib(root)
     (tmp_path / "moved.npz").rename(root / "test" / "1.npz")
     (root / "train" / "3.npz").write_bytes((root / "train" / "0.npz").read_bytes())

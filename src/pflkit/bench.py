@@ -23,10 +23,10 @@ from torch.nn import functional as F
 
 from .algorithms import TrainSettings, build_algorithm
 from .config import load_config
-from .data import Dataset, PartitionError, load_dataset
+from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine, default_workers
-from .functional import forward, numpy_generator, sgd, stream_seed
+from .functional import forward, sgd, stream_seed
 from .models import build_model
 from .run.rounds import run_round, start_run
 
@@ -111,9 +111,8 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
     min_samples, alpha = min(40, len(dataset) // num_clients // 2), 0.1
     while True:
         try:
-            data = FederatedData.build(dataset, num_clients=num_clients, method="dirichlet",
-                                       rng=numpy_generator(1, "partition"), alpha=alpha, min_samples=min_samples,
-                                       device=device)
+            spec = PartitionSpec(num_clients=num_clients, alpha=alpha, min_samples_per_client=min_samples)
+            data = FederatedData.build(dataset, spec, 1, device=device)
             break
         except PartitionError:
             if min_samples > 2:

@@ -13,11 +13,14 @@ from pflkit.data.errors import DataError, PartitionError
 from pflkit.data.idx import read_idx, write_idx
 from pflkit.data.partition import (
     PARTITION_METHODS,
+    ClientSplit,
+    PartitionSpec,
     class_counts,
     partition,
     partition_dirichlet,
     partition_iid,
     partition_pathological,
+    split_clients,
     split_train_test,
 )
 from pflkit.data.pfllib import load_pfllib
@@ -28,6 +31,8 @@ __all__ = [
     "DATASETS",
     "FILE_DATASETS",
     "PARTITION_METHODS",
+    "ClientSplit",
+    "PartitionSpec",
     "DataError",
     "Dataset",
     "PartitionError",
@@ -50,6 +55,7 @@ __all__ = [
     "partition_iid",
     "partition_pathological",
     "read_idx",
+    "split_clients",
     "split_train_test",
     "write_idx",
 ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
-from .partition import class_counts, partition, split_train_test
+from .errors import PartitionError
+from .partition import PartitionSpec, class_counts, split_clients
 from .sources import Dataset
 
 
@@ -46,6 +48,7 @@ class FederatedData:
     x: torch.Tensor | None = None  # the whole dataset on the device (batched engines gather from it)
     y: torch.Tensor | None = None
     vocab_size: int | None = None  # token-id data: ids are in 0..vocab_size-1 (the embedding size)
+    partition_info: dict[str, Any] = field(default_factory=dict)  # how the split was drawn (split_clients)
 
     @property
     def num_clients(self) -> int:
@@ -65,25 +68,41 @@ class FederatedData:
         return np.bincount(y, minlength=self.num_classes)
 
     @classmethod
-    def build(cls, data: Dataset, *, num_clients: int, method: str, rng: np.random.Generator,
-              alpha: float = 0.1, classes_per_client: int = 2, balanced: bool = False,
-              min_samples: int | None = None, train_fraction: float = 0.75,
+    def build(cls, data: Dataset, spec: PartitionSpec, seed: int, *,
               device: torch.device | str = "cpu") -> "FederatedData":
-        """Partition ``data`` over clients, split each 75/25 (spec §5.5), move tensors to ``device``."""
+        """Partition ``data`` over clients by ``spec`` with partition seed ``seed``, split each
+        client into training and test data (spec §5.5), move tensors to ``device``.
+
+        Problems name the dataset and its size next to the config keys to change.
+        """
         labels = data.y.numpy()
-        parts = partition(labels, method=method, num_clients=num_clients, rng=rng, alpha=alpha,
-                          classes_per_client=classes_per_client, balanced=balanced,
-                          min_samples=min_samples)
-        train_idx, test_idx = split_train_test(parts, train_fraction, rng)
+        try:
+            split = split_clients(labels, spec, seed)
+        except PartitionError as exc:
+            raise PartitionError(f"dataset {data.name!r} ({len(labels)} samples, {data.num_classes} classes): "
+                                 f"{exc}") from None
         x, y = data.x.to(device), data.y.to(device)
         clients = []
-        for i, (tr, te) in enumerate(zip(train_idx, test_idx)):
+        for i, (tr, te) in enumerate(zip(split.train, split.test)):
             tr_t = torch.as_tensor(tr, device=device)
             te_t = torch.as_tensor(te, device=device)
             clients.append(ClientData(i, x[tr_t], y[tr_t], x[te_t], y[te_t], tr_t, te_t))
+        parts = [np.concatenate([tr, te]) for tr, te in zip(split.train, split.test)]
         return cls(dataset=data.name, num_classes=data.num_classes, input_shape=tuple(data.input_shape),
-                   train_indices=train_idx, test_indices=test_idx, clients=clients,
-                   counts=class_counts(labels, parts, data.num_classes), x=x, y=y, vocab_size=data.vocab_size)
+                   train_indices=split.train, test_indices=split.test, clients=clients,
+                   counts=class_counts(labels, parts, data.num_classes), x=x, y=y, vocab_size=data.vocab_size,
+                   partition_info=split.info)
+
+    def partition_record(self) -> dict[str, Any]:
+        """What a results folder keeps of the partition: how it was drawn and, per client, the
+        class counts of its training and test samples."""
+        def counts(labels: torch.Tensor) -> list[int]:
+            return np.bincount(labels.cpu().numpy(), minlength=self.num_classes).tolist()
+
+        return {"dataset": self.dataset, "num_clients": self.num_clients, "num_classes": self.num_classes,
+                **self.partition_info,
+                "train_class_counts": [counts(c.train_y) for c in self.clients],
+                "test_class_counts": [counts(c.test_y) for c in self.clients]}
 
     @classmethod
     def from_clients(cls, clients: list[ClientData], num_classes: int, name: str = "custom",

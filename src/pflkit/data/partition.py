@@ -1,13 +1,23 @@
 """Splitting a labelled pool among clients (spec §5.2, §5.4, §5.5).
 
-Every function takes its randomness from an explicit ``np.random.Generator`` so
-that the partition seed stays separate from model and sampling seeds (§5.8),
-and returns one sorted int64 index array per client; the arrays are disjoint.
+Every function takes its randomness from an explicit generator so that the partition seed stays
+separate from model and sampling seeds (§5.8). Two random conventions exist
+(``PartitionSpec.rng``): ``"pflkit"`` draws from a ``np.random.Generator`` keyed by the
+partition seed; ``"pfllib"`` draws from one legacy ``np.random.RandomState(seed)`` in exactly
+the order of PFLlib's generator scripts (``np.random.seed(seed)``, then ``separate_data`` and
+``split_data``), so a PFLlib split is reproduced sample for sample from its seed.
+
+The low-level partitioners return one int64 index array per client (sorted; disjoint). Their
+parameters carry the names of the config keys, so their messages read as advice to the user of
+``pflkit run``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
@@ -15,18 +25,25 @@ from pflkit.data.errors import PartitionError
 
 __all__ = [
     "PARTITION_METHODS",
+    "PARTITION_RNGS",
+    "ClientSplit",
+    "PartitionSpec",
     "class_counts",
     "partition",
     "partition_dirichlet",
     "partition_iid",
     "partition_pathological",
+    "pfllib_least_samples",
+    "smallest_client",
+    "split_clients",
     "split_train_test",
 ]
 
-PARTITION_METHODS: tuple[str, ...] = ("iid", "dirichlet", "pathological")
+log = logging.getLogger(__name__)
 
-# PFLlib's least_samples: batch size 10 / test share 0.25 (one batch of test data per client).
-_PFLLIB_LEAST = 40
+PARTITION_METHODS: tuple[str, ...] = ("iid", "dirichlet", "pathological")
+PARTITION_RNGS: tuple[str, ...] = ("pflkit", "pfllib")
+Rng = np.random.Generator | np.random.RandomState
 
 
 def _check_labels(labels: np.ndarray) -> np.ndarray:
@@ -45,62 +62,64 @@ def _check_num_clients(num_clients: int) -> None:
         raise PartitionError(f"num_clients must be >= 1, got {num_clients}")
 
 
-def _finish(parts: list[np.ndarray] | list[list[int]]) -> list[np.ndarray]:
+def _sorted(parts: list[np.ndarray] | list[list[int]]) -> list[np.ndarray]:
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
-def partition_iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _integers(rng: Rng, low: int, high: int, size: int) -> list[int]:
+    if isinstance(rng, np.random.RandomState):
+        return rng.randint(low, high, size).tolist()
+    return rng.integers(low, high, size=size).tolist()
+
+
+def smallest_client(train_fraction: float, batch_size: int = 1) -> int:
+    """The fewest samples for which the per-client split leaves ``batch_size`` training samples
+    (floor(train_fraction * n)) and at least one test sample."""
+    if not 0 < train_fraction < 1:
+        return max(1, batch_size)
+    n = max(2, batch_size)
+    while math.floor(train_fraction * n) < batch_size or n - math.floor(train_fraction * n) < 1:
+        n += 1
+    return n
+
+
+def pfllib_least_samples(num_samples: int, num_clients: int, batch_size: int, train_fraction: float) -> int:
+    """PFLlib's ``least_samples = int(min(batch_size / (1 - train_ratio), |D| / N / 2))``: one test
+    batch per client (40 for batch 10 and a 75/25 split) unless the data is too small for it."""
+    per_test_batch = batch_size / (1 - train_fraction) if train_fraction < 1 else float(batch_size)
+    return int(min(per_test_batch, num_samples / num_clients / 2))
+
+
+def partition_iid(labels: np.ndarray, num_clients: int, rng: Rng) -> list[np.ndarray]:
     """Shuffle all samples and split them into ``num_clients`` near-equal parts."""
     labels = _check_labels(labels)
     _check_num_clients(num_clients)
     if num_clients > len(labels):
         raise PartitionError(
             f"iid partition: num_clients={num_clients} exceeds the {len(labels)} samples; "
-            "some clients would get no data"
+            "some clients would get no data; lower num_clients"
         )
-    return _finish(np.array_split(rng.permutation(len(labels)), num_clients))
+    return _sorted(np.array_split(rng.permutation(len(labels)), num_clients))
 
 
-def partition_dirichlet(
-    labels: np.ndarray,
-    num_clients: int,
-    alpha: float,
-    rng: np.random.Generator,
-    *,
-    min_samples: int | None = None,
-    balance_cap: bool = True,
-    max_retries: int = 1000,
-) -> list[np.ndarray]:
-    """Class-wise Dirichlet split (PFLlib ``'dir'``, spec §5.4).
+@dataclass
+class _Draw:
+    parts: list[list[int]]
+    tries: int
+    minimum: int
+    note: str = ""
 
-    For each class, proportions ``q ~ Dir(alpha)`` over clients decide how its
-    shuffled samples are cut. With ``balance_cap`` clients already holding at
-    least the average share get no more. The whole draw is repeated until the
-    smallest client has ``min_samples`` samples (default
-    ``min(40, n // num_clients // 2)``, PFLlib's ``least_samples``), at most
-    ``max_retries`` times.
-    """
-    labels = _check_labels(labels)
-    _check_num_clients(num_clients)
-    n = len(labels)
-    if not alpha > 0:
-        raise PartitionError(f"dirichlet partition: alpha must be > 0, got {alpha}")
-    if min_samples is None:
-        min_samples = min(_PFLLIB_LEAST, n // num_clients // 2)
-    if min_samples < 0:
-        raise PartitionError(f"dirichlet partition: min_samples must be >= 0, got {min_samples}")
-    if num_clients * min_samples > n:
-        raise PartitionError(
-            f"dirichlet partition: num_clients={num_clients} x min_samples={min_samples} = "
-            f"{num_clients * min_samples} exceeds the {n} samples available"
-        )
-    if max_retries < 1:
-        raise PartitionError(f"dirichlet partition: max_retries must be >= 1, got {max_retries}")
 
+def _dirichlet_draws(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, minimum: int, floor: int,
+                     balance_cap: bool, max_retries: int, auto: bool) -> _Draw:
+    """Class-wise Dirichlet draws until the smallest client reaches ``minimum``; after
+    ``max_retries`` draws, the draw whose smallest client is largest, if that reaches ``floor``."""
     class_indices = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
+    n = len(labels)
     average = n / num_clients
-    best_smallest = 0
-    for _ in range(max_retries):
+    best: list[list[int]] = []
+    best_smallest = -1
+    for tries in range(1, max_retries + 1):
         buckets: list[list[int]] = [[] for _ in range(num_clients)]
         for idx in class_indices:
             idx = rng.permutation(idx)
@@ -108,9 +127,9 @@ def partition_dirichlet(
             if balance_cap:
                 open_clients = np.array([len(b) < average for b in buckets])
                 capped = q * open_clients
-                # If every client is at or above the average (or all remaining mass
-                # was on capped clients), PFLlib would divide by zero; we keep the
-                # uncapped proportions for this class instead.
+                # If every client is at or above the average (or all remaining mass was on
+                # capped clients), PFLlib would divide by zero; we keep the uncapped
+                # proportions for this class instead.
                 if capped.sum() > 0:
                     q = capped
             q = q / q.sum()
@@ -118,33 +137,114 @@ def partition_dirichlet(
             for bucket, piece in zip(buckets, np.split(idx, cuts)):
                 bucket.extend(piece.tolist())
         smallest = min(len(b) for b in buckets)
-        if smallest >= min_samples:
-            return _finish(buckets)
-        best_smallest = max(best_smallest, smallest)
+        if smallest >= minimum:
+            return _Draw(buckets, tries, minimum)
+        if smallest > best_smallest:
+            best, best_smallest = buckets, smallest
+    if auto and best_smallest >= floor:
+        note = (f"no draw in {max_retries} tries gave every client PFLlib's minimum of {minimum} samples "
+                f"(derived from batch_size and train_fraction); kept the draw whose smallest client is largest "
+                f"({best_smallest} samples, at least one training batch and one test sample)")
+        return _Draw(best, max_retries, best_smallest, note)
+    hint = ("lower num_clients, raise alpha, or set min_samples_per_client lower"
+            if not auto else "lower num_clients or raise alpha (or set min_samples_per_client yourself)")
+    wanted = minimum if not auto else floor
     raise PartitionError(
-        f"dirichlet partition: after {max_retries} tries with num_clients={num_clients}, "
-        f"alpha={alpha}, min_samples={min_samples}, the smallest client reached at best "
-        f"{best_smallest} samples; use fewer clients, a larger alpha or a smaller min_samples"
+        f"dirichlet partition: no draw in {max_retries} tries gave every one of num_clients={num_clients} clients "
+        f"{'min_samples_per_client=' if not auto else ''}{wanted} samples with alpha={alpha} (the best draw's "
+        f"smallest client had {best_smallest}); {hint}"
     )
+
+
+def partition_dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: Rng,
+    *,
+    min_samples_per_client: int | None = None,
+    balance_cap: bool = True,
+    max_retries: int = 1000,
+    batch_size: int = 10,
+    train_fraction: float = 0.75,
+) -> list[np.ndarray]:
+    """Class-wise Dirichlet split (PFLlib ``'dir'``, spec §5.4); see :func:`partition`."""
+    return _sorted(_dirichlet(labels, num_clients, alpha, rng, min_samples_per_client=min_samples_per_client,
+                              balance_cap=balance_cap, max_retries=max_retries, batch_size=batch_size,
+                              train_fraction=train_fraction).parts)
+
+
+def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
+               min_samples_per_client: int | None, balance_cap: bool, max_retries: int, batch_size: int,
+               train_fraction: float) -> _Draw:
+    """For each class, proportions ``q ~ Dir(alpha)`` over clients decide how its shuffled samples
+    are cut; with ``balance_cap`` clients already holding the average share get no more. The
+    draw is repeated until the smallest client has ``min_samples_per_client`` samples, at most
+    ``max_retries`` times.
+
+    ``min_samples_per_client=None`` is PFLlib's ``least_samples`` (:func:`pfllib_least_samples`);
+    where no draw reaches it (PFLlib would loop for ever), the draw whose smallest client is
+    largest is kept with a logged warning, provided that client still gets one training batch and
+    one test sample (:func:`smallest_client`), so small datasets run instead of failing. An
+    explicit minimum is never lowered.
+    """
+    labels = _check_labels(labels)
+    _check_num_clients(num_clients)
+    n = len(labels)
+    if not alpha > 0:
+        raise PartitionError(f"dirichlet partition: alpha must be > 0, got {alpha}")
+    if max_retries < 1:
+        raise PartitionError(f"dirichlet partition: max_retries must be >= 1, got {max_retries}")
+    auto = min_samples_per_client is None
+    if min_samples_per_client is None:
+        minimum = pfllib_least_samples(n, num_clients, batch_size, train_fraction)
+        floor = min(minimum, smallest_client(train_fraction, batch_size))
+    else:
+        if min_samples_per_client < 0:
+            raise PartitionError(f"min_samples_per_client must be >= 0, got {min_samples_per_client}")
+        if num_clients * min_samples_per_client > n:
+            raise PartitionError(
+                f"num_clients={num_clients} x min_samples_per_client={min_samples_per_client} = "
+                f"{num_clients * min_samples_per_client} samples, but the dataset holds {n}; lower "
+                f"num_clients (at most {n // max(min_samples_per_client, 1)}) or min_samples_per_client"
+            )
+        minimum = floor = min_samples_per_client
+    draw = _dirichlet_draws(labels, num_clients, alpha, rng, minimum, floor, balance_cap, max_retries, auto)
+    if draw.note:
+        log.warning("dirichlet partition (num_clients=%d, alpha=%g, %d samples): %s; set "
+                    "min_samples_per_client to choose the minimum", num_clients, alpha, n, draw.note)
+    return draw
 
 
 def partition_pathological(
     labels: np.ndarray,
     num_clients: int,
     classes_per_client: int,
-    rng: np.random.Generator,
+    rng: Rng,
     *,
     balanced: bool = False,
-    min_samples: int | None = None,
+    min_samples_per_client: int | None = None,
+    batch_size: int = 10,
+    train_fraction: float = 0.75,
+    convention: Literal["pflkit", "pfllib"] = "pflkit",
 ) -> list[np.ndarray]:
-    """Pathological label skew (PFLlib ``'pat'``, spec §5.2).
+    """Pathological label skew (PFLlib ``'pat'``, spec §5.2); see :func:`_pathological`."""
+    return _sorted(_pathological(labels, num_clients, classes_per_client, rng, balanced=balanced,
+                                 min_samples_per_client=min_samples_per_client, batch_size=batch_size,
+                                 train_fraction=train_fraction, convention=convention))
 
-    Classes are dealt in order to the first ``int(N / C * n)`` clients that still
-    have quota, so groups of clients share the same classes (MNIST, N=20, n=2:
-    5 groups of 4). Each class's shuffled samples are cut into consecutive
-    chunks: equal sizes if ``balanced``, otherwise random sizes in
-    ``[max(m/10, min_samples/C), m)`` with ``m`` the mean chunk size (PFLlib's
-    ``least_samples``, default 40); the last client takes the remainder.
+
+def _pathological(labels: np.ndarray, num_clients: int, classes_per_client: int, rng: Rng, *,
+                  balanced: bool, min_samples_per_client: int | None, batch_size: int, train_fraction: float,
+                  convention: str) -> list[list[int]]:
+    """Classes are dealt in order to the first ``N / C * n`` clients that still have quota, so
+    groups of clients share the same classes (MNIST, N=20, n=2: 5 groups of 4). Each class's
+    samples are cut into consecutive chunks: equal sizes if ``balanced``, otherwise random sizes in
+    ``[max(m/10, least/C), m)`` with ``m`` the mean chunk size and ``least`` PFLlib's
+    ``least_samples`` (or ``min_samples_per_client``); the last client takes the remainder.
+
+    ``convention="pflkit"`` rounds ``N / C * n`` down (the FedALA-era PFLlib) and shuffles each
+    class first; ``"pfllib"`` is today's PFLlib: rounded up, each class in pool order.
     """
     labels = _check_labels(labels)
     _check_num_clients(num_clients)
@@ -154,22 +254,26 @@ def partition_pathological(
             f"pathological partition: classes_per_client={classes_per_client} must be in "
             f"1..{num_classes} (the labels hold {num_classes} classes)"
         )
-    clients_per_class = int(num_clients / num_classes * classes_per_client)
-    if clients_per_class < 1:
+    share = num_clients / num_classes * classes_per_client
+    per_class = math.ceil(share) if convention == "pfllib" else int(share)
+    if per_class < 1:
         raise PartitionError(
             f"pathological partition: num_clients={num_clients} x classes_per_client="
-            f"{classes_per_client} / num_classes={num_classes} < 1 client per class; "
-            "use more clients or more classes per client"
+            f"{classes_per_client} / {num_classes} classes < 1 client per class; "
+            "raise num_clients or classes_per_client"
         )
-    least = _PFLLIB_LEAST if min_samples is None else min_samples
+    least = (pfllib_least_samples(len(labels), num_clients, batch_size, train_fraction)
+             if min_samples_per_client is None else min_samples_per_client)
 
     quota = np.full(num_clients, classes_per_client)
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
     for c in range(num_classes):
-        selected = np.flatnonzero(quota > 0)[:clients_per_class]
+        selected = np.flatnonzero(quota > 0)[:per_class]
         if len(selected) == 0:
             break
-        idx = rng.permutation(np.flatnonzero(labels == c))
+        idx = np.flatnonzero(labels == c)
+        if convention == "pflkit":
+            idx = rng.permutation(idx)
         mean = len(idx) / len(selected)
         low, high = int(max(mean / 10, least / num_classes)), int(mean)
         if balanced or low >= high:
@@ -177,51 +281,66 @@ def partition_pathological(
             # then split evenly instead.
             sizes = [int(mean)] * (len(selected) - 1)
         else:
-            sizes = rng.integers(low, high, size=len(selected) - 1).tolist()
+            sizes = _integers(rng, low, high, len(selected) - 1)
         sizes.append(len(idx) - sum(sizes))
         start = 0
         for client, size in zip(selected, sizes):
-            parts[client].append(idx[start : start + size])
+            parts[client].extend(idx[start : start + size].tolist())
             start += size
             quota[client] -= 1
 
-    result = [np.sort(np.concatenate(p)) if p else np.empty(0, dtype=np.int64) for p in parts]
-    empty = [i for i, p in enumerate(result) if len(p) == 0]
+    empty = [i for i, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(
             f"pathological partition: clients {empty} got no data with num_clients={num_clients}, "
-            f"classes_per_client={classes_per_client}, num_classes={num_classes}: each class goes to "
-            f"{clients_per_class} clients, which covers only {clients_per_class * num_classes} of the "
-            f"{num_clients * classes_per_client} client-class slots; choose num_clients * "
-            "classes_per_client as a multiple of num_classes"
+            f"classes_per_client={classes_per_client} and {num_classes} classes: each class goes to "
+            f"{per_class} clients, which covers only {per_class * num_classes} of the "
+            f"{num_clients * classes_per_client} client-class slots; choose num_clients x "
+            "classes_per_client as a multiple of the number of classes"
         )
-    return _finish(result)
+    return parts
 
 
 def split_train_test(
-    parts: list[np.ndarray], train_fraction: float, rng: np.random.Generator
+    parts: list[np.ndarray], train_fraction: float, rng: Rng, *, convention: str = "pflkit"
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Split each client's indices into train/test (spec §5.5, FedALA uses 0.75).
 
-    Each client's samples are shuffled and the first ``floor(train_fraction * n)``
-    become training data (as sklearn's ``train_test_split(train_size=...)``).
-    Both outputs are sorted so they do not depend on the shuffle order.
+    ``"pflkit"``: each client's samples are shuffled and the first ``floor(train_fraction * n)``
+    become training data. ``"pfllib"``: scikit-learn's ``train_test_split(train_size=...,
+    shuffle=True)`` on the client's samples in their given order with the ``RandomState``
+    ``rng`` (test = the first ceil((1 - train_fraction) n) of the permutation), as PFLlib's
+    ``split_data``. Both outputs are sorted.
     """
-    if not 0 < train_fraction <= 1:
-        raise PartitionError(f"train_fraction must be in (0, 1], got {train_fraction}")
+    if not 0 < train_fraction < 1:
+        raise PartitionError(f"train_fraction must be in (0, 1), got {train_fraction}")
     train: list[np.ndarray] = []
     test: list[np.ndarray] = []
     for i, part in enumerate(parts):
         part = np.asarray(part, dtype=np.int64)
         n_train = math.floor(train_fraction * len(part))
-        if n_train == 0:
+        if n_train == 0 or n_train == len(part):
+            need = smallest_client(train_fraction)
             raise PartitionError(
-                f"split_train_test: client {i} has {len(part)} samples, so train_fraction="
-                f"{train_fraction} leaves it no training data"
+                f"client {i} got {len(part)} sample(s): too few to split into training and test data at "
+                f"train_fraction={train_fraction} (a client needs at least {need}); set "
+                "min_samples_per_client, lower num_clients or raise alpha"
             )
-        shuffled = rng.permutation(part)
-        train.append(np.sort(shuffled[:n_train]))
-        test.append(np.sort(shuffled[n_train:]))
+        if convention == "pfllib":
+            from sklearn.model_selection import train_test_split
+
+            if not isinstance(rng, np.random.RandomState):
+                raise TypeError("the pfllib split convention draws from a np.random.RandomState")
+            try:
+                tr, te = train_test_split(part, train_size=train_fraction, shuffle=True, random_state=rng)
+            except ValueError as exc:
+                raise PartitionError(f"client {i}: scikit-learn cannot split {len(part)} samples at "
+                                     f"train_fraction={train_fraction} ({exc})") from None
+        else:
+            shuffled = rng.permutation(part)
+            tr, te = shuffled[:n_train], shuffled[n_train:]
+        train.append(np.sort(tr))
+        test.append(np.sort(te))
     return train, test
 
 
@@ -239,24 +358,94 @@ def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
     return counts
 
 
-def partition(
-    labels: np.ndarray,
-    *,
-    method: str,
-    num_clients: int,
-    rng: np.random.Generator,
-    alpha: float = 0.1,
-    classes_per_client: int = 2,
-    balanced: bool = False,
-    min_samples: int | None = None,
-) -> list[np.ndarray]:
-    """Dispatch to the partition ``method`` (one of :data:`PARTITION_METHODS`)."""
-    if method == "iid":
-        return partition_iid(labels, num_clients, rng)
-    if method == "dirichlet":
-        return partition_dirichlet(labels, num_clients, alpha, rng, min_samples=min_samples)
-    if method == "pathological":
-        return partition_pathological(
-            labels, num_clients, classes_per_client, rng, balanced=balanced, min_samples=min_samples
+@dataclass(frozen=True)
+class PartitionSpec:
+    """How to split a pool over clients: the partition keys of the experiment config."""
+
+    method: str = "dirichlet"
+    num_clients: int = 20
+    alpha: float = 0.1
+    classes_per_client: int = 2
+    balanced: bool = False
+    min_samples_per_client: int | None = None
+    balance_cap: bool = True
+    train_fraction: float = 0.75
+    batch_size: int = 10
+    rng: str = "pflkit"
+    max_retries: int = 1000
+
+    def generator(self, seed: int) -> Rng:
+        """The partition's random source for ``seed`` (see the module docstring)."""
+        if self.rng == "pfllib":
+            return np.random.RandomState(seed)
+        from pflkit.functional.streams import numpy_generator
+
+        return numpy_generator(seed, "partition")
+
+
+@dataclass
+class ClientSplit:
+    """Per-client training and test indices into the pool, and how they were obtained."""
+
+    train: list[np.ndarray]
+    test: list[np.ndarray]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def partition(labels: np.ndarray, *, method: str, num_clients: int, rng: Rng, alpha: float = 0.1,
+              classes_per_client: int = 2, balanced: bool = False, min_samples_per_client: int | None = None,
+              balance_cap: bool = True, batch_size: int = 10, train_fraction: float = 0.75,
+              max_retries: int = 1000) -> list[np.ndarray]:
+    """Dispatch to the partition ``method`` (one of :data:`PARTITION_METHODS`); sorted parts."""
+    return _sorted(_partition(labels, PartitionSpec(
+        method=method, num_clients=num_clients, alpha=alpha, classes_per_client=classes_per_client,
+        balanced=balanced, min_samples_per_client=min_samples_per_client, balance_cap=balance_cap,
+        train_fraction=train_fraction, batch_size=batch_size, max_retries=max_retries), rng).parts)
+
+
+def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
+    """Parts in draw order (the pfllib split convention depends on it) and the minimum used."""
+    labels = _check_labels(labels)
+    _check_num_clients(spec.num_clients)
+    n = len(labels)
+    viable = smallest_client(spec.train_fraction)
+    if spec.num_clients * viable > n:
+        raise PartitionError(
+            f"num_clients={spec.num_clients} needs at least {spec.num_clients * viable} samples (every client "
+            f"needs {viable}: one to train and one to test at train_fraction={spec.train_fraction}), but the "
+            f"dataset holds {n}; lower num_clients to at most {n // viable}"
         )
-    raise ValueError(f"unknown partition method {method!r}; available: {', '.join(PARTITION_METHODS)}")
+    pathological = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
+                        batch_size=spec.batch_size, train_fraction=spec.train_fraction,
+                        convention=spec.rng)
+    if spec.method == "iid":
+        if spec.rng == "pfllib":  # PFLlib's iid is its pathological rule with every class
+            parts = _pathological(labels, spec.num_clients, int(labels.max()) + 1, rng, **pathological)
+        else:
+            parts = [p.tolist() for p in np.array_split(rng.permutation(n), spec.num_clients)]
+        return _Draw(parts, 1, min(len(p) for p in parts))
+    if spec.method == "dirichlet":
+        return _dirichlet(labels, spec.num_clients, spec.alpha, rng,
+                          min_samples_per_client=spec.min_samples_per_client, balance_cap=spec.balance_cap,
+                          max_retries=spec.max_retries, batch_size=spec.batch_size,
+                          train_fraction=spec.train_fraction)
+    if spec.method == "pathological":
+        parts = _pathological(labels, spec.num_clients, spec.classes_per_client, rng, **pathological)
+        return _Draw(parts, 1, min(len(p) for p in parts))
+    raise PartitionError(f"unknown partition method {spec.method!r}; available: {', '.join(PARTITION_METHODS)}")
+
+
+def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int) -> ClientSplit:
+    """Partition ``labels`` by ``spec`` with the partition seed ``seed``, then split every client
+    into training and test indices (spec §5.5); ``info`` records what was done."""
+    rng = spec.generator(seed)
+    draw = _partition(labels, spec, rng)
+    parts = [np.asarray(p, dtype=np.int64) for p in draw.parts]
+    if spec.rng == "pflkit":
+        parts = _sorted(parts)
+    train, test = split_train_test(parts, spec.train_fraction, rng, convention=spec.rng)
+    info = {"method": spec.method, "rng": spec.rng, "partition_seed": seed, "tries": draw.tries,
+            "min_samples_per_client": draw.minimum}
+    if draw.note:
+        info["fallback"] = draw.note
+    return ClientSplit(train, test, info)

@@ -11,11 +11,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algorithms import TrainSettings, build_algorithm
-from ..config import BaseConfig, load_config, to_dict
-from ..data import Dataset, load_dataset, load_pfllib
+from ..config import BaseConfig, ConfigError, load_config, to_dict
+from ..data import Dataset, PartitionSpec, load_dataset, load_pfllib
 from ..data.federated import FederatedData
 from ..engines import RoundSetup, build_engine
-from ..functional import numpy_generator, stream_seed
+from ..functional import stream_seed
 from ..models import buffer_names, build_model
 from ..reporting import format_table, plot_accuracy, plot_partition, summarize
 from .checkpoint import Checkpointer, load_checkpoint
@@ -83,14 +83,19 @@ def _build_partitions(config: BaseConfig, device: torch.device) -> dict[int, Fed
     return partitions
 
 
+def partition_spec(config: BaseConfig) -> PartitionSpec:
+    """The partition keys of ``config``."""
+    return PartitionSpec(method=config.partition, num_clients=config.num_clients, alpha=config.alpha,
+                         classes_per_client=config.classes_per_client, balanced=config.balanced,
+                         min_samples_per_client=config.min_samples_per_client, balance_cap=config.balance_cap,
+                         train_fraction=config.train_fraction, batch_size=config.batch_size,
+                         rng=config.partition_rng)
+
+
 def partition_dataset(config: BaseConfig, dataset: Dataset, partition_seed: int,
                       device: torch.device | str) -> FederatedData:
     """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes)."""
-    return FederatedData.build(
-        dataset, num_clients=config.num_clients, method=config.partition,
-        rng=numpy_generator(partition_seed, "partition"), alpha=config.alpha,
-        classes_per_client=config.classes_per_client, balanced=config.balanced,
-        min_samples=config.min_samples_per_client, train_fraction=config.train_fraction, device=device)
+    return FederatedData.build(dataset, partition_spec(config), partition_seed, device=device)
 
 
 def _pfllib_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConfig, dict[int, FederatedData]]:
@@ -122,6 +127,11 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
         config, partitions = _pfllib_partitions(config, device)
     else:
         partitions = _build_partitions(config, device)
+    train = TrainSettings.from_config(config)
+    first = partitions[config.seeds[0] if config.partition_seed is None else config.partition_seed]
+    units = initial_params(config, first, config.seeds[0], device)[0].units()
+    for name in config.algorithms:  # settings that do not fit the model (fedala.p) fail before any output
+        build_algorithm(name, config.algorithm_sections(), train, units)
     if resume:
         results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
         results.set_status("running")
@@ -130,12 +140,12 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
     engine = None
     try:
         for pseed, data in partitions.items():
+            results.write_partition(pseed, data.partition_record())
             path = results.plots / f"partition-seed{pseed}.png"
             if not path.exists():
                 kind = "PFLlib's own" if config.dataset == "pfllib" else config.partition
                 plot_partition(data.counts, path, f"{config.dataset}: {kind} partition, "
                                f"{config.num_clients} clients (seed {pseed})")
-        train = TrainSettings.from_config(config)
         engine = build_engine(config.engine, workers=config.workers, device=device.type)
         histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
         for seed in config.seeds:
@@ -176,6 +186,9 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
 def resume_experiment(out: str | Path, **kwargs: Any) -> dict[str, Any]:
     """Continue the run saved in ``out`` with its own resolved config."""
     results = ResultsFolder(out)
-    results.status()  # fails clearly if this is no results folder
-    config = load_config(results.config_path)
+    results.check_resumable()
+    try:
+        config = load_config(results.config_path)
+    except ConfigError as exc:
+        raise ConfigError(f"cannot resume {results.root}: its config.toml does not load: {exc}") from None
     return run_experiment(config, out, resume=True, **kwargs)

@@ -1,9 +1,12 @@
 """The results folder of one experiment.
 
     config.toml       the resolved configuration (every default filled in)
-    run.json          status: running | failed (with the error) | complete
+    run.json          status: running | failed (with the error) | complete; pflkit version, host and
+                      process id of the run
     metrics.jsonl     one JSON record per (algorithm, seed, round)
     summary.json      written last, only when every run finished
+    partition-seed<k>.json  the partition of partition seed k: how it was drawn (method, rng, the
+                      minimum enforced, any fallback) and each client's train/test class counts
     plots/            accuracy.png, partition-seed<k>.png
     checkpoints/      <algorithm>-seed<k>.pt, the latest state of each run (for --resume)
 """
@@ -13,6 +16,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import socket
+import tomllib
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -64,8 +69,24 @@ class ResultsFolder:
         self.metrics_path.touch()
         self.set_status("running")
 
+    def start_or_resume(self, config: Mapping[str, Any]) -> bool:
+        """Create the folder for ``config``; or, when it holds an unfinished run of the same
+        config written by this pflkit version, return True: the caller continues that run."""
+        if not (self.root / "run.json").is_file():
+            self.create(config)
+            return False
+        if self.status()["status"] == "complete":
+            raise FileExistsError(f"results folder {self.root} holds a complete run; choose another out")
+        self.check_resumable()
+        saved = tomllib.loads(self.config_path.read_text())
+        if saved != dict(config):
+            keys = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
+            raise FileExistsError(f"results folder {self.root} holds an unfinished run of another config "
+                                  f"(it differs in {', '.join(keys[:5])}); choose another out")
+        return True
+
     def set_status(self, status: str, **extra: Any) -> None:
-        info = {"status": status, "pflkit_version": __version__,
+        info = {"status": status, "pflkit_version": __version__, "host": socket.gethostname(), "pid": os.getpid(),
                 "updated": dt.datetime.now().isoformat(timespec="seconds"), **extra}
         _atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
 
@@ -73,7 +94,24 @@ class ResultsFolder:
         path = self.root / "run.json"
         if not path.is_file():
             raise FileNotFoundError(f"{self.root} is not a pflkit results folder (no run.json)")
-        return json.loads(path.read_text())
+        try:
+            status = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RuntimeError(f"{path} is not valid JSON ({exc}): {self.root} is no readable pflkit run") from None
+        if not isinstance(status, dict) or "status" not in status:
+            raise RuntimeError(f"{path} holds no run status: {self.root} is no pflkit run")
+        return status
+
+    def check_resumable(self) -> None:
+        """Refuse folders that are no pflkit run or were written by another pflkit version
+        (checkpoints and metrics may not mean the same there)."""
+        status = self.status()
+        version = status.get("pflkit_version")
+        if version != __version__:
+            raise RuntimeError(f"{self.root} was written by pflkit {version}, this is pflkit {__version__}: "
+                               "resume it with that version, or start a new run")
+        if not self.config_path.is_file():
+            raise FileNotFoundError(f"{self.root} has no config.toml: it cannot be resumed")
 
     def append_record(self, record: Mapping[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
@@ -92,5 +130,22 @@ class ResultsFolder:
                     records.extend(load_checkpoint(path).history)
         return records
 
+    def partition_path(self, partition_seed: int) -> Path:
+        return self.root / f"partition-seed{partition_seed}.json"
+
+    def write_partition(self, partition_seed: int, record: Mapping[str, Any]) -> None:
+        """The partition a run used: how it was drawn and every client's class counts."""
+        _atomic_write_text(self.partition_path(partition_seed), json.dumps(record) + "\n")
+
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         _atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
+
+
+class MetricsWriter:
+    """Callback: append each record to the folder's metrics.jsonl."""
+
+    def __init__(self, results: ResultsFolder) -> None:
+        self.results = results
+
+    def on_record(self, state: Any, record: Mapping[str, Any]) -> None:
+        self.results.append_record(record)
