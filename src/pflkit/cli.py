@@ -34,9 +34,22 @@ def _split(args: tuple[str, ...]) -> tuple[str | None, list[str]]:
     return config, overrides
 
 
+# What bad input raises (configs, data files, partitions, NaN losses, folders): reported as one
+# "error: ..." line and exit status 2; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, RuntimeError, OSError, FloatingPointError)
+
+
+def fail(exc: BaseException) -> None:
+    if click.get_current_context().find_root().params.get("debug"):
+        raise exc
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
 @click.group()
 @click.version_option(package_name="pflkit")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="show the traceback of errors instead of one line")
+def main(debug: bool) -> None:
     """Personalized federated learning: FedALA and its baselines, simulated or on Flower."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -64,9 +77,8 @@ def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: boo
             stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
             out = Path("results") / f"{config.name}-{stamp}"
         run_experiment(config, out, progress=not quiet, echo=click.echo)
-    except (ConfigError, FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    except USER_ERRORS as exc:
+        fail(exc)
 
 
 @main.command()
@@ -77,8 +89,7 @@ def config(args: tuple[str, ...]) -> None:
         config_path, overrides = _split(args)
         click.echo(tomli_w.dumps(to_dict(load_config(config_path, overrides))), nl=False)
     except ConfigError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        fail(exc)
 
 
 @main.command()
@@ -96,10 +107,16 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
     """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1)."""
     from .bench import BenchSettings, format_report, run_bench, save_report
 
-    settings = BenchSettings(data_dir=data_dir, clients=[int(c) for c in clients.split(",")],
-                             engines=engines.split(","), algorithms=algos.split(","), rounds=rounds,
-                             workers=workers, device=device)
-    report = run_bench(settings, echo=click.echo)
+    try:
+        counts = [int(c) for c in clients.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+    settings = BenchSettings(data_dir=data_dir, clients=counts, engines=engines.split(","),
+                             algorithms=algos.split(","), rounds=rounds, workers=workers, device=device)
+    try:
+        report = run_bench(settings, echo=click.echo)
+    except USER_ERRORS as exc:
+        fail(exc)
     save_report(report, out)
     click.echo(format_report(report))
     click.echo(f"report: {out}")
@@ -110,14 +127,12 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
 @click.argument("data_dir", type=click.Path(file_okay=False, path_type=Path))
 def download(name: str, data_dir: Path) -> None:
     """Download dataset NAME (mnist, cifar10, cifar100, tiny_imagenet, agnews) into DATA_DIR."""
-    from .data import DataError
     from .data import download as fetch_dataset
 
     try:
         folder = fetch_dataset(name, data_dir)
-    except (DataError, ValueError, OSError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    except USER_ERRORS as exc:
+        fail(exc)
     click.echo(f"{name}: ready in {folder} (use dataset={name} data_dir={folder})")
 
 

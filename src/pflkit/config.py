@@ -7,6 +7,7 @@ adding an algorithm adds its section here without editing this file.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -41,7 +42,14 @@ class BaseConfig(BaseModel):
     classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
     balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
     min_samples_per_client: int | None = Field(
-        None, ge=1, description="dirichlet/pathological minimum; default min(40, samples/clients/2) as PFLlib")
+        None, ge=0, description="dirichlet/pathological minimum samples per client; default PFLlib's "
+        "int(min(batch_size / (1 - train_fraction), samples / num_clients / 2)), lowered with a logged "
+        "warning to one training batch + one test sample where no draw reaches it (spec §5.4)")
+    balance_cap: bool = Field(True, description="dirichlet: stop feeding clients that hold the average share "
+                              "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)")
+    partition_rng: Literal["pflkit", "pfllib"] = Field(
+        "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
+        "np.random.seed(partition_seed) order, which reproduces PFLlib's generated split of the same pool")
     train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5)")
     partition_seed: int | None = Field(None, description="seed of the partition; default: each run seed")
     rounds: int = Field(60, ge=1)
@@ -71,7 +79,7 @@ class BaseConfig(BaseModel):
         for name in names:
             parse_name(name)
         if len(set(names)) != len(names):
-            raise ValueError(f"algorithms contains duplicates: {names}")
+            raise ValueError("algorithms contains duplicates")
         return names
 
     @model_validator(mode="after")
@@ -86,28 +94,28 @@ class BaseConfig(BaseModel):
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:
         if len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds contains duplicates: {seeds}")
+            raise ValueError("seeds contains duplicates")
         return seeds
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, name: str) -> str:
         if name != "auto" and name not in MODELS:
-            raise ValueError(f"unknown model {name!r}; available: auto, {', '.join(sorted(MODELS))}")
+            raise ValueError(f"unknown model; available: auto, {', '.join(sorted(MODELS))}")
         return name
 
     @field_validator("device")
     @classmethod
     def _device_syntax(cls, device: str) -> str:
         if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
-            raise ValueError(f"device must be cpu, cuda, cuda:N or auto, got {device!r}")
+            raise ValueError("device must be cpu, cuda, cuda:N or auto")
         return device
 
     @model_validator(mode="after")
     def _dataset_needs(self) -> "BaseConfig":
         if self.dataset in FILE_DATASETS and not self.data_dir:
             hint = "" if self.dataset == "pfllib" else \
-                f" (pflkit.data.download({self.dataset!r}, data_dir) fetches them where a network exists)"
+                f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"
             raise ValueError(f"dataset {self.dataset!r} needs data_dir: a folder with "
                              f"{FILE_DATASETS[self.dataset]}{hint}")
         return self
@@ -189,14 +197,43 @@ def merge(base: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+
+
+def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed next to the unknown one at ``loc`` (top level or a section)."""
+    model: Any = ExperimentConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return []
+        model = field.annotation
+    return list(model.model_fields)
+
+
+def _message(err: Mapping[str, Any]) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        known = _known_keys(tuple(err["loc"]))
+        close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+        return "unknown key" + (f" (did you mean {close[0]!r}?)" if close else "")
+    if kind in _BOUNDS:
+        bound = next(iter(ctx.values()))
+        return f"must be {_BOUNDS[kind]} {bound}"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected')}"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
 def format_errors(error: ValidationError, source: str) -> str:
+    """One line per problem, each naming the key, what it must be and the value given."""
     lines = [f"invalid configuration ({source}):"]
     for err in error.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"  {loc}: {msg} (got {err.get('input')!r})")
+        if not err["loc"]:  # a rule across keys: its message names them
+            lines.append(f"  {_message(err)}")
+            continue
+        loc = ".".join(str(p) for p in err["loc"])
+        lines.append(f"  {loc}: {_message(err)} (got {err.get('input')!r})")
     return "\n".join(lines)
 
 

@@ -95,7 +95,7 @@ def load_agnews(data_dir: str | Path, max_len: int = MAX_LEN) -> Dataset:
     missing = [name for name in FILES if not (data_dir / name).is_file()]
     if missing:
         raise DataError(f"AG News directory {data_dir} lacks {', '.join(missing)}; fetch the files with "
-                        f"pflkit.data.download('agnews', {str(data_dir)!r})")
+                        f"pflkit download agnews {data_dir}")
     parts = [read_agnews_csv(data_dir / name) for name in FILES]
     tokens = [basic_english(text) for texts, _ in parts for text in texts]
     vocab = build_vocab(tokens)

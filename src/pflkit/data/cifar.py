@@ -85,7 +85,7 @@ class _Source:
             self.archive = data_dir / layout.archive
         else:
             raise DataError(f"{name}: {data_dir} holds neither {layout.folder}/ nor {layout.archive}; "
-                            f"fetch it with pflkit.data.download({name!r}, {str(data_dir)!r})")
+                            f"fetch it with: pflkit download {name} {data_dir}")
         self.layout = layout
         self._tar: tarfile.TarFile | None = None
 

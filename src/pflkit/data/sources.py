@@ -136,7 +136,7 @@ def _find_mnist_files(data_dir: Path) -> dict[str, Path]:
         expected = ", ".join(f"{b}[.gz]" for b in _MNIST_FILES)
         raise DataError(
             f"MNIST directory {data_dir} lacks {', '.join(f'{m}[.gz]' for m in missing)}; "
-            f"expected all of: {expected}. Fetch them with pflkit.data.download_mnist({str(data_dir)!r})."
+            f"expected all of: {expected}. Fetch them with: pflkit download mnist {data_dir}"
         )
     return found
 
@@ -167,14 +167,14 @@ def _load_mnist(data_dir: str | Path | None) -> Dataset:
         raise DataError(
             "MNIST needs data_dir: a directory holding the four IDX files "
             f"({', '.join(_MNIST_FILES)}, plain or .gz); "
-            "fetch them with pflkit.data.download_mnist(data_dir)."
+            "set data_dir, or fetch them with: pflkit download mnist DIR"
         )
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(
             f"MNIST directory {data_dir} does not exist; expected it to hold "
             f"{', '.join(_MNIST_FILES)} (plain or .gz). "
-            f"Fetch them with pflkit.data.download_mnist({str(data_dir)!r})."
+            f"Fetch them with: pflkit download mnist {data_dir}"
         )
     files = _find_mnist_files(data_dir)
     train_x, train_y = _read_mnist_split(files[_MNIST_FILES[0]], files[_MNIST_FILES[1]])
@@ -193,7 +193,7 @@ def _load_mnist(data_dir: str | Path | None) -> Dataset:
 def _require_dir(name: str, data_dir: str | Path | None) -> Path:
     if data_dir is None:
         raise DataError(f"dataset {name!r} needs data_dir: {FILE_DATASETS[name]}; "
-                        f"fetch it with pflkit.data.download({name!r}, data_dir)")
+                        f"fetch it with: pflkit download {name} DIR")
     return Path(data_dir)
 
 
@@ -223,7 +223,8 @@ def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
         return load_agnews(_require_dir(name, data_dir))
     if name == "pfllib":
         raise DataError("dataset 'pfllib' holds per-client splits, not one pool: "
-                        "use pflkit.data.load_pfllib(data_dir) to get a FederatedData")
+                        "run it with dataset = \"pfllib\" (its clients are adopted) or read it with "
+                        "pflkit.data.load_pfllib(data_dir)")
     raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
 
 

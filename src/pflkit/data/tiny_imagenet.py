@@ -40,7 +40,7 @@ def _root(data_dir: Path) -> Path:
         if (candidate / "wnids.txt").is_file():
             return candidate
     raise DataError(f"tiny_imagenet: neither {data_dir / FOLDER} nor {data_dir} holds wnids.txt; expected the "
-                    f"{FOLDER}/ tree (fetch it with pflkit.data.download('tiny_imagenet', {str(data_dir)!r}))")
+                    f"{FOLDER}/ tree (fetch it with: pflkit download tiny_imagenet {data_dir})")
 
 
 def _listing(root: Path, include_val: bool) -> tuple[list[Path], np.ndarray, list[str]]:

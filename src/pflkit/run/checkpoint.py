@@ -28,8 +28,8 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> RunState:
         raw["clients"] = to_device(raw["clients"], device)
         return RunState(**raw)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
-        raise RuntimeError(f"checkpoint {path} is unreadable ({exc}); delete it to restart that run "
-                           "from round 0") from exc
+        raise RuntimeError(f"checkpoint {path} is unreadable (corrupt or truncated: {type(exc).__name__}); delete "
+                           "it to restart that run from round 0") from exc
 
 
 class Checkpointer:

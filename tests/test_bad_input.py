@@ -1,0 +1,229 @@
+"""Bad input over the command line: every case exits non-zero with one message that names the
+problem, prints no traceback and leaves no summary.json behind."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pflkit.cli import main
+from pflkit.data import write_idx
+
+FAST = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=1", 'algorithms=["fedavg"]']
+
+
+def mnist_folder(root: Path, n_train: int = 30, n_test: int = 10) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(root / f"{prefix}-images-idx3-ubyte.gz", rng.integers(0, 255, (n, 28, 28), dtype=np.uint8))
+        write_idx(root / f"{prefix}-labels-idx1-ubyte.gz", rng.integers(0, 10, n, dtype=np.uint8))
+    return root
+
+
+def mnist_args(root: Path) -> list[str]:
+    return ["dataset=mnist", f"data_dir='{root}'", "num_clients=2", "rounds=1", 'algorithms=["fedavg"]']
+
+
+def finished_run(tmp: Path) -> Path:
+    out = tmp / "done"
+    result = CliRunner().invoke(main, ["run", *FAST, "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def interrupted_run(tmp: Path) -> Path:
+    out = finished_run(tmp)
+    (out / "summary.json").unlink()
+    (out / "run.json").write_text(json.dumps({"status": "failed", "pflkit_version": "0.1.0"}))
+    return out
+
+
+def pfllib_folder(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "config.json").write_text(json.dumps({"num_clients": 2, "num_classes": 10}))
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        (root / split).mkdir()
+        for i in range(2):
+            data = {"x": rng.normal(size=(12, 1, 16, 16)).astype(np.float32), "y": rng.integers(0, 10, 12)}
+            np.savez_compressed(root / split / f"{i}.npz", data=data)
+    return root
+
+
+def _missing_label_file(tmp: Path) -> list[str]:
+    root = mnist_folder(tmp / "mnist")
+    (root / "t10k-labels-idx1-ubyte.gz").unlink()
+    return ["run", *mnist_args(root)]
+
+
+def _corrupt_gzip(tmp: Path) -> list[str]:
+    root = mnist_folder(tmp / "mnist")
+    path = root / "t10k-images-idx3-ubyte.gz"
+    path.write_bytes(path.read_bytes()[:-30])
+    return ["run", *mnist_args(root)]
+
+
+def _truncated_idx(tmp: Path) -> list[str]:
+    root = mnist_folder(tmp / "mnist")
+    path = root / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes())[:-100]))
+    return ["run", *mnist_args(root)]
+
+
+def _too_few_mnist_samples(tmp: Path) -> list[str]:
+    root = mnist_folder(tmp / "mnist", n_train=3, n_test=0)
+    return ["run", *mnist_args(root)[:-3], "num_clients=5", "rounds=1", 'algorithms=["fedavg"]']
+
+
+def _config_file(text: str) -> Callable[[Path], list[str]]:
+    def make(tmp: Path) -> list[str]:
+        path = tmp / "experiment.toml"
+        path.write_text(text)
+        return ["run", str(path)]
+    return make
+
+
+def _resume_other_version(tmp: Path) -> list[str]:
+    out = interrupted_run(tmp)
+    (out / "run.json").write_text(json.dumps({"status": "failed", "pflkit_version": "0.0.1"}))
+    return ["run", "--resume", str(out)]
+
+
+def _resume_broken_run_json(tmp: Path) -> list[str]:
+    out = interrupted_run(tmp)
+    (out / "run.json").write_text("{not json")
+    return ["run", "--resume", str(out)]
+
+
+def _resume_broken_config(tmp: Path) -> list[str]:
+    out = interrupted_run(tmp)
+    (out / "config.toml").write_text((out / "config.toml").read_text() + "\nunknown_key = 3\n")
+    return ["run", "--resume", str(out)]
+
+
+def _resume_corrupt_checkpoint(tmp: Path) -> list[str]:
+    out = interrupted_run(tmp)
+    (out / "checkpoints" / "fedavg-seed0.pt").write_bytes(b"garbage")
+    return ["run", "--resume", str(out)]
+
+
+def _pfllib_missing_file(tmp: Path) -> list[str]:
+    root = pfllib_folder(tmp / "pfl")
+    (root / "test" / "1.npz").unlink()
+    return ["run", "dataset=pfllib", f"data_dir='{root}'", "rounds=1", 'algorithms=["fedavg"]']
+
+
+def _pfllib_broken_config(tmp: Path) -> list[str]:
+    root = pfllib_folder(tmp / "pfl")
+    (root / "config.json").write_text("{num_clients: 2")
+    return ["run", "dataset=pfllib", f"data_dir='{root}'", "rounds=1", 'algorithms=["fedavg"]']
+
+
+def _cifar_garbage_archive(tmp: Path) -> list[str]:
+    (tmp / "cifar").mkdir()
+    (tmp / "cifar" / "cifar-10-python.tar.gz").write_bytes(b"not an archive")
+    return ["run", "dataset=cifar10", f"data_dir='{tmp / 'cifar'}'", "rounds=1"]
+
+
+def _agnews_bad_row(tmp: Path) -> list[str]:
+    (tmp / "ag").mkdir()
+    (tmp / "ag" / "train.csv").write_text('"1","title only"\n')
+    (tmp / "ag" / "test.csv").write_text('"2","a","b"\n')
+    return ["run", "dataset=agnews", f"data_dir='{tmp / 'ag'}'", "rounds=1"]
+
+
+def _existing_out(tmp: Path) -> list[str]:
+    out = tmp / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    return ["run", *FAST, "--out", str(out)]
+
+
+def run_args(*overrides: str) -> Callable[[Path], list[str]]:
+    return lambda tmp: ["run", *overrides]
+
+
+# (case, arguments, what the message must say)
+CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
+    ("unknown key", run_args("colour=1"), "colour: unknown key"),
+    ("misspelt key", run_args("num_client=3"), "did you mean 'num_clients'"),
+    ("unknown section key", run_args("fedala.etaa=1.0"), "fedala.etaa: unknown key (did you mean 'eta'?)"),
+    ("unknown section", run_args("fedalaa.eta=1.0"), "fedalaa: unknown key (did you mean 'fedala'?)"),
+    ("wrong type", run_args('rounds="three"'), "rounds: Input should be a valid integer"),
+    ("zero rounds", run_args("rounds=0"), "rounds: must be >= 1"),
+    ("alpha zero", run_args("alpha=0.0"), "alpha: must be > 0"),
+    ("train fraction 1", run_args("train_fraction=1.0"), "train_fraction: must be < 1"),
+    ("join ratio above 1", run_args("join_ratio=1.5"), "join_ratio: must be <= 1"),
+    ("unknown algorithm", run_args('algorithms=["fedsomething"]'), "unknown algorithm 'fedsomething'"),
+    ("duplicate algorithms", run_args('algorithms=["fedavg","fedavg"]'), "algorithms contains duplicates"),
+    ("no algorithms", run_args("algorithms=[]"), "algorithms: List should have at least 1 item"),
+    ("duplicate seeds", run_args("seeds=[0,0]"), "seeds contains duplicates"),
+    ("unknown partition", run_args("partition=random"), "partition: must be one of 'iid', 'dirichlet'"),
+    ("unknown dataset", run_args("dataset=imagenet"), "dataset: must be one of"),
+    ("unknown model", run_args("model=vgg"), "model: unknown model; available: auto"),
+    ("bad device", run_args("device=tpu"), "device must be cpu, cuda, cuda:N or auto"),
+    ("ALA without ALA target", run_args('algorithms=["fedfomo+ala"]'), "fedfomo downloads no single model"),
+    ("ALA p beyond the model", run_args(*FAST, "fedala.p=9", 'algorithms=["fedala"]'),
+     "fedala.p=9 exceeds this model's 4 units"),
+    ("cross-silo method with partial participation", run_args("join_ratio=0.5", 'algorithms=["fedamp"]'),
+     "algorithm 'fedamp' needs every client in every round"),
+    ("file dataset without data_dir", run_args("dataset=mnist"), "dataset 'mnist' needs data_dir"),
+    ("data_dir that does not exist", run_args("dataset=mnist", "data_dir=/no/such/folder"),
+     "MNIST directory /no/such/folder does not exist"),
+    ("missing data file", _missing_label_file, "lacks t10k-labels-idx1-ubyte[.gz]"),
+    ("corrupt gzip file", _corrupt_gzip, "t10k-images-idx3-ubyte.gz"),
+    ("truncated IDX file", _truncated_idx, "train-images-idx3-ubyte.gz: IDX payload size mismatch"),
+    ("config file missing", run_args("/no/such/experiment.toml"), "config file /no/such/experiment.toml does not exist"),
+    ("config file not TOML", _config_file("rounds = = 3\n"), "is not valid TOML"),
+    ("config file with unknown key", _config_file("rounds = 2\n[fedala]\nnope = 1\n"), "fedala.nope: unknown key"),
+    ("more clients than samples", run_args("num_clients=5000"),
+     "dataset 'digits' (1797 samples, 10 classes): num_clients=5000 needs at least 10000 samples"),
+    ("minimum beyond the data", run_args("min_samples_per_client=200"),
+     "num_clients=20 x min_samples_per_client=200 = 4000 samples, but the dataset holds 1797"),
+    ("unreachable minimum", run_args("alpha=0.001", "min_samples_per_client=80"),
+     "no draw in 1000 tries gave every one of num_clients=20 clients min_samples_per_client=80 samples"),
+    ("client too small to split", run_args("num_clients=300", "alpha=0.01", "min_samples_per_client=0"),
+     "too few to split into training and test data at train_fraction=0.75"),
+    ("dataset too small for its clients", _too_few_mnist_samples, "num_clients=5 needs at least 10 samples"),
+    ("classes per client beyond the classes", run_args("partition=pathological", "classes_per_client=11"),
+     "classes_per_client=11 must be in 1..10"),
+    ("pathological slots uncovered", run_args("partition=pathological", "num_clients=15", "classes_per_client=1"),
+     "got no data"),
+    ("NaN loss", run_args(*FAST, "lr=1e12"), "training loss became nan (algorithm fedavg, client"),
+    ("existing results folder", _existing_out, "already exists and is not empty"),
+    ("resume of a folder that is no run", lambda tmp: ["run", "--resume", str(tmp)], "is not a pflkit results folder"),
+    ("resume of another version", _resume_other_version, "was written by pflkit 0.0.1, this is pflkit"),
+    ("resume with a broken run.json", _resume_broken_run_json, "run.json is not valid JSON"),
+    ("resume with a broken config", _resume_broken_config, "its config.toml does not load"),
+    ("resume with a corrupt checkpoint", _resume_corrupt_checkpoint, "fedavg-seed0.pt is unreadable"),
+    ("resume with overrides", lambda tmp: ["run", "--resume", str(tmp), "rounds=3"], "--resume takes no CONFIG"),
+    ("PFLlib folder missing a client file", _pfllib_missing_file, "lacks the files of 1 of them"),
+    ("PFLlib config.json broken", _pfllib_broken_config, "config.json is not valid JSON"),
+    ("CIFAR archive that is no archive", _cifar_garbage_archive, "cifar-10-python.tar.gz is not a readable .tar.gz"),
+    ("AG News row with two fields", _agnews_bad_row, "train.csv, row 1: expected 3 fields"),
+    ("download of an unknown dataset", lambda tmp: ["download", "imagenet", str(tmp / "d")], "no download for dataset"),
+    ("bench with bad client counts", lambda tmp: ["bench", "--clients", "ten"], "expected comma-separated integers"),
+]
+
+
+@pytest.mark.parametrize("make_args,needle", [(a, n) for _, a, n in CASES], ids=[c for c, _, _ in CASES])
+def test_bad_input_exits_with_one_clear_message(tmp_path, make_args, needle):
+    if needle.startswith("device") and torch.cuda.is_available():
+        pytest.skip("CUDA is available")
+    args = make_args(tmp_path)
+    if args[0] == "run" and "--out" not in args and "--resume" not in args:
+        args = [*args, "--out", str(tmp_path / "results")]
+    result = CliRunner().invoke(main, [*args, "--quiet"] if args[0] == "run" and "--resume" not in args else args)
+    assert result.exit_code != 0, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert needle in result.output, result.output
+    assert not list(tmp_path.rglob("summary.json"))
