@@ -69,7 +69,7 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
             assert int(metrics["client-id"]) == i and "eval.correct" in metrics
         server = algorithm.aggregate(server, uploads, t)
         run_round(setup, LoopEngine(), sim, t, rounds=3, join_ratio=1.0, eval_every=1)
-        state = serde.get(contexts[0].state, key)
+        state = serde.get(contexts[0].state, key)["versions"][0]["state"]
         started.append(state["ala"]["started"])
         for name, w in state["ala"]["weights"].items():  # ALA weights change exactly as in the simulator
             torch.testing.assert_close(w, sim.clients[0]["ala"]["weights"][name], rtol=0, atol=1e-6)
@@ -84,6 +84,11 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
     a, b = serde.get(again.content, "upload")["params"], serde.get(same.content, "upload")["params"]
     for name in a:
         assert torch.equal(a[name], b[name])
+    # round 4 sent again (a ServerApp restarted from its checkpoint): it starts from the state before round 4
+    resent = client_app(_message(text, "fedala", 0, 4, algorithm.downlink(server, 0, 4), 10), contexts[0])
+    c = serde.get(resent.content, "upload")["params"]
+    assert all(torch.equal(a[name], c[name]) for name in a)
+    assert [v["round"] for v in serde.get(contexts[0].state, key)["versions"]] == [4, 3]
 
 
 @pytest.mark.parametrize("algorithms", [["fedala"], ["fedavg", "ditto+ala", "fedrep"],
@@ -135,3 +140,51 @@ def test_flower_builds_the_text_model_from_the_nodes_vocabulary(tmp_path):
     run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
     flower, sim = [json.loads((tmp_path / f / "summary.json").read_text())["fedala"] for f in ("flower", "sim")]
     assert flower["best_accuracy"] == pytest.approx(sim["best_accuracy"], abs=1e-9)
+
+
+class DiesAfterSending(LocalGrid):
+    """A grid whose ServerApp process 'dies' right after the clients answered ``(algorithm, round)``."""
+
+    def __init__(self, node_configs, die_at):
+        super().__init__(client_app, node_configs)
+        self.die_at = die_at
+
+    def send_and_receive(self, messages, *, timeout=None):
+        messages = list(messages)
+        replies = super().send_and_receive(messages, timeout=timeout)
+        meta = messages[0].content["pflkit"] if messages else {}
+        if "algorithm" in meta and (str(meta["algorithm"]), int(meta["round"])) == self.die_at:
+            raise KeyboardInterrupt("ServerApp killed")
+        return replies
+
+
+def test_a_restarted_server_app_continues_from_its_checkpoint_like_an_uninterrupted_run(tmp_path):
+    config = load_config(None, OVERRIDES + ['algorithms=["fedavg","fedala"]'])
+    nodes = [{"partition-id": i, "num-partitions": 3, "state-dir": str(tmp_path / f"node{i}")} for i in range(3)]
+    out = tmp_path / "flower"
+    # fedala's clients trained round 2 and saved it, but the server died before aggregating it
+    with pytest.raises(KeyboardInterrupt):
+        run_on_flower(config, DiesAfterSending(nodes, ("fedala", 2)), out, wait_seconds=5)
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    assert not (out / "summary.json").exists()
+    # a new ServerApp process (and new ClientApp contexts: a new Flower run) with the same config
+    run_on_flower(config, LocalGrid(client_app, nodes), out, wait_seconds=5)
+    run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
+
+    def records(folder):
+        return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
+                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    resumed, sim = records(out), records(tmp_path / "sim")
+    assert [(r["algorithm"], r["round"]) for r in resumed] == [(r["algorithm"], r["round"]) for r in sim]
+    for f, s in zip(resumed, sim):
+        for key in f:
+            assert f[key] == (pytest.approx(s[key], abs=1e-9) if isinstance(f[key], float) else s[key]), key
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    with pytest.raises(FileExistsError, match="complete run"):
+        run_on_flower(config, LocalGrid(client_app, nodes), out, wait_seconds=5)
+    other = load_config(None, OVERRIDES + ['algorithms=["fedavg","fedala"]', "rounds=4"])
+    (out / "summary.json").unlink()
+    (out / "run.json").write_text((out / "run.json").read_text().replace('"complete"', '"failed"'))
+    with pytest.raises(FileExistsError, match="another config.*rounds"):
+        run_on_flower(other, LocalGrid(client_app, nodes), out, wait_seconds=5)

@@ -4,7 +4,9 @@
 ``train``: local initialisation (e.g. ALA), personalised evaluation (returned with the reply, as
 pFL needs), local training, upload. ``evaluate``: the final evaluation-only pass.
 Per-client state persists in ``context.state`` (one entry per algorithm and seed) and, when the
-node config names a ``state-dir``, on disk, so a restarted SuperNode carries on.
+node config names a ``state-dir``, on disk, so a restarted SuperNode carries on. The state after
+the client's latest round is kept with the one before it, so a round that a restarted ServerApp
+sends again starts from the same state as the first time.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from flwr.clientapp import ClientApp
 
 from ..engines.base import ClientJob, RoundSetup, run_client
 from . import serde
-from .node import config_from_text, load_state, node_setup, save_state, state_file, state_key
+from .node import (add_version, config_from_text, load_state, node_setup, save_state, state_before, state_file,
+                   state_key, versions_from_record, versions_to_record)
 
 log = logging.getLogger("flwr")  # Flower's handler prints it in the SuperNode's log
 app = ClientApp()
@@ -55,11 +58,17 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     key = state_key(name, seed)
     path = state_file(context.node_config, key)
     if serde.has(context.state, key):
-        state = serde.get(context.state, key, setup.device)
+        versions = versions_from_record(serde.get(context.state, key, setup.device))
     elif path is not None and path.is_file():
-        state, saved_round = load_state(path, setup.device)
-        log.info("client %d resumes %s from its state saved after round %d", setup.client_id, key, saved_round)
+        versions = load_state(path, setup.device)
+        log.info("client %d resumes %s from its state saved after round %d", setup.client_id, key, versions[0][0])
     else:
+        versions = []
+    state = state_before(versions, round)
+    if state is None:
+        if versions:
+            raise RuntimeError(f"client {setup.client_id} holds no state of {key} from before round {round} "
+                               f"(its saved rounds: {[r for r, _ in versions]})")
         state = algorithm.init_client(setup.init, setup.client_id)
     payload = serde.get(message.content, "payload", setup.device)
     round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed)
@@ -71,9 +80,10 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     if result.evaluation is not None:
         metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})
     if train:
-        serde.put(context.state, key, result.state)
+        versions = add_version(versions, round, result.state)
+        serde.put(context.state, key, versions_to_record(versions))
         if path is not None:
-            save_state(path, result.state, round)
+            save_state(path, versions)
         upload = result.upload
         metrics["num-examples"] = int(upload["num_samples"])
         serde.put(content, "upload", upload)

@@ -115,17 +115,45 @@ def state_file(node_config: Mapping[str, Any], key: str) -> Path | None:
     return Path(str(folder)) / f"{key}.pt" if folder else None
 
 
-def save_state(path: Path, state: dict[str, Any], round: int) -> None:
-    """Atomically write a client's state after ``round`` (a restarted SuperNode reads it back)."""
+Versions = list[tuple[int, dict[str, Any]]]
+
+
+def state_before(versions: Versions, round: int) -> dict[str, Any] | None:
+    """The client's state as it stood before training round ``round``: its newest saved state
+    from an earlier round (a ServerApp restarted from its checkpoint may re-send a round that this
+    client already trained; the client then starts it again from the same state)."""
+    return next((state for r, state in versions if r < round), None)
+
+
+def add_version(versions: Versions, round: int, state: dict[str, Any]) -> Versions:
+    """Keep the state after ``round`` and the newest one before it (newest first)."""
+    older = [(r, s) for r, s in versions if r < round][:1]
+    return [(round, state)] + older
+
+
+def versions_to_record(versions: Versions) -> dict[str, Any]:
+    return {"versions": [{"round": r, "state": s} for r, s in versions]}
+
+
+def versions_from_record(record: Mapping[str, Any]) -> Versions:
+    return [(int(v["round"]), v["state"]) for v in record["versions"]]
+
+
+def save_state(path: Path, versions: Versions) -> None:
+    """Atomically write a client's saved states (a restarted SuperNode reads them back)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        torch.save({"round": round, "state": state}, f)
+        torch.save({"round": versions[0][0], **versions_to_record(versions)}, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def load_state(path: Path, device: torch.device) -> tuple[dict[str, Any], int]:
-    raw = torch.load(path, map_location="cpu", weights_only=True)
-    return to_device(raw["state"], device), int(raw["round"])
+def load_state(path: Path, device: torch.device) -> Versions:
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+        return [(r, to_device(state, device)) for r, state in versions_from_record(raw)]
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
+        raise RuntimeError(f"client state file {path} is unreadable ({exc}); delete it to restart this client "
+                           "from the initial model") from exc

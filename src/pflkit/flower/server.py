@@ -16,7 +16,8 @@ from ..algorithms import ClientSummary, TrainSettings, build_algorithm
 from ..config import BaseConfig, to_dict
 from ..reporting import format_table, plot_accuracy, plot_partition, summarize
 from ..run.experiment import initial_params, resolve_device
-from ..run.results import ResultsFolder
+from ..run.checkpoint import Checkpointer, load_checkpoint
+from ..run.results import MetricsWriter, ResultsFolder
 from ..run.rounds import RunState
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
@@ -59,14 +60,24 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
 
 def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: float = 3600.0,
                   wait_seconds: float = 120.0) -> dict[str, Any]:
-    """The Flower counterpart of ``run_experiment`` (same records, summary and plots)."""
+    """The Flower counterpart of ``run_experiment`` (same records, summary and plots).
+
+    The server state, history and round are checkpointed in ``out`` after every
+    ``checkpoint_every`` aggregations; started again with the same config and ``out`` (a
+    restarted ServerApp), the run continues where it stopped.
+    """
     grid = ResilientGrid(grid, wait_seconds)
     results = ResultsFolder(out)
-    results.create(to_dict(config))
-    config_text = tomli_w.dumps(to_dict(config))
+    config_dict = to_dict(config)
+    if results.start_or_resume(config_dict):
+        log.info("continuing the unfinished run in %s from its checkpoints", results.root)
+        results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
+        results.set_status("running")
+    config_text = tomli_w.dumps(config_dict)
     device = resolve_device("cpu")
     train = TrainSettings.from_config(config)
     histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
     try:
         for seed in config.seeds:
             nodes, summaries, info = discover(grid, config, config_text, seed, wait_seconds)
@@ -76,13 +87,17 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
             model, init = initial_params(config, (info["input_shape"], info["num_classes"], info["vocab_size"]), seed,
                                          device)
             for name in config.algorithms:
+                ckpt = results.checkpoint_path(name, seed)
+                state = load_checkpoint(ckpt, device) if ckpt.is_file() else None
                 algorithm = build_algorithm(name, config.algorithm_sections(), train, model.units())
-                server = algorithm.prepare(algorithm.init_server(init), summaries)
-                state = RunState(algorithm=name, seed=seed, rounds_done=0, server=server, clients={})
-                strategy = PflkitStrategy(config, config_text, algorithm, state, nodes,
-                                          on_record=lambda _s, record: results.append_record(record))
-                strategy.start(grid, initial_arrays=ArrayRecord(torch_state_dict=init), num_rounds=config.rounds,
-                               timeout=timeout)
+                if state is None:
+                    server = algorithm.prepare(algorithm.init_server(init), summaries)
+                    state = RunState(algorithm=name, seed=seed, rounds_done=0, server=server, clients={})
+                if not state.done:
+                    strategy = PflkitStrategy(config, config_text, algorithm, state, nodes,
+                                              callbacks=[Checkpointer(ckpt, config.checkpoint_every), MetricsWriter(results)])
+                    strategy.start(grid, initial_arrays=ArrayRecord(torch_state_dict=init),
+                                   num_rounds=config.rounds, timeout=timeout)
                 if not state.done:
                     raise RuntimeError(f"{name} seed {seed}: the final evaluation did not run")
                 histories[(name, seed)] = state.history

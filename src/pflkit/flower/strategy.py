@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, Callable
+from typing import Any, Sequence
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -23,7 +23,7 @@ from flwr.serverapp.strategy import Strategy
 from ..algorithms import Algorithm
 from ..config import BaseConfig
 from ..engines.base import ClientResult
-from ..run.rounds import RunState, make_record, sample_clients, should_evaluate, training_metrics, uploads_of
+from ..run.rounds import Callback, RunState, make_record, sample_clients, should_evaluate, training_metrics, uploads_of
 from . import serde
 
 log = logging.getLogger(__name__)
@@ -31,13 +31,13 @@ log = logging.getLogger(__name__)
 
 class PflkitStrategy(Strategy):
     def __init__(self, config: BaseConfig, config_text: str, algorithm: Algorithm, state: RunState,
-                 nodes: dict[int, int], on_record: Callable[[RunState, dict[str, Any]], None] | None = None) -> None:
+                 nodes: dict[int, int], callbacks: Sequence[Callback] = ()) -> None:
         self.config = config
         self.config_text = config_text
         self.algorithm = algorithm
         self.state = state
         self.nodes = nodes  # pflkit client id -> Flower node id
-        self.on_record = on_record
+        self.callbacks = list(callbacks)
         self._started = 0.0
         self._evaluate = False
 
@@ -54,6 +54,8 @@ class PflkitStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        if server_round <= self.state.rounds_done:  # done before a restart (restored from the checkpoint)
+            return []
         self._started = time.perf_counter()
         selected = sample_clients(self.state.seed, server_round, self.config.num_clients, self.config.join_ratio)
         self._evaluate = should_evaluate(server_round - 1, self.config.rounds, self.config.eval_every)
@@ -83,6 +85,8 @@ class PflkitStrategy(Strategy):
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if server_round <= self.state.rounds_done:
+            return None, None
         results = self._results(replies, server_round, train=True)
         state = self.state
         state.server = self.algorithm.aggregate(state.server, uploads_of(results), server_round)
@@ -116,5 +120,5 @@ class PflkitStrategy(Strategy):
         if "accuracy" in record:
             log.info("%s seed %d round %d: accuracy %.4f", self.algorithm.name, self.state.seed, record["round"],
                      record["accuracy"])
-        if self.on_record is not None:
-            self.on_record(self.state, record)
+        for callback in self.callbacks:
+            callback.on_record(self.state, record)
