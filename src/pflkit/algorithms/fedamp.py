@@ -31,8 +31,10 @@ class FedAMPSettings(Settings):
     convex: bool = Field(True, description="when sum_{j!=i} xi_ij > 1, scale those coefficients to sum to 1 "
                          "(xi_ii = 0) so u_i stays a convex combination; False = the literal formula, whose "
                          "negative xi_ii extrapolates and can diverge [ours; spec §2.8, §9.4]")
-    squared_prox: bool = Field(True, description="squared norm in the proximal term (paper); False = PFLlib's "
-                               "non-squared norm [REF-CODE, spec §2.8]")
+    squared_prox: bool = Field(True, description="squared norm in the proximal term (paper); False = the "
+                               "non-squared norm ||w - u_i|| with its gradient (the form of PFLlib's term, whose "
+                               "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib) "
+                               "[spec §2.8; docs/algorithms.md]")
 
 
 def squared_distance(a: Params, b: Params) -> float:
@@ -102,7 +104,7 @@ class FedAMP(Algorithm):
 
     def _train_norm_prox(self, params: Params, cloud: Params, mu: float,
                          ctx: ClientContext) -> tuple[Params, float]:
-        """SGD on F_i(w) + lambda/(2 alpha_k) ||w - u_i|| (PFLlib's non-squared norm)."""
+        """SGD on F_i(w) + lambda/(2 alpha_k) ||w - u_i|| (non-squared norm, with its gradient)."""
         names = [n for _, members in self.units for n in members]
         work = clone(params)
         for n in names:
