@@ -9,7 +9,7 @@ from torch.nn import functional as F
 from pflkit.algorithms import TrainSettings, build_algorithm
 from pflkit.functional import forward
 from pflkit.models import FedAvgCNN, build_model, count_parameters, reference_layer_idx, top_unit_names
-from pflkit.personalize import ALASettings, AdaptiveLocalAggregation, blend, weight_gradient, weight_step
+from pflkit.personalize import ALASettings, AdaptiveLocalAggregation, blend, clip_weights, weight_update
 
 from helpers import params_of, tiny_context
 
@@ -44,16 +44,17 @@ def test_weight_gradient_matches_autograd_through_w():
     loss2 = F.cross_entropy(forward(ctx.model, {**glob, **leaves}, x), y)
     g_hat = torch.autograd.grad(loss2, [leaves[k] for k in top])
     for k, a, g in zip(top, auto, g_hat):
-        torch.testing.assert_close(weight_gradient(g, glob[k] - local[k]), a, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(g * (glob[k] - local[k]), a, rtol=1e-5, atol=1e-7)
 
 
-def test_weight_step_clips_to_unit_interval():
+def test_weight_update_then_clip_to_unit_interval():
     w = torch.tensor([0.0, 0.5, 1.0, 0.9, 0.1])
     grad = torch.tensor([1.0, 1.0, -1.0, -10.0, 10.0])
     delta = torch.ones(5)
-    out = weight_step(w, grad, delta, eta=0.2)
-    torch.testing.assert_close(out, torch.tensor([0.0, 0.3, 1.0, 1.0, 0.0]))
-    assert out.min() >= 0 and out.max() <= 1
+    out = {"w": weight_update(w, grad, delta, eta=0.2)}
+    torch.testing.assert_close(out["w"], torch.tensor([-0.2, 0.3, 1.2, 2.9, -1.9]))
+    clip_weights(out)
+    torch.testing.assert_close(out["w"], torch.tensor([0.0, 0.3, 1.0, 1.0, 0.0]))
 
 
 @pytest.mark.parametrize("p,expected", [(1, 5130), (2, 529930), (3, 581194), (4, 582026)])
@@ -83,7 +84,8 @@ def test_inactive_when_global_equals_local():
     ala = make_ala(ctx)
     state = ala.init_state(local)
     out, new_state, info = ala(dict(local), local, state, ctx)
-    assert info["ala_epochs"] == 0 and new_state is state and not new_state["started"]
+    assert info["ala_epochs"] == 0 and not new_state["started"]
+    assert all(torch.equal(new_state["weights"][k], state["weights"][k]) for k in state["weights"])
     assert all(torch.equal(out[k], local[k]) for k in local)
 
 
@@ -125,7 +127,8 @@ def test_matches_transcription_of_reference_loop():
     state = {**ala.init_state(local), "started": True}
     out, state_out, _ = ala(glob, local, state, ctx)
     # transcription
-    x, y = ala.sample(ctx)
+    sample = ctx.sample("ala", 1.0)
+    x, y = sample.x, sample.y
     top = top_unit_names(ctx.units, 2)
     w = {k: torch.ones_like(local[k]) for k in top}
     theta = {**local, **{k: v for k, v in glob.items() if k not in top}}
@@ -152,8 +155,7 @@ def test_robust_to_clients_smaller_than_a_batch(n_train):
 
 def test_contiguous_sampling_takes_a_slice():
     ctx = tiny_context(n_train=50)
-    ala = make_ala(ctx, sampling="contiguous", sample_fraction=0.2)
-    x, _ = ala.sample(ctx)
+    x = ctx.sample("ala", 0.2, "contiguous").x
     rows = [int(torch.nonzero((ctx.data.train_x == r).all(dim=(1, 2, 3)))[0]) for r in x]
     assert len(rows) == 10 and rows == list(range(rows[0], rows[0] + 10))
 
@@ -167,14 +169,14 @@ def test_with_ala_replaces_only_local_init_for_fedprox_and_ditto_targets():
     for name, key in [("fedprox+ala", "model"), ("ditto+ala", "model")]:
         alg = build_algorithm(name, cfg.algorithm_sections(), ctx.train, ctx.units)
         state = alg.init_client(local, 0)
-        state = alg.local_init({"global": glob}, state, ctx)
+        state, _ = alg.local_init({"global": glob}, state, ctx)
         assert state["ala"]["started"]
         assert not all(torch.equal(state[key][k], glob[k]) for k in glob)
     cfg = load_config(None, ["fedala.max_start_epochs=2", "ditto.ala_target='personal'"])
     alg = build_algorithm("ditto+ala", cfg.algorithm_sections(), ctx.train, ctx.units)
     state = alg.init_client(local, 0)
     state["personal"] = params_of(ctx, 3)
-    state = alg.local_init({"global": glob}, state, ctx)
+    state, _ = alg.local_init({"global": glob}, state, ctx)
     assert all(torch.equal(state["model"][k], glob[k]) for k in glob)  # global track overwritten
     top = top_unit_names(ctx.units, 1)
     assert not all(torch.equal(state["personal"][k], glob[k]) for k in top)  # personal blended

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from pflkit.algorithms import build_algorithm
+from pflkit.algorithms import TrainBatches, build_algorithm
 from pflkit.config import load_config
-from pflkit.functional import sgd, weighted_average
+from pflkit.functional import classification_loss, proximal_loss, weighted_average
 from pflkit.models import head_names
 
 from helpers import params_of, tiny_context
@@ -24,11 +24,11 @@ def test_weighted_average_is_sample_weighted():
     torch.testing.assert_close(out["w"], torch.tensor([3.0, 5.0]))
 
 
-def test_sgd_step_is_plain_gradient_descent_with_proximal_term():
+def test_fit_step_is_plain_gradient_descent_with_proximal_term():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.5)
     p0, anchor = params_of(ctx, 1), params_of(ctx, 2)
     batch = [(ctx.data.train_x, ctx.data.train_y)]
-    new, _ = sgd(ctx.model, p0, batch, lr=0.5, prox_anchor=anchor, prox_mu=0.3)
+    new = ctx.fit(p0, proximal_loss(classification_loss, 0.3), aux={"anchor": anchor}).params
     leaves = {k: v.clone().requires_grad_(True) for k, v in p0.items()}
     loss = torch.nn.functional.cross_entropy(torch.func.functional_call(ctx.model, leaves, (batch[0][0],)),
                                              batch[0][1])
@@ -42,7 +42,7 @@ def test_fedavg_round_overwrites_and_uploads_trained_model():
     ctx = tiny_context()
     alg = build("fedavg", ctx)
     glob = params_of(ctx, 2)
-    state = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
     assert all(torch.equal(state["model"][k], glob[k]) for k in glob)
     state, upload, metrics = alg.local_train({"global": glob}, state, ctx)
     assert upload["num_samples"] == 30 and metrics["train_loss"] > 0
@@ -57,7 +57,7 @@ def test_fedprox_with_zero_mu_equals_fedavg_and_large_mu_stays_near_global():
     results = {}
     for name, mu in [("fedavg", None), ("fedprox", "0.0"), ("fedprox", "5.0")]:
         alg = build(name, ctx, *( [f"fedprox.mu={mu}"] if mu else []))
-        state = alg.local_init({"global": glob}, alg.init_client(glob, 0), ctx)
+        state, _ = alg.local_init({"global": glob}, alg.init_client(glob, 0), ctx)
         results[(name, mu)] = alg.local_train({"global": glob}, state, ctx)[1]["params"]
     for k in glob:
         torch.testing.assert_close(results[("fedprox", "0.0")][k], results[("fedavg", None)][k])
@@ -73,13 +73,13 @@ def test_fedrep_uploads_body_only_and_keeps_its_head():
     payload = alg.downlink(server, 0, 1)
     assert not set(head) & set(payload["global"])
     local = params_of(ctx, 1)
-    state = alg.local_init(payload, alg.init_client(local, 0), ctx)
+    state, _ = alg.local_init(payload, alg.init_client(local, 0), ctx)
     for k in head:
         assert torch.equal(state["model"][k], local[k])  # head never overwritten
     new_state, upload, _ = alg.local_train(payload, state, ctx)
     assert set(upload["params"]) == set(payload["global"])
     assert any(not torch.equal(new_state["model"][k], local[k]) for k in head)  # head trained
-    merged = alg.aggregate(server, [upload, upload], 1)["global"]
+    merged = alg.aggregate(server, [{**upload, "client_id": 0}, {**upload, "client_id": 1}], 1)["global"]
     for k in head:
         assert torch.equal(merged[k], server["global"][k])  # server head untouched
 
@@ -88,11 +88,11 @@ def test_ditto_personal_model_is_evaluated_and_anchored_to_global():
     ctx = tiny_context()
     glob = params_of(ctx, 2)
     alg = build("ditto", ctx, "ditto.mu=0.0", "ditto.personal_epochs=1")
-    state = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
     assert alg.eval_params(state) is state["personal"]
     new, upload, metrics = alg.local_train({"global": glob}, state, ctx)
     # with mu = 0 the personal step is plain SGD on the personal stream
-    expected, _ = sgd(ctx.model, state["personal"], ctx.batches("personal", 1), ctx.train.lr)
+    expected = ctx.fit(state["personal"], classification_loss, data=TrainBatches("personal", 1)).params
     for k in glob:
         torch.testing.assert_close(new["personal"][k], expected[k])
     strong = build("ditto", ctx, "ditto.mu=5.0", "ditto.personal_epochs=1")
@@ -103,9 +103,9 @@ def test_ditto_personal_model_is_evaluated_and_anchored_to_global():
 
 def test_batches_drop_last_but_small_clients_train_on_one_batch():
     ctx = tiny_context(n_train=25, batch_size=10)
-    sizes = [len(y) for _, y in ctx.batches("train", 2)]
+    sizes = [len(b.y) for b in ctx.batches(TrainBatches("train", 2))]
     assert sizes == [10, 10, 10, 10]
     small = tiny_context(n_train=4, batch_size=10)
-    assert [len(y) for _, y in small.batches("train", 1)] == [4]
-    again = [y.tolist() for _, y in ctx.batches("train", 1)]
-    assert again == [y.tolist() for _, y in ctx.batches("train", 1)]  # same stream, same order
+    assert [len(b.y) for b in small.batches(TrainBatches("train", 1))] == [4]
+    again = [b.y.tolist() for b in ctx.batches(TrainBatches("train", 1))]
+    assert again == [b.y.tolist() for b in ctx.batches(TrainBatches("train", 1))]  # same stream, same order

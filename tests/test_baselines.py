@@ -11,12 +11,13 @@ from torch.nn import functional as F
 
 from pflkit.algorithms import ClientSummary, build_algorithm
 from pflkit.algorithms.apple import loss_scale
-from pflkit.algorithms.fedfomo import split_validation
+from pflkit.algorithms.context import training_part
+from pflkit.algorithms.fedfomo import validation_part
 from pflkit.config import ConfigError, load_config
 from pflkit.engines.base import ClientJob, RoundSetup, run_client
-from pflkit.functional import NonFiniteLossError, evaluate, forward, sgd
+from pflkit.functional import NonFiniteLossError, evaluate, forward
 
-from helpers import params_of, tiny_context
+from helpers import batch_pairs, params_of, sgd_reference, tiny_context
 
 
 def build(name: str, ctx, *overrides: str):
@@ -43,13 +44,13 @@ def test_finetuned_methods_evaluate_the_finetuned_global_and_train_from_it(name)
     ctx = tiny_context()
     glob = params_of(ctx, 2)
     alg = build(name, ctx, "fedproxc.mu=0.5")
-    state = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
-    tuned, _ = sgd(ctx.model, glob, ctx.batches("finetune", 1), ctx.train.lr)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
+    tuned = sgd_reference(ctx, glob, "finetune", 1)
     for k in glob:
         torch.testing.assert_close(alg.eval_params(state)[k], tuned[k])
     _, upload, _ = alg.local_train({"global": glob}, state, ctx)
     prox = {"prox_anchor": glob, "prox_mu": 0.5} if name == "fedproxc" else {}
-    trained, _ = sgd(ctx.model, tuned, ctx.batches("train", 1), ctx.train.lr, **prox)
+    trained = sgd_reference(ctx, tuned, "train", 1, **prox)
     for k in glob:
         torch.testing.assert_close(upload["params"][k], trained[k])
 
@@ -58,17 +59,16 @@ def test_finetuning_options_two_epochs_converged_and_training_from_the_raw_globa
     ctx = tiny_context()
     glob = params_of(ctx, 2)
     alg = build("fedavgc", ctx, "fedavgc.ft_epochs=2", "fedavgc.upload_from=global")
-    state = alg.local_init({"global": glob}, alg.init_client(glob, 0), ctx)
-    tuned, _ = sgd(ctx.model, glob, ctx.batches("finetune", 2), ctx.train.lr)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(glob, 0), ctx)
+    tuned = sgd_reference(ctx, glob, "finetune", 2)
     torch.testing.assert_close(state["model"], tuned)
     _, upload, _ = alg.local_train({"global": glob}, state, ctx)
-    raw, _ = sgd(ctx.model, glob, ctx.batches("train", 1), ctx.train.lr)
+    raw = sgd_reference(ctx, glob, "train", 1)
     torch.testing.assert_close(upload["params"], raw)
     conv = build("fedavgc", ctx, "fedavgc.ft_until_converged=true", "fedavgc.ft_max_epochs=4",
                  "fedavgc.ft_window=2", "fedavgc.ft_threshold=1e-9")
-    assert not conv.supports_batching
-    conv.local_init({"global": glob}, conv.init_client(glob, 0), ctx)
-    assert ctx.info["ft_epochs"] == 4  # never below 1e-9: stopped by the cap
+    _, info = conv.local_init({"global": glob}, conv.init_client(glob, 0), ctx)
+    assert info["ft_epochs"] == 4  # never below 1e-9: stopped by the cap
 
 
 def test_fedproxc_finetunes_with_the_proximal_term_only_when_asked():
@@ -76,10 +76,10 @@ def test_fedproxc_finetunes_with_the_proximal_term_only_when_asked():
     glob, local = params_of(ctx, 2), params_of(ctx, 1)
     alg = build("fedproxc+ala", ctx, "fedproxc.mu=2.0", "fedproxc.ft_prox=true")
     plain = build("fedproxc", ctx, "fedproxc.mu=2.0", "fedproxc.ft_prox=true")
-    state = plain.local_init({"global": glob}, plain.init_client(local, 0), ctx)
-    expected, _ = sgd(ctx.model, glob, ctx.batches("finetune", 1), ctx.train.lr, prox_anchor=glob, prox_mu=2.0)
+    state, _ = plain.local_init({"global": glob}, plain.init_client(local, 0), ctx)
+    expected = sgd_reference(ctx, glob, "finetune", 1, prox_anchor=glob, prox_mu=2.0)
     torch.testing.assert_close(state["model"], expected)
-    assert alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)["model"].keys() == glob.keys()
+    assert alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)[0]["model"].keys() == glob.keys()
 
 
 def test_local_training_never_communicates():
@@ -88,10 +88,10 @@ def test_local_training_never_communicates():
     alg = build("local", ctx)
     server = alg.prepare(alg.init_server(init), summaries(1))
     assert alg.downlink(server, 0, 1) == {}
-    state = alg.local_init({}, alg.init_client(init, 0), ctx)
+    state, _ = alg.local_init({}, alg.init_client(init, 0), ctx)
     torch.testing.assert_close(state["model"], init)
     new, upload, _ = alg.local_train({}, state, ctx)
-    expected, _ = sgd(ctx.model, init, ctx.batches("train", 1), ctx.train.lr)
+    expected = sgd_reference(ctx, init, "train", 1)
     torch.testing.assert_close(new["model"], expected)
     assert upload["params"] == {} and alg.aggregate(server, [upload], 1) is server
     with pytest.raises(ValueError, match="ALA"):
@@ -123,16 +123,15 @@ def test_fedamp_keeps_its_model_and_trains_towards_the_cloud_model():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.5)
     own, cloud = params_of(ctx, 1), params_of(ctx, 2)
     alg = build("fedamp", ctx, "fedamp.lam=100.0", "fedamp.alpha_k=10.0")
-    state = alg.local_init({"cloud": cloud}, {"model": own}, ctx)
+    state, _ = alg.local_init({"cloud": cloud}, {"model": own}, ctx)
     assert state["model"] is own
     new, upload, _ = alg.local_train({"cloud": cloud}, state, ctx)
-    (x, y), = list(ctx.batches("train", 1))
+    (x, y), = batch_pairs(ctx, "train", 1)
     g = ce_grads(ctx, own, x, y)
     for k in own:
         torch.testing.assert_close(new["model"][k], own[k] - 0.5 * (g[k] + 10.0 * (own[k] - cloud[k])),
                                    rtol=1e-5, atol=1e-6)
     norm = build("fedamp", ctx, "fedamp.lam=100.0", "fedamp.alpha_k=10.0", "fedamp.squared_prox=false")
-    assert not norm.supports_batching
     got = norm.local_train({"cloud": cloud}, state, ctx)[0]["model"]
     dist = math.sqrt(sq(own, cloud))
     for k in own:
@@ -164,20 +163,19 @@ def test_fedfomo_weights_models_by_validation_gain_per_distance():
     old = {k: 6 * v for k, v in params_of(ctx, 1).items()}  # confident and wrong: a poor model
     received = [params_of(ctx, s) for s in (2, 3, 4)]
     received.append({k: v.clone() for k, v in old.items()})  # no gain, weight 0
-    _, val = split_validation(ctx.data, 0.2)
-    assert val.num_train == 8 and torch.equal(val.train_x, ctx.data.train_x[-8:])
-    loss = lambda p: evaluate(ctx.model, p, val.train_x, val.train_y)["loss_sum"] / 8  # noqa: E731
+    val_x, val_y = validation_part(ctx.data, 0.2)
+    assert len(val_y) == 8 and torch.equal(val_x, ctx.data.train_x[-8:])
+    loss = lambda p: evaluate(ctx.model, p, val_x, val_y)["loss_sum"] / 8  # noqa: E731
     w = [max(0.0, (loss(old) - loss(t)) / (math.sqrt(sq(t, old)) + 1e-5)) for t in received]
     assert all(wn > 0 for wn in w[:3]) and w[3] == 0
     payload = {"models": received, "ids": torch.tensor([1, 2, 3, 4])}
-    state = alg.local_init(payload, {"model": old}, ctx)
+    state, _ = alg.local_init(payload, {"model": old}, ctx)
     torch.testing.assert_close(state["weights"], torch.tensor(w, dtype=torch.float64))
     for k in old:
         expected = old[k] + sum(wn / sum(w) * (t[k] - old[k]) for wn, t in zip(w, received))
         torch.testing.assert_close(state["model"][k], expected)
     new, upload, _ = alg.local_train(payload, state, ctx)
-    train, _ = split_validation(ctx.data, 0.2)
-    assert train.num_train == 32
+    assert training_part(ctx.data.num_train, 0.2) == 32
     server = alg.prepare(alg.init_server(old), summaries(5))
     server = alg.aggregate(server, [{**upload, "client_id": 0}], 1)
     assert server["affinity"][0, 1:].tolist() == pytest.approx(w)
@@ -188,7 +186,7 @@ def test_fedfomo_keeps_its_model_when_no_received_model_helps():
     ctx = tiny_context()
     alg = build("fedfomo", ctx)
     old = params_of(ctx, 1)
-    state = alg.local_init({"models": [old], "ids": torch.tensor([1])}, {"model": old}, ctx)
+    state, _ = alg.local_init({"models": [old], "ids": torch.tensor([1])}, {"model": old}, ctx)
     torch.testing.assert_close(state["model"], old)
     assert float(state["weights"].sum()) == 0
 
@@ -216,7 +214,7 @@ def test_apple_step_updates_own_core_and_relationship_vector():
     server["models"] = dict(enumerate(cores))
     payload = alg.downlink(server, 0, 1)
     torch.testing.assert_close(payload["p0"], torch.tensor([0.1, 0.3, 0.6]))
-    state = alg.local_init(payload, alg.init_client(cores[0], 0), ctx)
+    state, _ = alg.local_init(payload, alg.init_client(cores[0], 0), ctx)
     p = torch.tensor([0.1, 0.3, 0.6])
     personal = {k: sum(p[j] * cores[j][k] for j in range(3)) for k in cores[0]}
     torch.testing.assert_close(alg.eval_params(state), personal)
@@ -225,7 +223,7 @@ def test_apple_step_updates_own_core_and_relationship_vector():
     p = state["p"]
     personal = {k: sum(p[j] * cores[j][k] for j in range(3)) for k in cores[0]}
     new, upload, _ = alg.local_train(payload, state, ctx)
-    (x, y), = list(ctx.batches("train", 1))
+    (x, y), = batch_pairs(ctx, "train", 1)
     g = ce_grads(ctx, personal, x, y)
     scale = loss_scale(1, ctx.train.rounds, 1.0, "cos") * 0.5
     core_lr = 0.05  # the local lr (default)
@@ -271,7 +269,7 @@ def test_nan_loss_names_the_method_and_stage():
     init = params_of(ctx, 1)
     server = alg.prepare(alg.init_server(init), summaries(1))
     payload = alg.downlink(server, 0, 1)
-    state = alg.local_init(payload, alg.init_client(init, 0), ctx)
+    state, _ = alg.local_init(payload, alg.init_client(init, 0), ctx)
     with pytest.raises(NonFiniteLossError, match="apple, client 0, round 1, local training"):
         alg.local_train(payload, state, ctx)
     ctx.algorithm = "fedavgc"

@@ -15,7 +15,7 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflkit.algorithms import ClientContext, TrainSettings, build_algorithm
+from pflkit.algorithms import TrainSettings, build_algorithm
 from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
 from pflkit.algorithms.partialfed import mix_units, select_units, temperature
 from pflkit.config import load_config
@@ -24,7 +24,7 @@ from pflkit.engines.base import ClientJob, RoundSetup, run_client
 from pflkit.functional import NonFiniteLossError, evaluate
 from pflkit.models import build_model
 
-from helpers import params_of, tiny_context
+from helpers import batch_pairs, params_of, tiny_context
 
 torch.set_num_threads(1)
 METHODS = ["perfedavg", "pfedme", "fedphp", "partialfed"]
@@ -75,7 +75,7 @@ def test_perfedavg_first_order_steps_on_independent_batches():
     w0 = params_of(ctx, 2)
     new, upload, metrics = alg.local_train({"global": w0}, {"model": w0}, ctx)
     w = dict(w0)
-    for (xb, yb), (xo, yo) in zip(ctx.batches("train", 1), ctx.batches("outer", 1)):
+    for (xb, yb), (xo, yo) in zip(batch_pairs(ctx, "train", 1), batch_pairs(ctx, "outer", 1)):
         w_prime = step(w, grads(ctx.model, w, xb, yb), 0.3)
         w = step(w, grads(ctx.model, w_prime, xo, yo), 0.2)
     assert_params_close(new["model"], w)
@@ -103,7 +103,7 @@ def test_perfedavg_hessian_free_uses_a_hessian_vector_product():
     alg = build("perfedavg", ctx, "perfedavg.hessian_free=true", "perfedavg.alpha=0.3", "perfedavg.beta=0.2")
     w0 = params_of(ctx, 2)
     new = alg.local_train({"global": w0}, {"model": w0}, ctx)[0]["model"]
-    (xb, yb), (xo, yo), (xh, yh) = (next(ctx.batches(p, 1)) for p in ("train", "outer", "hessian"))
+    (xb, yb), (xo, yo), (xh, yh) = (batch_pairs(ctx, p, 1)[0] for p in ("train", "outer", "hessian"))
     names = list(w0)
     w_prime = step(w0, grads(ctx.model, w0, xb, yb), 0.3)
     g_outer = grads(ctx.model, w_prime, xo, yo)
@@ -122,9 +122,9 @@ def test_perfedavg_evaluates_one_alpha_step_from_the_received_model():
     ctx = tiny_context(n_train=20, batch_size=10, lr=0.1)
     alg = build("perfedavg", ctx, "perfedavg.alpha=0.3")
     glob = params_of(ctx, 2)
-    state = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(params_of(ctx, 1), 0), ctx)
     assert_params_close(state["model"], glob, rtol=0, atol=0)  # the step is not kept for training
-    xa, ya = next(ctx.batches("adapt", 1))
+    xa, ya = batch_pairs(ctx, "adapt", 1)[0]
     assert_params_close(alg.eval_params(state), step(glob, grads(ctx.model, glob, xa, ya), 0.3))
 
 
@@ -132,9 +132,9 @@ def test_perfedavg_with_ala_adapts_the_ala_initialised_model():
     ctx = tiny_context(n_train=20, batch_size=10, lr=0.1)
     alg = build("perfedavg+ala", ctx, "perfedavg.alpha=0.3")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
-    state = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)  # round 1: local != global
-    assert differs(state["model"], glob) and ctx.info["ala_epochs"] > 0
-    xa, ya = next(ctx.batches("adapt", 1))
+    state, info = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)  # round 1: local != global
+    assert differs(state["model"], glob) and info["ala_epochs"] > 0
+    xa, ya = batch_pairs(ctx, "adapt", 1)[0]
     init = state["model"]
     assert_params_close(alg.eval_params(state), step(init, grads(ctx.model, init, xa, ya), 0.3))
 
@@ -157,10 +157,10 @@ def test_pfedme_inner_steps_and_local_update(l2):
     alg = build("pfedme", ctx, "pfedme.personal_lr=0.05", "pfedme.lam=2.0", "pfedme.inner_steps=3",
                 f"pfedme.l2={l2}")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
-    state = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     assert_params_close(alg.eval_params(state), local, rtol=0, atol=0)  # last theta = Theta^0 so far
     new, upload, _ = alg.local_train({"global": glob}, state, ctx)
-    w, theta = pfedme_by_hand(ctx, glob, glob, list(ctx.batches("train", 1)), eta=0.05, lam=2.0, K=3, lr=0.1, l2=l2)
+    w, theta = pfedme_by_hand(ctx, glob, glob, batch_pairs(ctx, "train", 1), eta=0.05, lam=2.0, K=3, lr=0.1, l2=l2)
     assert_params_close(new["model"], w)
     assert_params_close(upload["params"], w)
     assert_params_close(new["personal"], theta)
@@ -198,12 +198,12 @@ def test_pfedme_with_ala_keeps_theta_start_at_received_global():
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     for theta_init in ("received", "local"):
         alg = build("pfedme+ala", ctx, "pfedme.inner_steps=2", f"pfedme.theta_init='{theta_init}'")
-        state = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
+        state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
         w0 = state["model"]  # ALA's initialisation of the local w
         assert differs(w0, glob)
         new = alg.local_train({"global": glob}, state, ctx)[0]
         start = glob if theta_init == "received" else w0
-        w, theta = pfedme_by_hand(ctx, w0, start, list(ctx.batches("train", 1)), eta=0.01, lam=15.0, K=2, lr=0.1)
+        w, theta = pfedme_by_hand(ctx, w0, start, batch_pairs(ctx, "train", 1), eta=0.01, lam=15.0, K=2, lr=0.1)
         assert_params_close(new["model"], w)
         assert_params_close(new["personal"], theta)
 
@@ -243,9 +243,9 @@ def test_fedphp_step_with_mmd_and_hpm_update():
     alg = build("fedphp", ctx, "fedphp.lam=0.5")
     glob, hpm = params_of(ctx, 2), params_of(ctx, 3)
     state = {**alg.init_client(params_of(ctx, 1), 0), "hpm": hpm}
-    state = alg.local_init({"global": glob}, state, ctx)
+    state, _ = alg.local_init({"global": glob}, state, ctx)
     new, upload, metrics = alg.local_train({"global": glob}, state, ctx)
-    (x, y), = list(ctx.batches("train", 1))
+    (x, y), = batch_pairs(ctx, "train", 1)
     teacher = functional_call(ctx.model, hpm, (x,), {"stop": 3}).detach()
 
     def loss_fn(model, params, x, y):
@@ -258,9 +258,9 @@ def test_fedphp_step_with_mmd_and_hpm_update():
     assert_params_close(upload["params"], w)
     mu_t = 0.9 * 1 / 4
     assert_params_close(new["hpm"], {k: mu_t * hpm[k] + (1 - mu_t) * w[k] for k in w})
-    assert metrics["hpm_mu"] == pytest.approx(mu_t) and metrics["kt_loss"] > 0
+    assert metrics["hpm_mu"] == pytest.approx(mu_t)
     # the trained w is what the next evaluation scores, also after a new model arrives
-    nxt = alg.local_init({"global": params_of(ctx, 4)}, new, ctx)
+    nxt, _ = alg.local_init({"global": params_of(ctx, 4)}, new, ctx)
     assert_params_close(alg.eval_params(nxt), w)
     hpm_eval = build("fedphp", ctx, "fedphp.eval_hpm=true")
     assert hpm_eval.eval_params(nxt) is nxt["hpm"]
@@ -273,7 +273,7 @@ def test_fedphp_without_transfer_is_plain_sgd(kt):
     alg = build("fedphp", ctx, "fedphp.lam=0.0", f"fedphp.kt='{kt}'")
     new = alg.local_train({"global": glob}, {**alg.init_client(glob, 0), "hpm": params_of(ctx, 3)}, ctx)[0]
     w = dict(glob)
-    for x, y in ctx.batches("train", 1):
+    for x, y in batch_pairs(ctx, "train", 1):
         w = step(w, grads(ctx.model, w, x, y), 0.1)
     assert_params_close(new["model"], w)
 
@@ -283,7 +283,7 @@ def test_fedphp_kd_option_distils_logits():
     glob, hpm = params_of(ctx, 2), params_of(ctx, 3)
     alg = build("fedphp", ctx, "fedphp.lam=0.5", "fedphp.kt='kd'", "fedphp.temperature=2.0")
     new = alg.local_train({"global": glob}, {**alg.init_client(glob, 0), "hpm": hpm}, ctx)[0]
-    (x, y), = list(ctx.batches("train", 1))
+    (x, y), = batch_pairs(ctx, "train", 1)
     teacher = functional_call(ctx.model, hpm, (x,)).detach()
 
     def loss_fn(model, params, x, y):
@@ -322,7 +322,7 @@ def test_partialfed_keeps_the_local_model_on_receipt():
     ctx = tiny_context()
     alg = build("partialfed", ctx)
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
-    state = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     assert_params_close(state["model"], local, rtol=0, atol=0)
     assert torch.equal(state["strategy"], torch.zeros(len(ctx.units), 2))
     assert alg.eval_params(state) is state["model"]
@@ -337,7 +337,7 @@ def test_partialfed_forced_gates_train_from_global_or_local(to_global):
     state = {"model": local, "strategy": torch.tensor([[50.0, -50.0]] * len(ctx.units)) * sign}
     new, upload, metrics = alg.local_train({"global": glob}, state, ctx)
     start = glob if to_global else local
-    (x, y), = list(ctx.batches("train", 1))
+    (x, y), = batch_pairs(ctx, "train", 1)
     expected = step(start, grads(ctx.model, start, x, y), 0.1)
     assert_params_close(new["model"], expected)
     assert_params_close(upload["params"], expected)
@@ -367,7 +367,7 @@ def test_partialfed_strategy_batch_changes_only_the_strategy():
     assert_params_close(new["model"], local, rtol=0, atol=0)
     tau = 5.0 * 0.965 ** 3
     assert metrics["tau"] == pytest.approx(tau)
-    (x, y), = list(ctx.batches("train", 1))
+    (x, y), = batch_pairs(ctx, "train", 1)
     expected = strategy_step_by_hand(ctx, glob, local, S, ctx.generator("gates"), tau, 0.5, x, y)
     torch.testing.assert_close(new["strategy"], expected, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(new["strategy"], S)
@@ -381,7 +381,7 @@ def test_partialfed_cycle_of_model_and_strategy_batches():
     S = torch.zeros(len(ctx.units), 2)
     new, _, metrics = alg.local_train({"global": glob}, {"model": local, "strategy": S}, ctx)
     noise = ctx.generator("gates")
-    batches = list(ctx.batches("train", 1))
+    batches = batch_pairs(ctx, "train", 1)
     work = dict(local)
     picks = 0
     for x, y in batches[:2]:
@@ -406,7 +406,7 @@ def test_partialfed_cycle_continues_across_rounds(continue_cycle):
     alg = build("partialfed", ctx, "partialfed.model_batches=2", "partialfed.strategy_batches=1",
                 f"partialfed.continue_cycle={str(continue_cycle).lower()}")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
-    state = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     state, _, metrics = alg.local_train({"global": glob}, state, ctx)
     assert int(state["cycle_pos"]) == 2
     assert torch.equal(state["strategy"], torch.zeros(len(ctx.units), 2))  # model batches only so far
@@ -425,12 +425,12 @@ def test_partialfed_with_ala_gates_between_global_and_ala_model():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
     alg = build("partialfed+ala", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
-    state = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     ala_model = state["model"]
     assert differs(ala_model, glob) and differs(ala_model, local)
     state = {**state, "strategy": torch.tensor([[-50.0, 50.0]] * len(ctx.units))}  # all local
     new = alg.local_train({"global": glob}, state, ctx)[0]
-    (x, y), = list(ctx.batches("train", 1))
+    (x, y), = batch_pairs(ctx, "train", 1)
     assert_params_close(new["model"], step(ala_model, grads(ctx.model, ala_model, x, y), 0.1))
 
 
@@ -469,7 +469,7 @@ def test_two_rounds_through_run_client(name):
             job = ClientJob(i, alg.downlink(server, i, t), states[i], evaluate=True)
             res = run_client(setup, job, t)
             # the evaluated model is the method's "Eval" model after local_init (spec §5.7)
-            ctx_state = alg.local_init(job.payload, states[i], _ctx(setup, i, t))
+            ctx_state, _ = alg.local_init(job.payload, states[i], _ctx(setup, i, t))
             expected = evaluate(model, ctx_state[EVAL_KEY[base]], data.client(i).test_x, data.client(i).test_y)
             assert res.evaluation == expected
             assert res.upload["num_samples"] == data.client(i).num_train
@@ -487,8 +487,7 @@ def test_two_rounds_through_run_client(name):
 
 
 def _ctx(setup, i, t):
-    return ClientContext(client_id=i, round=t, seed=setup.seed, data=setup.data.client(i), model=setup.model,
-                         units=setup.units, train=setup.train, algorithm=setup.algorithm.name)
+    return setup.context(i, t)
 
 
 # ---------------------------------------------------------------- NaN losses

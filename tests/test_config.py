@@ -33,10 +33,22 @@ def test_digits_demo_config_is_the_default_experiment():
     assert {**to_dict(shipped), "model": None} == {**to_dict(default), "model": None}
 
 
+SHAPES = {"digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
+          "cifar100": ((3, 32, 32), 100), "tiny_imagenet": ((3, 64, 64), 200), "agnews": ((200,), 4)}
+
+
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.toml")), ids=lambda p: p.name)
-def test_shipped_configs_are_valid(path):
+def test_shipped_configs_load_and_every_algorithm_fits_their_model(path):
+    from pflkit.algorithms import TrainSettings, build_algorithm
+    from pflkit.models import build_model
+
     cfg = load_config(path, ["data_dir='/somewhere'"])
-    assert cfg.rounds >= 1
+    shape, classes = SHAPES[cfg.dataset]
+    model = build_model(cfg.model_for(shape), shape, classes, vocab_size=1000)
+    for name in cfg.algorithms:  # e.g. fedala.p beyond the model's units would fail here
+        build_algorithm(name, cfg.algorithm_sections(), TrainSettings.from_config(cfg), model.units())
+    if cfg.partition_seed == 1:  # the paper configs draw PFLlib's split
+        assert cfg.partition_rng == "pfllib"
 
 
 PAPER_COLUMNS = {  # FedALA Table 2 / Table 4: dataset, model, partition, alpha or classes, lr, clients

@@ -215,8 +215,32 @@ def test_mnist_real_files() -> None:
     assert float(ds.x.min()) == -1.0 and float(ds.x.max()) == 1.0
 
 
-def test_download_mnist_is_callable() -> None:
-    assert callable(download_mnist)
+def test_download_mnist_tries_mirrors_verifies_and_skips_present_files(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from pflkit.data import sources
+    from pflkit.data.fetch import md5sum
+
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    write_idx(mirror / "train-images-idx3-ubyte.gz", np.zeros((60000, 28, 28), dtype=np.uint8))
+    write_idx(mirror / "train-labels-idx1-ubyte.gz", np.zeros(60000, dtype=np.uint8))
+    write_idx(mirror / "t10k-images-idx3-ubyte.gz", np.zeros((10000, 28, 28), dtype=np.uint8))
+    write_idx(mirror / "t10k-labels-idx1-ubyte.gz", np.zeros(10000, dtype=np.uint8))
+    md5 = {name: md5sum(mirror / name) for name in sources._MNIST_MD5}
+    monkeypatch.setattr(sources, "_MNIST_MIRRORS", ((tmp_path / "down").as_uri() + "/", mirror.as_uri() + "/"))
+    monkeypatch.setattr(sources, "_MNIST_MD5", md5)
+    target = tmp_path / "mnist"
+    assert download_mnist(target) == target  # the first mirror is down: the second serves every file
+    assert len(load_dataset("mnist", target)) == 70000 and not list(target.glob(".*part"))
+    (mirror / "t10k-labels-idx1-ubyte.gz").unlink()
+    assert download_mnist(target) == target  # present files are not fetched again
+    (target / "t10k-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(DataError, match="could not download t10k-labels-idx1-ubyte.gz"):
+        download_mnist(target)
+    write_idx(mirror / "t10k-labels-idx1-ubyte.gz", np.ones(10000, dtype=np.uint8))  # wrong md5
+    with pytest.raises(DataError, match="md5"):
+        download_mnist(target)
+    assert not (target / "t10k-labels-idx1-ubyte.gz").exists()
 
 
 # ---------------------------------------------------------------- other sources

@@ -38,7 +38,8 @@ from pflkit.data import tiny_imagenet as tiny_module
 from pflkit.data.agnews import encode
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.data.fetch import fetch, md5_check, md5sum
-from pflkit.run.experiment import _pfllib_partitions, run_experiment
+from pflkit.federation import build_partitions
+from pflkit.run.experiment import run_experiment
 
 torch.set_num_threads(1)
 
@@ -522,7 +523,7 @@ def test_pfllib_errors_name_the_problem(tmp_path: Path) -> None:
 def test_pfllib_experiment_adopts_the_folder_client_count(tmp_path: Path) -> None:
     root = write_pfllib(tmp_path / "d")
     config = build_config({"dataset": "pfllib", "data_dir": str(root), "num_clients": 20, "seeds": [0, 1]})
-    adopted, partitions = _pfllib_partitions(config, torch.device("cpu"))
+    adopted, partitions = build_partitions(config, torch.device("cpu"))
     assert adopted.num_clients == 3 and set(partitions) == {0, 1}
     assert partitions[0] is partitions[1]
     assert adopted.model_for((1, 16, 16)) == "fedavg_cnn" and adopted.model_for((200,)) == "fasttext"

@@ -12,9 +12,8 @@ from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, VmapEngine
 from pflkit.models import build_model
 from pflkit.personalize import ALASettings, AdaptiveLocalAggregation
-from pflkit.run.rounds import run_rounds, start_run
 
-from helpers import assert_states_close, params_of, tiny_context
+from helpers import assert_states_close, params_of, simulate_rounds, tiny_context
 
 ALL_ALGORITHMS = available()
 
@@ -40,8 +39,7 @@ def run(name: str, engine, data: FederatedData, rounds: int = 2, overrides=()):
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
     alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
     setup = RoundSetup(alg, data, model, model.units(), train, seed=3)
-    state = run_rounds(setup, engine, start_run(setup, init), rounds=rounds, join_ratio=1.0, eval_every=1)
-    return state
+    return simulate_rounds(setup, engine, init, rounds)
 
 
 def assert_same_state(a, b):
@@ -167,3 +165,18 @@ def test_closed_form_ala_matches_the_autograd_path():
     for k in outs[0][1]:
         torch.testing.assert_close(outs[0][1][k], outs[1][1][k], rtol=1e-5, atol=1e-6)
     assert outs[0][2] == outs[1][2]
+
+
+def test_vmap_batches_every_method_but_those_with_per_client_code():
+    from pflkit.engines.batched import batching_blocker
+
+    cfg = load_config(None, [])
+    model = build_model("digits_cnn", (1, 8, 8), 10)
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
+    data = make_data([30, 12])
+    per_client = [name for name in ALL_ALGORITHMS
+                  if batching_blocker(build_algorithm(name, cfg.algorithm_sections(), train, model.units()), model, data)]
+    assert per_client == ["fedfomo", "partialfed", "partialfed+ala"]
+    resnet = build_model("resnet18", (3, 32, 32), 10)
+    fedavg = build_algorithm("fedavg", cfg.algorithm_sections(), train, resnet.units())
+    assert "buffers" in batching_blocker(fedavg, resnet, data)

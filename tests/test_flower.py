@@ -21,7 +21,8 @@ from pflkit.flower.local import LocalGrid  # noqa: E402
 from pflkit.flower.node import node_setup, state_key  # noqa: E402
 from pflkit.flower.server import run_on_flower  # noqa: E402
 from pflkit.run.experiment import run_experiment  # noqa: E402
-from pflkit.run.rounds import run_round, start_run  # noqa: E402
+from pflkit.federation import RoundDriver  # noqa: E402
+from pflkit.algorithms import ClientSummary  # noqa: E402
 
 OVERRIDES = ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=3", "fedala.max_start_epochs=4",
              "fedrep.head_epochs=1", "ditto.personal_epochs=1", "engine=loop"]
@@ -52,7 +53,9 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
     setup0 = node_setup(text, {"partition-id": 0}, 0)
     algorithm = setup0.algorithm(config, "fedala")
     setup = RoundSetup(algorithm, setup0.data, setup0.model, setup0.model.units(), setup0.train, 0)
-    sim = start_run(setup, setup0.init)
+    driver = RoundDriver(algorithm, num_clients=3, seed=0, rounds=3, join_ratio=1.0, eval_every=1)
+    sim = driver.start(setup0.init, [ClientSummary(i, setup0.data.client(i).num_train,
+                                                   setup0.data.train_label_counts(i)) for i in range(3)])
     contexts = {i: Context(run_id=1, node_id=10 + i, state=RecordDict(), run_config={},
                            node_config={"partition-id": i, "state-dir": str(tmp_path / str(i))}) for i in range(3)}
     server = algorithm.init_server(setup0.init)
@@ -68,7 +71,8 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
             metrics = reply.content["metrics"]
             assert int(metrics["client-id"]) == i and "eval.correct" in metrics
         server = algorithm.aggregate(server, uploads, t)
-        run_round(setup, LoopEngine(), sim, t, rounds=3, join_ratio=1.0, eval_every=1)
+        plan = driver.plan(sim, t)
+        driver.finish(sim, plan, LoopEngine().run(setup, plan.jobs, t))
         state = serde.get(contexts[0].state, key)["versions"][0]["state"]
         started.append(state["ala"]["started"])
         for name, w in state["ala"]["weights"].items():  # ALA weights change exactly as in the simulator

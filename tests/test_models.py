@@ -9,11 +9,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pflkit.algorithms import ClientContext, TrainSettings, build_algorithm
+from pflkit.algorithms import TrainSettings, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
-from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, VmapEngine
-from pflkit.functional import evaluate, forward, sgd
+from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, SingleClientContext, VmapEngine
+from pflkit.functional import evaluate, forward
 from pflkit.models import (
     MODELS,
     buffer_names,
@@ -24,10 +24,9 @@ from pflkit.models import (
 )
 from pflkit.models.base import check_buffers
 from pflkit.personalize import AdaptiveLocalAggregation, ALASettings
-from pflkit.run.experiment import initial_params
-from pflkit.run.rounds import run_rounds, start_run
+from pflkit.federation import initial_params
 
-from helpers import assert_states_close
+from helpers import assert_states_close, fit_on, simulate_rounds
 
 torch.set_num_threads(1)
 
@@ -184,7 +183,7 @@ def test_sgd_updates_running_stats_in_the_returned_dict_and_leaves_the_input_alo
     before = {k: v.clone() for k, v in params.items()}
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 10, (4,), generator=g)) for _ in range(2)]
-    out, loss = sgd(model, params, batches, lr=0.05)
+    out, loss = fit_on(model, params, batches, lr=0.05)
     assert list(out) == list(params) and loss > 0
     for k in params:
         assert torch.equal(params[k], before[k]), k  # the caller's tensors are untouched
@@ -195,15 +194,15 @@ def test_sgd_updates_running_stats_in_the_returned_dict_and_leaves_the_input_alo
     assert not torch.equal(out["conv1.weight"], before["conv1.weight"])
     assert not torch.equal(out["fc.bias"], before["fc.bias"])
     # frozen parameters stay, buffers still follow the training-mode forward passes
-    head, _ = sgd(model, params, batches[:1], lr=0.05, trainable=["fc.weight", "fc.bias"])
-    full, _ = sgd(model, params, batches[:1], lr=0.05)
+    head, _ = fit_on(model, params, batches[:1], lr=0.05, trainable=["fc.weight", "fc.bias"])
+    full, _ = fit_on(model, params, batches[:1], lr=0.05)
     assert torch.equal(head["conv1.weight"], before["conv1.weight"])
     assert not torch.equal(head["fc.weight"], before["fc.weight"])
     for k in buffers:  # one step: both forward passes saw the initial body
         torch.testing.assert_close(head[k], full[k])
         assert not torch.equal(head[k], before[k])
     # buffer names passed as trainable are never trained (they get no gradient)
-    named, _ = sgd(model, params, batches[:1], lr=0.05, trainable=["fc.bias", "bn1.running_mean"])
+    named, _ = fit_on(model, params, batches[:1], lr=0.05, trainable=["fc.bias", "bn1.running_mean"])
     assert torch.equal(named["fc.weight"], before["fc.weight"])
 
 
@@ -231,7 +230,7 @@ def test_fasttext_mean_includes_padding_and_padding_row_gets_no_gradient():
     h = forward(model, params, x, stop=1)
     torch.testing.assert_close(h[0], (params["embedding.weight"][5] + params["embedding.weight"][7]) / 6)
     params["embedding.weight"][0] = 1.0  # even a non-zero padding row is never trained
-    out, _ = sgd(model, params, [(x, torch.tensor([0, 2]))], lr=0.5)
+    out, _ = fit_on(model, params, [(x, torch.tensor([0, 2]))], lr=0.5)
     assert torch.equal(out["embedding.weight"][0], params["embedding.weight"][0])
     assert not torch.equal(out["embedding.weight"][5], params["embedding.weight"][5])
     assert torch.equal(out["embedding.weight"][10], params["embedding.weight"][10])  # unused token
@@ -272,8 +271,8 @@ def test_ala_on_resnet18_leaves_the_stored_buffers_alone(p):
     glob = full_params(resnet(seed=1))
     glob = {k: v + 0.5 if k.endswith("running_mean") else v for k, v in glob.items()}
     train = TrainSettings(batch_size=4, local_epochs=1, lr=0.05)
-    ctx = ClientContext(client_id=0, round=2, seed=0, data=image_client(), model=model, units=model.units(),
-                        train=train, algorithm="test")
+    ctx = SingleClientContext(client_id=0, round=2, seed=0, data=image_client(), model=model, units=model.units(),
+                              train=train, algorithm="test")
     ala = AdaptiveLocalAggregation(ALASettings(p=p, max_start_epochs=2), ctx.units, train)
     received = {k: glob[k] for k, _ in model.named_parameters()}  # bn_buffers = local: no buffers sent
     state = ala.init_state(received)
@@ -324,8 +323,7 @@ def run(name: str, engine, data: FederatedData, model_name: str, rounds: int, ba
     train = TrainSettings(batch_size=batch_size, local_epochs=1, lr=lr)
     alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
     setup = RoundSetup(alg, data, model, model.units(), train, seed=3)
-    return run_rounds(setup, engine, start_run(setup, full_params(model)), rounds=rounds, join_ratio=1.0,
-                      eval_every=1)
+    return simulate_rounds(setup, engine, full_params(model), rounds)
 
 
 def compare(a, b, atol: float) -> None:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from pflkit.config import ConfigError, load_config
 from pflkit.data import DataError, PartitionError, write_idx
 from pflkit.functional import NonFiniteLossError
 from pflkit.run.experiment import resume_experiment, run_experiment
-from pflkit.run.results import ResultsFolder
+from pflkit.federation import ResultsFolder
 
 ALGOS = 'algorithms=["fedavg","fedprox","ditto","fedrep","fedala","fedprox+ala","ditto+ala"]'
 
@@ -68,45 +66,53 @@ def test_same_seed_gives_identical_numbers_and_seeds_summarize(tmp_path, fast_co
     assert s1["fedala"]["best_accuracy_std"] == pytest.approx(np.std(per_seed))
 
 
-def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_config, monkeypatch):
+class InterruptAfter:
+    """Callback: raise KeyboardInterrupt once ``algorithm`` has finished training round ``round``."""
+
+    def __init__(self, algorithm: str, round: int) -> None:
+        self.algorithm, self.round = algorithm, round
+
+    def on_record(self, state, record) -> None:
+        if state.algorithm == self.algorithm and state.rounds_done == self.round and not state.done:
+            raise KeyboardInterrupt("simulated interruption")
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_config):
     overrides = fast_config + ['algorithms=["fedavg","fedala"]', "rounds=4"]
     cfg = load_config(None, overrides)
     run_experiment(cfg, tmp_path / "full", progress=False, echo=lambda s: None)
-
-    from pflkit.run import rounds as rounds_module
-    original = rounds_module.make_record
-    calls = {"n": 0}
-
-    def crash_after_some_rounds(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 7:  # inside fedala's second round, after fedavg finished
-            raise KeyboardInterrupt("simulated interruption")
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(rounds_module, "make_record", crash_after_some_rounds)
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "cut", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):  # inside fedala's second round, after fedavg finished
+        run_experiment(cfg, tmp_path / "cut", progress=False, echo=lambda s: None,
+                       callbacks=[InterruptAfter("fedala", 2)])
     status = ResultsFolder(tmp_path / "cut").status()
     assert status["status"] == "failed" and not (tmp_path / "cut" / "summary.json").exists()
-    monkeypatch.setattr(rounds_module, "make_record", original)
     resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
     assert records(tmp_path / "cut") == records(tmp_path / "full")
 
 
+KILL_AFTER = """
+import os, signal, sys
+from pflkit.config import load_config
+from pflkit.run.experiment import run_experiment
+
+class KillAfter:  # SIGKILL this process once fedala has finished training round 3
+    def on_record(self, state, record):
+        if state.algorithm == "fedala" and state.rounds_done == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+run_experiment(load_config(None, sys.argv[2:]), sys.argv[1], progress=False, callbacks=[KillAfter()])
+"""
+
+
 def test_kill_9_then_resume_gives_the_same_metrics(tmp_path, fast_config):
-    overrides = fast_config + ['algorithms=["fedavg","fedala"]', "rounds=8"]
+    # checkpoints every 2 rounds: the kill after round 3 leaves a metrics row past the last checkpoint
+    overrides = fast_config + ['algorithms=["fedavg","fedala"]', "rounds=6", "checkpoint_every=2"]
     run_experiment(load_config(None, overrides), tmp_path / "full", progress=False, echo=lambda s: None)
     out = tmp_path / "killed"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "pflkit.cli", "run", *overrides, "--out", str(out), "--quiet"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    target = out / "checkpoints" / "fedala-seed0.pt"
-    deadline = time.time() + 120
-    while not target.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (out / "summary.json").exists(), "the run finished before it could be killed"
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER, str(out), *overrides], capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert not (out / "summary.json").exists()
+    assert [r["round"] for r in records(out) if r["algorithm"] == "fedala"] == [0, 1, 2]  # one row past the checkpoint
     result = CliRunner().invoke(main, ["run", "--resume", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     assert records(out) == records(tmp_path / "full")

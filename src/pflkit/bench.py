@@ -21,14 +21,15 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .algorithms import TrainSettings, build_algorithm
+from .algorithms import ClientSummary, TrainSettings, build_algorithm
 from .config import load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine, default_workers
-from .functional import forward, sgd, stream_seed
+from .federation.driver import RoundDriver
+from .functional import SGD, Batch, classification_loss, forward, net_of, stream_seed
+from .functional.training import autograd_value_and_grad
 from .models import build_model
-from .run.rounds import run_round, start_run
 
 
 @dataclass
@@ -68,10 +69,15 @@ def single_model_limits(x: torch.Tensor, y: torch.Tensor, threads: int) -> dict[
     model = build_model("fedavg_cnn", tuple(x.shape[1:]), 10).to(x.device)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
 
+    net, opt = net_of(model), SGD(0.1)
+    step = autograd_value_and_grad(lambda tp, b: classification_loss(net, tp, b))
+
     def train(batch: int, steps: int) -> Callable[[], int]:
         def run() -> int:
-            sgd(model, params, ((x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]) for i in range(steps)),
-                0.1)
+            trained = {k: v.clone() for k, v in params.items()}
+            for i in range(steps):
+                grads, _ = step(trained, Batch(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]))
+                opt.update_(trained, grads, {})
             _sync(x.device)
             return batch * steps
         return run
@@ -123,6 +129,7 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 raise
     cfg = load_config(None, [])
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
+    summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     train_samples = sum(c.num_train for c in data.clients)
     out: dict[str, Any] = {"num_clients": num_clients, "train_samples": train_samples, "alpha": alpha,
                            "min_samples_per_client": min_samples, "algorithms": {}}
@@ -136,16 +143,19 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
             alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
-            runs[engine_name] = (setup, engine, start_run(setup, init), [])
+            driver = RoundDriver(alg, num_clients=data.num_clients, seed=settings.seed, rounds=settings.rounds + 1,
+                                 join_ratio=1.0, eval_every=1)
+            runs[engine_name] = (setup, engine, driver, driver.start(init, summaries), [])
         for t in range(1, settings.rounds + 1):
             order = settings.engines if t % 2 else list(reversed(settings.engines))
             for engine_name in order:
-                setup, engine, state, rows = runs[engine_name]
-                run_round(setup, engine, state, t, rounds=settings.rounds + 1, join_ratio=1.0, eval_every=1)
+                setup, engine, driver, state, rows = runs[engine_name]
+                plan = driver.plan(state, t)
+                driver.finish(state, plan, engine.run(setup, plan.jobs, t))
                 _sync(device)
                 rows.append(state.pending)
         per_engine = {}
-        for engine_name, (_setup, engine, state, rows) in runs.items():
+        for engine_name, (_setup, engine, _driver, state, rows) in runs.items():
             engine.close()
             steady = rows[2:] if len(rows) > 2 else rows[1:]
             seconds = statistics.median(r["seconds"] for r in steady)

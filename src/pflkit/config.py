@@ -14,11 +14,10 @@ from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from .algorithms import ALGORITHMS, Settings, parse_name
-from .algorithms.registry import ALA_SECTION
+from . import personalize  # noqa: F401  (registers the +ala modifier and its [fedala] section)
+from .algorithms import ALGORITHMS, Settings, config_sections, parse_name
 from .data import DATASETS, FILE_DATASETS
 from .models import DEFAULT_MODEL, MODELS
-from .personalize import ALASettings
 
 
 class ConfigError(ValueError):
@@ -136,13 +135,11 @@ class BaseConfig(BaseModel):
         return self.resolved_model
 
     def algorithm_sections(self) -> dict[str, Settings]:
-        return {name: getattr(self, name) for name in list(ALGORITHMS) + [ALA_SECTION]}
+        return {name: getattr(self, name) for name in config_sections()}
 
 
 def _sections() -> dict[str, Any]:
-    fields: dict[str, Any] = {name: (cls.settings_class, cls.settings_class())
-                              for name, cls in ALGORITHMS.items()}
-    fields[ALA_SECTION] = (ALASettings, ALASettings())
+    fields: dict[str, Any] = {name: (cls, cls()) for name, cls in config_sections().items()}
     return fields
 
 

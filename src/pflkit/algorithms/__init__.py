@@ -2,9 +2,14 @@
 
 from . import apple, ditto, fedamp, fedavg, fedavgc, fedfomo, fedprox, fedproxc, fedrep, local  # noqa: F401
 from . import fedphp, partialfed, perfedavg, pfedme  # noqa: F401  (registration side effects)
-from .base import (Algorithm, ClientContext, ClientSummary, Payload, Settings, State, TrainSettings,
+from .base import (Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained,
                    Upload)
-from .registry import ALGORITHMS, ALIASES, available, build_algorithm, parse_name, register
+from .context import (PER_CLIENT, ClientContext, Fit, Metrics, PairedBatches, Sample, SampleBatches, SplitBatches,
+                      TrainBatches, TrainSettings)
+from .registry import (ALGORITHMS, ALIASES, MODIFIERS, Modifier, available, build_algorithm, config_sections,
+                       parse_name, register)
 
-__all__ = ["Algorithm", "ClientContext", "ClientSummary", "Payload", "Settings", "State", "TrainSettings",
-           "Upload", "ALGORITHMS", "ALIASES", "available", "build_algorithm", "parse_name", "register"]
+__all__ = ["Algorithm", "ClientSummary", "Init", "ModelState", "Payload", "SentUpload", "Settings", "State",
+           "Trained", "Upload", "PER_CLIENT", "ClientContext", "Fit", "Metrics", "PairedBatches", "Sample",
+           "SampleBatches", "SplitBatches", "TrainBatches", "TrainSettings", "ALGORITHMS", "ALIASES", "MODIFIERS",
+           "Modifier", "available", "build_algorithm", "config_sections", "parse_name", "register"]

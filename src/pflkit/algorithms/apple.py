@@ -14,14 +14,15 @@ are downloaded.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
 from torch.nn import functional as F
 
-from ..functional import Params, check_finite
-from .base import Algorithm, ClientContext, ClientSummary, Payload, Settings, State, Upload
+from ..functional import Params
+from ..functional.training import Batch, LossFn, Net, cross_entropy
+from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
 from .registry import register
 
 
@@ -45,9 +46,33 @@ def loss_scale(r: int, total_rounds: int, L: float, scheduler: str) -> float:
     return 0.001 ** (r / horizon)
 
 
-def mixture(p: torch.Tensor, cores: dict[str, torch.Tensor], own: Params, own_index: int) -> Params:
-    """w^p = sum_j p_j w_j^c, where ``cores`` are stacked [N, ...] with a zero slot for the own core."""
-    return {k: torch.tensordot(p, cores[k], dims=1) + p[own_index] * own[k] for k in own}
+P = "apple.p"  # the DR vector among the tensors a fit trains
+
+
+def scale(coefficient: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """``coefficient`` ([] or [K]) times ``tensor`` ([...] or [K, ...]), broadcast over its dims."""
+    return coefficient.reshape(coefficient.shape + (1,) * (tensor.dim() - coefficient.dim())) * tensor
+
+
+def mixture(p: torch.Tensor, cores: list[Params], own: Params, own_onehot: torch.Tensor) -> Params:
+    """w^p = sum_j p_j w_j^c with the client's own core in its own slot (p [N], or [K, N])."""
+    out = {}
+    for k in own:
+        total = scale((p * own_onehot).sum(-1), own[k])
+        for j, core in enumerate(cores):
+            total = total + scale(p[..., j] * (1 - own_onehot[..., j]), core[k])
+        out[k] = total
+    return out
+
+
+def apple_loss(scale_p: float) -> LossFn:
+    """CE of the personalised mixture + lambda(r) mu ||p - p0||^2 (spec §2.11)."""
+    def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
+        p = params[P]
+        own = {k: v for k, v in params.items() if k != P}
+        value = cross_entropy(net(mixture(p, aux["cores"], own, aux["own"]), batch.x), batch)
+        return value + scale_p * torch.sum((p - aux["p0"]) ** 2) if scale_p else value
+    return loss
 
 
 @register
@@ -56,7 +81,6 @@ class Apple(Algorithm):
     settings_class = AppleSettings
     settings: AppleSettings
     ala_targets = {}
-    supports_batching = False
     requires_full_participation = True
 
     def prepare(self, server: State, clients: list[ClientSummary]) -> State:
@@ -73,54 +97,34 @@ class Apple(Algorithm):
     def init_client(self, init_params: Params, client_id: int) -> State:
         return {"model": dict(init_params), "p": torch.empty(0), "personal": dict(init_params)}
 
-    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         p = state["p"] if state["p"].numel() else payload["p0"].clone()
-        return {**state, "p": p}
+        return {**state, "p": p}, {}
 
-    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
-        cores = self._stacked_others(payload, ctx.client_id)
+    def own_onehot(self, payload: Payload, ctx: ClientContext) -> torch.Tensor:
+        n = payload["p0"].shape[-1]
+        index = torch.as_tensor(ctx.client_index, device=payload["p0"].device)
+        return F.one_hot(index, n).to(payload["p0"].dtype)
+
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         with torch.no_grad():
-            personal = mixture(state["p"].to(cores[next(iter(cores))].dtype), cores, state["model"], ctx.client_id)
-        return {**state, "personal": personal}
+            personal = mixture(state["p"], payload["cores"], state["model"], self.own_onehot(payload, ctx))
+        return {**state, "personal": personal}, {}
 
     def eval_params(self, state: State) -> Params:
         return state["personal"]
 
-    @staticmethod
-    def _stacked_others(payload: Payload, client_id: int) -> dict[str, torch.Tensor]:
-        cores = payload["cores"]
-        stacked = {k: torch.stack([c[k] for c in cores]) for k in cores[0]}
-        for v in stacked.values():
-            v[client_id].zero_()
-        return stacked
-
-    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         return self.keep_latest_models(server, uploads)
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        cfg, i = self.settings, ctx.client_id
-        cores = self._stacked_others(payload, i)
-        p0 = payload["p0"]
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        cfg = self.settings
         core_lr = cfg.core_lr if cfg.core_lr is not None else self.train.lr
-        scale = loss_scale(ctx.round, self.train.rounds, cfg.L, cfg.scheduler) * cfg.mu
-        names = [n for _, members in self.units for n in members]
-        own = {k: v.detach().clone() for k, v in state["model"].items()}
-        for n in names:
-            own[n].requires_grad_(True)
-        p = state["p"].detach().clone().requires_grad_(True)
-        leaves = [own[n] for n in names]
-        loss_sum, count = torch.zeros((), device=p.device), 0
-        for x, y in ctx.batches("train", self.train.local_epochs):
-            ce = F.cross_entropy(ctx.logits(mixture(p, cores, own, i), x), y)
-            loss = ce + scale * torch.sum((p - p0) ** 2) if scale else ce
-            *core_grads, p_grad = torch.autograd.grad(loss, leaves + [p])
-            with torch.no_grad():
-                torch._foreach_add_(leaves, core_grads, alpha=-core_lr)
-                p.sub_(p_grad, alpha=cfg.dr_lr)
-            loss_sum += ce.detach()
-            count += 1
-        check_finite(loss_sum, ctx.where("local training"))
-        core = {k: v.detach() for k, v in own.items()}
-        new_state = {**state, "model": core, "p": p.detach()}
-        return new_state, self.upload(core, ctx), {"train_loss": float(loss_sum) / max(count, 1)}
+        scale_p = loss_scale(ctx.round, self.train.rounds, cfg.L, cfg.scheduler) * cfg.mu
+        aux = {"cores": payload["cores"], "p0": payload["p0"], "own": self.own_onehot(payload, ctx)}
+        names = self.parameter_names
+        fit = self.train_model({**state["model"], P: state["p"]}, ctx, apple_loss(scale_p), aux=aux,
+                               trainable=[*names, P], optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}))
+        core = {k: fit.params[k] for k in state["model"]}
+        new_state = {**state, "model": core, "p": fit.params[P]}
+        return new_state, self.upload(core, ctx), {"train_loss": fit.loss}

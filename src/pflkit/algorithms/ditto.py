@@ -11,9 +11,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..functional import clone
-from ..functional.params import Params
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
+from ..functional import Params, clone
+from ..functional.training import classification_loss, proximal_loss
+from .base import Algorithm, ClientContext, ModelState, Payload, Settings, State, Trained
 from .registry import register
 
 
@@ -25,6 +25,10 @@ class DittoSettings(Settings):
         "[RECON]) or the personal model (FedALA author, TsingZ0/FedALA issue #9)")
 
 
+class DittoState(ModelState):
+    personal: Params
+
+
 @register
 class Ditto(Algorithm):
     name = "ditto"
@@ -33,16 +37,15 @@ class Ditto(Algorithm):
     ala_targets = {"model": ("global", "model"), "personal": ("global", "personal")}
 
     def init_client(self, init_params: Params, client_id: int) -> State:
-        return {"model": clone(init_params), "personal": clone(init_params)}
+        return DittoState(model=clone(init_params), personal=clone(init_params))  # type: ignore[return-value]
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        personal, personal_loss = ctx.sgd(state["personal"], purpose="personal",
-                                          epochs=self.settings.personal_epochs, prox_anchor=payload["global"],
-                                          prox_mu=self.settings.mu, stage="personal training")
-        params, loss = ctx.sgd(state["model"], epochs=self.train.local_epochs)
-        return ({**state, "model": params, "personal": personal}, self.upload(params, ctx),
-                {"train_loss": loss, "personal_loss": personal_loss})
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        personal = self.train_model(state["personal"], ctx, proximal_loss(classification_loss, self.settings.mu),
+                                    aux={"anchor": self.parameters_of(payload["global"])}, purpose="personal",
+                                    epochs=self.settings.personal_epochs, stage="personal training")
+        fit = self.train_model(state["model"], ctx, classification_loss)
+        return ({**state, "model": fit.params, "personal": personal.params}, self.upload(fit.params, ctx),
+                {"train_loss": fit.loss, "personal_loss": personal.loss})
 
     def eval_params(self, state: State) -> Params:
         return state["personal"]

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import torch
 from pydantic import Field
-from torch.nn import functional as F
 
-from ..functional import Params, check_finite, clone
-from .base import Algorithm, ClientContext, ClientSummary, Payload, Settings, State, Upload
+from ..functional import Params
+from ..functional.training import Batch, LossFn, Net, classification_loss, proximal_loss, squared_distance
+from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State
 from .registry import register
 
 log = logging.getLogger(__name__)
@@ -37,8 +38,13 @@ class FedAMPSettings(Settings):
                                "[spec §2.8; docs/algorithms.md]")
 
 
-def squared_distance(a: Params, b: Params) -> float:
-    return float(sum(torch.sum((a[k] - b[k]) ** 2) for k in a))
+def norm_proximal_loss(mu: float) -> LossFn:
+    """Cross-entropy + mu/2 ||w - u_i|| (the non-squared norm, with its gradient)."""
+    def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
+        cloud = aux["anchor"]
+        distance = torch.sqrt(squared_distance({k: params[k] for k in cloud}, cloud) + 1e-12)
+        return classification_loss(net, params, batch) + mu / 2 * distance
+    return loss
 
 
 @register
@@ -48,11 +54,6 @@ class FedAMP(Algorithm):
     settings: FedAMPSettings
     ala_targets = {"model": ("cloud", "model")}
     requires_full_participation = True
-
-    @property
-    def supports_batching(self) -> bool:  # type: ignore[override]
-        return self.settings.squared_prox  # the non-squared proximal term needs its own loop
-
     _warned = False
 
     def prepare(self, server: State, clients: list[ClientSummary]) -> State:
@@ -63,7 +64,7 @@ class FedAMP(Algorithm):
         """xi_{i, .} (spec §2.8); warns when xi_ii < 0 (alpha_k too large for these distances)."""
         cfg, models = self.settings, server["models"]
         own = models[client_id]
-        xi = {j: cfg.alpha_k * math.exp(-squared_distance(own, w) / cfg.sigma) / cfg.sigma
+        xi = {j: cfg.alpha_k * math.exp(-float(squared_distance(own, w)) / cfg.sigma) / cfg.sigma
               for j, w in models.items() if j != client_id}
         others = sum(xi.values())
         if others > 1 and cfg.convex:
@@ -85,39 +86,17 @@ class FedAMP(Algorithm):
         cloud = {k: sum(xi[j] * models[j][k] for j in models) for k in own}
         return {"cloud": cloud}
 
-    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
-        return state  # FedAMP keeps its own model; the cloud model only anchors training
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
+        return state, {}  # FedAMP keeps its own model; the cloud model only anchors training
 
-    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         return self.keep_latest_models(server, uploads)
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        cfg = self.settings
-        mu = cfg.lam / cfg.alpha_k
-        if cfg.squared_prox:
-            params, loss = ctx.sgd(state["model"], epochs=self.train.local_epochs, prox_anchor=payload["cloud"],
-                                   prox_mu=mu)
-        else:
-            params, loss = self._train_norm_prox(state["model"], payload["cloud"], mu, ctx)
-        return {**state, "model": params}, self.upload(params, ctx), {"train_loss": loss}
+    def loss(self) -> LossFn:
+        mu = self.settings.lam / self.settings.alpha_k
+        if self.settings.squared_prox:
+            return proximal_loss(classification_loss, mu)
+        return norm_proximal_loss(mu)
 
-    def _train_norm_prox(self, params: Params, cloud: Params, mu: float,
-                         ctx: ClientContext) -> tuple[Params, float]:
-        """SGD on F_i(w) + lambda/(2 alpha_k) ||w - u_i|| (non-squared norm, with its gradient)."""
-        names = [n for _, members in self.units for n in members]
-        work = clone(params)
-        for n in names:
-            work[n].requires_grad_(True)
-        leaves = [work[n] for n in names]
-        loss_sum, count = torch.zeros((), device=leaves[0].device), 0
-        for x, y in ctx.batches("train", self.train.local_epochs):
-            ce = F.cross_entropy(ctx.logits(work, x), y)
-            dist = torch.sqrt(sum(torch.sum((work[n] - cloud[n]) ** 2) for n in names) + 1e-12)
-            grads = torch.autograd.grad(ce + mu / 2 * dist, leaves)
-            with torch.no_grad():
-                torch._foreach_add_(leaves, list(grads), alpha=-self.train.lr)
-            loss_sum += ce.detach()
-            count += 1
-        check_finite(loss_sum, ctx.where("local training"))
-        return {k: v.detach() for k, v in work.items()}, float(loss_sum) / max(count, 1)
+    def loss_aux(self, payload: Payload, state: State) -> Any:
+        return {"anchor": self.parameters_of(payload["cloud"])}

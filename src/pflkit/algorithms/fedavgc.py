@@ -16,14 +16,17 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
+from ..functional.training import LossFn, classification_loss
+from .base import Algorithm, ClientContext, Init, Payload, Settings, State, Trained
+from .context import TrainBatches
 from .registry import register
 
 
 class FineTuneSettings(Settings):
     ft_epochs: int = Field(1, ge=1, description="fine-tuning epochs per round [UNCERTAIN, spec §2.3]")
-    ft_until_converged: bool = Field(False, description="fine-tune until the std of the last ft_window epoch "
-                                     "losses < ft_threshold (ALA's criterion, spec §1.6), capped by ft_max_epochs")
+    ft_until_converged: bool = Field(False, description="fine-tune until the std of the last ft_window epochs' "
+                                     "last-batch losses < ft_threshold (ALA's criterion, spec §1.6), capped by "
+                                     "ft_max_epochs")
     ft_threshold: float = Field(0.01, gt=0, description="convergence threshold with ft_until_converged")
     ft_window: int = Field(10, ge=2, description="epochs in the convergence window")
     ft_max_epochs: int = Field(50, ge=1, description="cap on fine-tuning epochs with ft_until_converged")
@@ -32,49 +35,42 @@ class FineTuneSettings(Settings):
         "[UNCERTAIN, spec §2.3]")
 
 
-class FineTuning:
-    """Mixin: fine-tune the received model in ``after_receive``; local training starts from it."""
+class FineTuning(Algorithm):
+    """Fine-tune the received model in ``after_receive``; local training starts from it."""
 
     settings: FineTuneSettings
 
-    @property
-    def supports_batching(self) -> bool:  # type: ignore[override]
-        return not self.settings.ft_until_converged  # per-client stopping runs clients one by one
+    def finetune_loss(self) -> LossFn:
+        """The fine-tuning objective: cross-entropy (FedProx-C may add its proximal term)."""
+        return classification_loss
 
-    def finetune_prox(self, payload: Payload) -> dict[str, Any]:
-        """Proximal term of the fine-tuning objective: none (FedProx-C may add its own)."""
-        return {}
-
-    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         cfg = self.settings
-        prox = self.finetune_prox(payload)
+        aux = self.loss_aux(payload, state)
         if not cfg.ft_until_converged:
-            tuned, loss = ctx.sgd(state["model"], purpose="finetune", epochs=cfg.ft_epochs, stage="fine-tuning",
-                                  **prox)
-            ctx.info["ft_loss"] = loss
-            return {**state, "model": tuned}
-        params, losses = state["model"], []
-        for epoch in range(cfg.ft_max_epochs):
-            params, loss = ctx.sgd(params, purpose=f"finetune-{epoch}", stage="fine-tuning", **prox)
-            losses.append(float(loss))
-            if len(losses) >= cfg.ft_window and np.std(losses[-cfg.ft_window:]) < cfg.ft_threshold:
-                break
-        ctx.info.update(ft_loss=losses[-1], ft_epochs=len(losses))
-        return {**state, "model": params}
+            fit = ctx.fit(state["model"], self.finetune_loss(), aux=aux, data=TrainBatches("finetune", cfg.ft_epochs),
+                          stage="fine-tuning")
+            return {**state, "model": fit.params}, {"ft_loss": fit.loss}
+
+        def settled(losses: list[float], client: int) -> bool:
+            return len(losses) >= cfg.ft_window and float(np.std(losses[-cfg.ft_window:])) < cfg.ft_threshold
+
+        fit = ctx.fit(state["model"], self.finetune_loss(), aux=aux, data=TrainBatches("finetune"), until=settled,
+                      max_epochs=cfg.ft_max_epochs, stage="fine-tuning")
+        return {**state, "model": fit.params}, {"ft_loss": fit.loss, "ft_epochs": fit.epochs}
 
     def training_start(self, payload: Payload, state: State) -> dict[str, Any]:
         if self.settings.upload_from == "global":
             return {**state["model"], **payload["global"]}
         return state["model"]
 
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        fit = self.train_model(self.training_start(payload, state), ctx, self.loss(),
+                               aux=self.loss_aux(payload, state))
+        return {**state, "model": fit.params}, self.upload(fit.params, ctx), {"train_loss": fit.loss}
+
 
 @register
-class FedAvgC(FineTuning, Algorithm):
+class FedAvgC(FineTuning):
     name = "fedavgc"
     settings_class = FineTuneSettings
-    settings: FineTuneSettings
-
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        params, loss = ctx.sgd(self.training_start(payload, state), epochs=self.train.local_epochs)
-        return {**state, "model": params}, self.upload(params, ctx), {"train_loss": loss}

@@ -14,14 +14,13 @@ implemented (it is irrelevant with M = N, the FedALA setting).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from pydantic import Field
 
 from ..data.federated import ClientData
 from ..functional import Params, evaluate
-from .base import Algorithm, ClientContext, ClientSummary, Payload, Settings, State, Upload
+from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
+from .context import PER_CLIENT, TrainBatches, training_part
 from .registry import register
 
 
@@ -32,22 +31,13 @@ class FedFomoSettings(Settings):
                              "model weights [REF-CODE, spec §2.10]")
 
 
-def split_validation(data: ClientData, val_ratio: float) -> tuple[ClientData, ClientData]:
-    """(training part, validation part): the last ``val_ratio`` of the training samples validate.
-
-    A client with a single training sample validates on it and trains on it.
-    """
-    n = data.num_train
-    if n < 2:
-        return data, data
-    n_val = min(n - 1, max(1, int(n * val_ratio)))
-    cut = n - n_val
-
-    def part(sl: slice) -> ClientData:
-        rows = data.train_rows[sl] if data.train_rows is not None else None
-        return replace(data, train_x=data.train_x[sl], train_y=data.train_y[sl], train_rows=rows)
-
-    return part(slice(0, cut)), part(slice(cut, n))
+def validation_part(data: ClientData, val_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out validation samples: the last ``val_ratio`` of the training data (a client
+    with a single training sample validates on it)."""
+    n = training_part(data.num_train, val_ratio)
+    if n == data.num_train:
+        return data.train_x, data.train_y
+    return data.train_x[n:], data.train_y[n:]
 
 
 @register
@@ -56,7 +46,7 @@ class FedFomo(Algorithm):
     settings_class = FedFomoSettings
     settings: FedFomoSettings
     ala_targets = {}
-    supports_batching = False
+    needs = frozenset({PER_CLIENT})  # weighs each downloaded model by a Python loop over its validation loss
 
     def prepare(self, server: State, clients: list[ClientSummary]) -> State:
         n = max(c.client_id for c in clients) + 1
@@ -69,13 +59,13 @@ class FedFomo(Algorithm):
         chosen = sorted(others, key=lambda j: (-float(scores[j]), j))[:self.settings.num_models or len(others)]
         return {"models": [server["models"][j] for j in chosen], "ids": torch.tensor(chosen, dtype=torch.long)}
 
-    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
-        _, val = split_validation(ctx.data, self.settings.val_ratio)
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
+        val_x, val_y = validation_part(ctx.data, self.settings.val_ratio)  # type: ignore[attr-defined]
         old = state["model"]
-        names = [n for _, members in self.units for n in members]
+        names = self.parameter_names
 
         def val_loss(params: Params) -> float:
-            result = evaluate(ctx.model, params, val.train_x, val.train_y, self.train.eval_batch_size)
+            result = evaluate(ctx.model, params, val_x, val_y, self.train.eval_batch_size)
             return result["loss_sum"] / result["num_samples"]
 
         base_loss = val_loss(old)
@@ -89,18 +79,16 @@ class FedFomo(Algorithm):
             model = {k: old[k] + sum(float(w) / total * (theta[k] - old[k])
                                      for w, theta in zip(weights, payload["models"]) if w > 0)
                      for k in old}
-        ctx.info["fomo_models_used"] = int((weights > 0).sum())
-        return {**state, "model": model, "weights": weights}
+        return {**state, "model": model, "weights": weights}, {"fomo_models_used": int((weights > 0).sum())}
 
-    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         affinity = server["affinity"].clone()
         for u in uploads:
-            affinity[u["client_id"], u["ids"]] += u["weights"]
+            affinity[u["client_id"], u["ids"]] += u["weights"]  # type: ignore[typeddict-item]
         return {**self.keep_latest_models(server, uploads), "affinity": affinity}
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        train, _ = split_validation(ctx.data, self.settings.val_ratio)
-        params, loss = replace(ctx, data=train).sgd(state["model"], epochs=self.train.local_epochs)
-        upload = self.upload(params, ctx, weights=state["weights"], ids=payload["ids"])
-        return {**state, "model": params}, upload, {"train_loss": loss}
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        data = TrainBatches("train", self.train.local_epochs, holdout=self.settings.val_ratio)
+        fit = ctx.fit(state["model"], self.loss(), data=data)
+        upload = self.upload(fit.params, ctx, weights=state["weights"], ids=payload["ids"])
+        return {**state, "model": fit.params}, upload, {"train_loss": fit.loss}

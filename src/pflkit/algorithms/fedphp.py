@@ -15,14 +15,15 @@ With ``+ala`` ALA initialises the received model w ("model").
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 from pydantic import Field
 from torch.nn import functional as F
 
-from ..functional import Params, check_finite, clone
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
+from ..functional import Params, clone
+from ..functional.training import Batch, LossFn, Net, cross_entropy
+from .base import Algorithm, ClientContext, Payload, Settings, State, Trained
 from .registry import register
 
 
@@ -38,8 +39,10 @@ class FedPHPSettings(Settings):
     eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w (spec §2.9 option)")
 
 
-def mmd_rbf(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float]) -> torch.Tensor:
-    """Biased MMD^2 estimate mean(K_xx + K_yy - 2 K_xy), K = sum_s exp(-||a - b||^2 / (2 s))."""
+def mmd_rbf(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float],
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Biased MMD^2 estimate mean(K_xx + K_yy - 2 K_xy), K = sum_s exp(-||a - b||^2 / (2 s)); with
+    ``mask`` (padded batches) the means run over the real samples only."""
     x, y = x.flatten(1), y.flatten(1)
     sx, sy = (x * x).sum(1), (y * y).sum(1)
     dxx = (sx[:, None] + sx[None, :] - 2 * x @ x.t()).clamp_min(0)
@@ -48,14 +51,21 @@ def mmd_rbf(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float]) -> to
     total = torch.zeros_like(dxy)
     for s in bandwidths:
         total = total + torch.exp(-dxx / (2 * s)) + torch.exp(-dyy / (2 * s)) - 2 * torch.exp(-dxy / (2 * s))
-    return total.mean()
+    if mask is None:
+        return total.mean()
+    pairs = mask[:, None] * mask[None, :]
+    return (total * pairs).sum() / pairs.sum()
 
 
-def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T^2 * KL(softmax(teacher / T) || softmax(student / T)), averaged over the batch."""
+def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float,
+            mask: torch.Tensor | None = None) -> torch.Tensor:
+    """T^2 * KL(softmax(teacher / T) || softmax(student / T)), averaged over the (real) samples."""
     t = temperature
-    return F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1),
-                    reduction="batchmean") * t * t
+    if mask is None:
+        return F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1),
+                        reduction="batchmean") * t * t
+    per_sample = F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1), reduction="none").sum(1)
+    return (per_sample * mask).sum() / mask.sum() * t * t
 
 
 def hpm_coefficient(mu: float, round: int, rounds: int) -> float:
@@ -63,54 +73,46 @@ def hpm_coefficient(mu: float, round: int, rounds: int) -> float:
     return mu * min(round, rounds) / rounds
 
 
+def fedphp_loss(settings: "FedPHPSettings", body: int) -> LossFn:
+    """(1 - lam) CE + lam KT(w, HPM), the HPM ``aux["hpm"]`` frozen (spec §2.9)."""
+    lam, mmd = settings.lam, settings.kt == "mmd"
+
+    def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
+        features = net(params, batch.x, stop=body)
+        logits = net(params, features, start=body)
+        with torch.no_grad():
+            teacher = net(aux["hpm"], batch.x, stop=body if mmd else None)
+        kt = (mmd_rbf(features, teacher, settings.bandwidths, batch.mask) if mmd
+              else kd_loss(logits, teacher, settings.temperature, batch.mask))
+        return (1 - lam) * cross_entropy(logits, batch) + lam * kt
+    return loss
+
+
 @register
 class FedPHP(Algorithm):
     name = "fedphp"
     settings_class = FedPHPSettings
     settings: FedPHPSettings
-    supports_batching = False
 
     def init_client(self, init_params: Params, client_id: int) -> State:
         return {"model": clone(init_params), "hpm": clone(init_params), "trained": clone(init_params)}
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        cfg = self.settings
-        names = [n for _, ms in self.units for n in ms]
-        body = len(self.units) - 1
-        w = {k: v.detach().clone() for k, v in state["model"].items()}
-        hpm = {k: v.detach().clone() for k, v in state["hpm"].items()}  # frozen teacher (own buffers)
-        device = next(iter(w.values())).device
-        loss_sum = torch.zeros((), device=device)
-        ce_sum = torch.zeros((), device=device)
-        kt_sum = torch.zeros((), device=device)
-        steps = 0
-        for x, y in ctx.batches("train", self.train.local_epochs):
-            leaves = [w[k].detach().requires_grad_(True) for k in names]
-            params = {**w, **dict(zip(names, leaves))}
-            features = ctx.logits(params, x, stop=body)
-            logits = ctx.logits(params, features, start=body)
-            ce = F.cross_entropy(logits, y)
-            with torch.no_grad():
-                teacher = ctx.logits(hpm, x, stop=body if cfg.kt == "mmd" else None)
-            kt = (mmd_rbf(features, teacher, cfg.bandwidths) if cfg.kt == "mmd"
-                  else kd_loss(logits, teacher, cfg.temperature))
-            loss = (1 - cfg.lam) * ce + cfg.lam * kt
-            grads = torch.autograd.grad(loss, leaves)
-            with torch.no_grad():
-                for k, g in zip(names, grads):
-                    w[k] = w[k] - self.train.lr * g
-            loss_sum += loss.detach()
-            ce_sum += ce.detach()
-            kt_sum += kt.detach()
-            steps += 1
-        check_finite(loss_sum, ctx.where("local training (CE + knowledge transfer)"))
-        mu_t = hpm_coefficient(cfg.mu, ctx.round, self.train.rounds)
+    def loss(self) -> LossFn:
+        return fedphp_loss(self.settings, body=len(self.units) - 1)
+
+    def loss_aux(self, payload: Payload, state: State) -> Any:
+        # the teacher's training-mode forwards update its batch-norm statistics: give it a copy
+        return {"hpm": clone(state["hpm"])}
+
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state),
+                               stage="local training (CE + knowledge transfer)")
+        w = fit.params
+        mu_t = hpm_coefficient(self.settings.mu, ctx.round, self.train.rounds)
         with torch.no_grad():
             new_hpm = {k: state["hpm"][k] * mu_t + w[k] * (1 - mu_t) for k in state["hpm"]}
-        metrics = {"train_loss": float(loss_sum) / max(steps, 1), "ce_loss": float(ce_sum) / max(steps, 1),
-                   "kt_loss": float(kt_sum) / max(steps, 1), "hpm_mu": mu_t}
-        return {**state, "model": w, "hpm": new_hpm, "trained": w}, self.upload(w, ctx), metrics
+        return ({**state, "model": w, "hpm": new_hpm, "trained": w}, self.upload(w, ctx),
+                {"train_loss": fit.loss, "hpm_mu": mu_t})
 
     def eval_params(self, state: State) -> Params:
         return state["hpm"] if self.settings.eval_hpm else state["trained"]

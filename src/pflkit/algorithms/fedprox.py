@@ -1,10 +1,16 @@
-"""FedProx (Li et al., MLSys 2020): local objective F_i(w) + mu/2 ||w - w_global||^2 (spec §2.2)."""
+"""FedProx (Li et al., MLSys 2020): local objective F_i(w) + mu/2 ||w - w_global||^2 (spec §2.2).
+
+The method is its loss: cross-entropy plus the proximal term toward the received global model.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
+from ..functional.training import LossFn, classification_loss, proximal_loss
+from .base import Algorithm, Payload, Settings, State
 from .registry import register
 
 
@@ -18,8 +24,8 @@ class FedProx(Algorithm):
     settings_class = FedProxSettings
     settings: FedProxSettings
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        params, loss = ctx.sgd(state["model"], epochs=self.train.local_epochs, prox_anchor=payload["global"],
-                               prox_mu=self.settings.mu)
-        return {**state, "model": params}, self.upload(params, ctx), {"train_loss": loss}
+    def loss(self) -> LossFn:
+        return proximal_loss(classification_loss, self.settings.mu)
+
+    def loss_aux(self, payload: Payload, state: State) -> Any:
+        return {"anchor": self.parameters_of(payload["global"])}

@@ -12,7 +12,8 @@ from typing import Any
 
 from pydantic import Field
 
-from .base import Algorithm, ClientContext, Payload, State, Upload
+from ..functional.training import LossFn, classification_loss, proximal_loss
+from .base import Payload, State
 from .fedavgc import FineTuneSettings, FineTuning
 from .registry import register
 
@@ -23,16 +24,16 @@ class FedProxCSettings(FineTuneSettings):
 
 
 @register
-class FedProxC(FineTuning, Algorithm):
+class FedProxC(FineTuning):
     name = "fedproxc"
     settings_class = FedProxCSettings
     settings: FedProxCSettings
 
-    def finetune_prox(self, payload: Payload) -> dict[str, Any]:
-        return {"prox_anchor": payload["global"], "prox_mu": self.settings.mu} if self.settings.ft_prox else {}
+    def loss(self) -> LossFn:
+        return proximal_loss(classification_loss, self.settings.mu)
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        params, loss = ctx.sgd(self.training_start(payload, state), epochs=self.train.local_epochs,
-                               prox_anchor=payload["global"], prox_mu=self.settings.mu)
-        return {**state, "model": params}, self.upload(params, ctx), {"train_loss": loss}
+    def loss_aux(self, payload: Payload, state: State) -> Any:
+        return {"anchor": self.parameters_of(payload["global"])}
+
+    def finetune_loss(self) -> LossFn:
+        return self.loss() if self.settings.ft_prox else classification_loss

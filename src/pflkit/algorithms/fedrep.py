@@ -9,8 +9,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..functional import subset
+from ..functional.training import classification_loss
 from ..models import head_names
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
+from .base import Algorithm, ClientContext, Payload, Settings, State, Trained
 from .registry import register
 
 
@@ -29,12 +30,11 @@ class FedRep(Algorithm):
         head = set(head_names(self.units))
         return [n for n in super().downloaded_names(names) if n not in head]
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         head = head_names(self.units)
         body = [k for k in state["model"] if k not in head]
-        params, head_loss = ctx.sgd(state["model"], purpose="head", epochs=self.settings.head_epochs,
-                                    trainable=head, stage="head training")
-        params, loss = ctx.sgd(params, epochs=self.train.local_epochs, trainable=body, stage="body training")
-        return ({**state, "model": params}, self.upload(subset(params, body), ctx),
-                {"train_loss": loss, "head_loss": head_loss})
+        head_fit = self.train_model(state["model"], ctx, classification_loss, purpose="head",
+                                    epochs=self.settings.head_epochs, trainable=head, stage="head training")
+        fit = self.train_model(head_fit.params, ctx, classification_loss, trainable=body, stage="body training")
+        return ({**state, "model": fit.params}, self.upload(subset(fit.params, body), ctx),
+                {"train_loss": fit.loss, "head_loss": head_fit.loss})

@@ -6,7 +6,7 @@ aggregated. Evaluated model: the client's own model. No ALA (nothing is download
 
 from __future__ import annotations
 
-from .base import Algorithm, ClientContext, Payload, State, Upload
+from .base import Algorithm, ClientContext, Init, Payload, SentUpload, State, Trained
 from .registry import register
 
 
@@ -21,13 +21,12 @@ class Local(Algorithm):
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         return {}
 
-    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
-        return state
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
+        return state, {}
 
-    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         return server
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        params, loss = ctx.sgd(state["model"], epochs=self.train.local_epochs)
-        return {**state, "model": params}, self.upload({}, ctx), {"train_loss": loss}
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        fit = self.train_model(state["model"], ctx, self.loss())
+        return {**state, "model": fit.params}, self.upload({}, ctx), {"train_loss": fit.loss}

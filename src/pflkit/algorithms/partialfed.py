@@ -30,11 +30,12 @@ from typing import Sequence
 
 import torch
 from pydantic import Field, model_validator
-from torch.nn import functional as F
 
 from ..functional import Params, check_finite, clone
+from ..functional.training import Batch, cross_entropy
 from ..models import Units
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
+from .base import Algorithm, ClientContext, Init, Payload, Settings, State, Trained
+from .context import PER_CLIENT, StepFn, TrainBatches
 from .registry import register
 
 
@@ -89,69 +90,90 @@ def mix_units(global_: Params, local: Params, gates: torch.Tensor, units: Units)
     return out
 
 
+S, POS = "partialfed.strategy", "partialfed.cycle_pos"  # carried through the fit with the model
+# running sums carried through the fit for the round's metrics
+MODEL_LOSS, MODEL_STEPS, STRATEGY_LOSS, STRATEGY_STEPS, PICKS = (
+    "partialfed.model_loss", "partialfed.model_steps", "partialfed.strategy_loss", "partialfed.strategy_steps",
+    "partialfed.global_picks")
+COUNTERS = (MODEL_LOSS, MODEL_STEPS, STRATEGY_LOSS, STRATEGY_STEPS, PICKS)
+
+
 @register
 class PartialFed(Algorithm):
     name = "partialfed"
     settings_class = PartialFedSettings
     settings: PartialFedSettings
-    supports_batching = False
+    needs = frozenset({PER_CLIENT})  # each batch branches on its position in the cycle and on a random draw
 
     def init_client(self, init_params: Params, client_id: int) -> State:
         device = next(iter(init_params.values())).device
         return {"model": clone(init_params), "strategy": torch.zeros(len(self.units), 2, device=device),
                 "cycle_pos": torch.zeros((), dtype=torch.int64)}
 
-    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         """No overwrite: the local model is kept; the global enters through the per-batch gates."""
-        return state
+        return state, {}
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
+    def batch_step(self, ctx: ClientContext, tau: float, noise: torch.Generator) -> StepFn:
+        """One model or strategy batch (spec §2.12 [RECON]); branches in Python (per-client contexts)."""
         cfg = self.settings
-        names = [n for _, ms in self.units for n in ms]
-        glob = {k: v.detach() for k, v in payload["global"].items()}
-        local = {k: v.detach().clone() for k, v in state["model"].items()}
-        strategy = state["strategy"].detach().clone()
-        tau = temperature(cfg.tau0, cfg.decay, cfg.tau_min, ctx.round)
         lr, s_lr = self.train.lr, self.train.lr if cfg.strategy_lr is None else cfg.strategy_lr
-        noise = ctx.generator("gates")
+        cycle, names, units, net = cfg.model_batches + cfg.strategy_batches, self.parameter_names, self.units, ctx.net
+
+        def loss(params: Params, frozen: Params, batch: Batch) -> torch.Tensor:
+            return cross_entropy(net({**frozen, **params}, batch.x), batch)
+
+        def mixed_loss(logits: Params, frozen: Params, batch: Batch, glob: Params, local: Params) -> torch.Tensor:
+            gates = torch.softmax((logits["s"] + frozen["gumbel"]) / tau, dim=1)
+            return cross_entropy(net(mix_units(glob, local, gates, units), batch.x), batch)
+
+        def step(value_and_grad, train, frozen, batch, aux):  # type: ignore[no-untyped-def]
+            strategy, glob = train[S], aux["global"]
+            g = gumbel_noise(noise, strategy.shape).to(strategy.device)
+            local = {**{k: v for k, v in frozen.items()}, **{k: train[k] for k in names}}
+            out = dict(train)
+            if int(train[POS]) % cycle < cfg.model_batches:
+                use_global = ((strategy + g).argmax(dim=1) == 0).tolist()
+                local = select_units(glob, local, use_global, units)
+                grads, value = value_and_grad(loss)({k: local[k] for k in names}, frozen, batch)
+                out.update({k: local[k] - lr * grads[k] for k in names})
+                out[MODEL_LOSS] = train[MODEL_LOSS] + value
+                out[MODEL_STEPS] = train[MODEL_STEPS] + 1
+                out[PICKS] = train[PICKS] + sum(use_global)
+            else:
+                grads, value = value_and_grad(mixed_loss)({"s": strategy}, {**frozen, "gumbel": g}, batch, glob, local)
+                out[S] = strategy - s_lr * grads["s"]
+                out[STRATEGY_LOSS] = train[STRATEGY_LOSS] + value
+                out[STRATEGY_STEPS] = train[STRATEGY_STEPS] + 1
+            out[POS] = train[POS] + 1
+            # both kinds of loss are summed in their own counters and checked by name after the fit
+            return out, torch.zeros((), device=value.device)
+        return step
+
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        cfg = self.settings
+        tau = temperature(cfg.tau0, cfg.decay, cfg.tau_min, ctx.round)
         cycle = cfg.model_batches + cfg.strategy_batches
         offset = int(state.get("cycle_pos", 0)) if cfg.continue_cycle else 0
-        seen = 0
-        device = strategy.device
-        model_sum = torch.zeros((), device=device)
-        strategy_sum = torch.zeros((), device=device)
-        model_steps = strategy_steps = global_picks = 0
-        for j, (x, y) in enumerate(ctx.batches("train", self.train.local_epochs)):
-            g = gumbel_noise(noise, strategy.shape).to(device)
-            seen += 1
-            if (offset + j) % cycle < cfg.model_batches:
-                use_global = ((strategy + g).argmax(dim=1) == 0).tolist()
-                global_picks += sum(use_global)
-                local = select_units(glob, local, use_global, self.units)
-                leaves = [local[k].detach().requires_grad_(True) for k in names]
-                loss = F.cross_entropy(ctx.logits({**local, **dict(zip(names, leaves))}, x), y)
-                grads = torch.autograd.grad(loss, leaves)
-                with torch.no_grad():
-                    local = {**local, **{k: leaf - lr * gr for k, leaf, gr in zip(names, leaves, grads)}}
-                model_sum += loss.detach()
-                model_steps += 1
-            else:
-                logits = strategy.clone().requires_grad_(True)
-                gates = torch.softmax((logits + g) / tau, dim=1)
-                mixed = mix_units(glob, local, gates, self.units)
-                loss = F.cross_entropy(ctx.logits(mixed, x), y)
-                (grad,) = torch.autograd.grad(loss, [logits])
-                strategy = strategy - s_lr * grad
-                strategy_sum += loss.detach()
-                strategy_steps += 1
-        check_finite(model_sum, ctx.where("local training (model batches)"))
-        check_finite(strategy_sum, ctx.where("strategy training (gate logits)"))
-        metrics = {"train_loss": float(model_sum) / max(model_steps, 1),
-                   "strategy_loss": float(strategy_sum) / max(strategy_steps, 1),
-                   "tau": tau,
+        device = state["strategy"].device
+        counters = {k: torch.zeros((), device=device) for k in COUNTERS}
+        params = {**state["model"], S: state["strategy"], POS: torch.tensor(offset), **counters}
+        names = self.parameter_names
+        glob = {k: v.detach() for k, v in payload["global"].items()}
+        fit = ctx.fit(params, step=self.batch_step(ctx, tau, ctx.generator("gates")),  # type: ignore[attr-defined]
+                      trainable=[*names, S, POS, *COUNTERS], aux={"global": glob},
+                      data=TrainBatches("train", self.train.local_epochs), stage="local training")
+        out = fit.params
+        for name, total in ((MODEL_LOSS, "local training (model batches)"),
+                            (STRATEGY_LOSS, "strategy training (gate logits)")):
+            check_finite(out[name], ctx.where(total))
+        model_steps, strategy_steps = int(out[MODEL_STEPS]), int(out[STRATEGY_STEPS])
+        strategy = out[S]
+        metrics = {"train_loss": float(out[MODEL_LOSS]) / max(model_steps, 1),
+                   "strategy_loss": float(out[STRATEGY_LOSS]) / max(strategy_steps, 1), "tau": tau,
                    "global_share": float(torch.softmax(strategy, dim=1)[:, 0].mean()),
-                   "global_picks": global_picks / max(model_steps * len(self.units), 1)}
+                   "global_picks": float(out[PICKS]) / max(model_steps * len(self.units), 1)}
+        local = {k: out[k] for k in state["model"]}
         new_state = {**state, "model": local, "strategy": strategy,
-                     "cycle_pos": torch.tensor((offset + seen) % cycle, dtype=torch.int64)}
+                     "cycle_pos": torch.tensor(int(out[POS]) % cycle, dtype=torch.int64)}
         return new_state, self.upload(local, ctx), metrics

@@ -20,15 +20,15 @@ discarded for training. With ``+ala`` ALA initialises the received model ("model
 
 from __future__ import annotations
 
-from typing import Iterator, Literal
+from typing import Callable, Literal
 
 import torch
 from pydantic import Field
-from torch.nn import functional as F
 
-from ..functional import Params, check_finite
-from ..functional.training import Batch
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload, batch_order
+from ..functional import Params
+from ..functional.training import SGD, Batch, Net, classification_loss, cross_entropy
+from .base import Algorithm, ClientContext, Init, Payload, Settings, State, Trained
+from .context import DataSpec, PairedBatches, SplitBatches, StepFn, TrainBatches
 from .registry import register
 
 
@@ -47,36 +47,35 @@ class PerFedAvgSettings(Settings):
                              "client.train() twice (spec §2.4 quirk: 2 reproduces it)")
 
 
-def _trainable(units) -> list[str]:
-    return [n for _, ms in units for n in ms]
+def maml_step(net: Net, alpha: float, beta: float, hessian_free: bool) -> StepFn:
+    """One Per-FedAvg step on ``(B, B')`` (and ``B''`` with ``hessian_free``), a pure function."""
+    def loss(params: Params, frozen: Params, batch: Batch) -> torch.Tensor:
+        return cross_entropy(net({**frozen, **params}, batch.x), batch)
+
+    def step(value_and_grad, w, frozen, batches, aux):  # type: ignore[no-untyped-def]
+        if not isinstance(batches[0], Batch):  # ((B, B'), B''): split pairs with the Hessian batch
+            batches = (*batches[0], *batches[1:])
+        first, second, *rest = batches
+        g, inner = value_and_grad(loss)(w, frozen, first)
+        w_prime = {k: w[k] - alpha * g[k] for k in w}
+        g_outer, outer = value_and_grad(loss)(w_prime, frozen, second)
+        if hessian_free:
+            hv = hessian_vector_product(loss, w, frozen, rest[0], g_outer)
+            g_outer = {k: g_outer[k] - alpha * hv[k] for k in w}
+        # reported: the inner loss; the outer one enters as 0 * outer so that a NaN still stops the run
+        return {k: w[k] - beta * g_outer[k] for k in w}, inner + 0.0 * outer
+    return step
 
 
-def _loss_grads(ctx: ClientContext, params: Params, names: list[str], x: torch.Tensor, y: torch.Tensor
-                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    leaves = [params[k].detach().requires_grad_(True) for k in names]
-    loss = F.cross_entropy(ctx.logits({**params, **dict(zip(names, leaves))}, x), y)
-    return loss.detach(), list(torch.autograd.grad(loss, leaves))
+def hessian_vector_product(loss: Callable[..., torch.Tensor], params: Params, frozen: Params, batch: Batch,
+                           vector: Params) -> Params:
+    """hess loss(params; batch) @ vector by double backward (one client, or under vmap)."""
+    vector = {k: vector[k].detach() for k in params}
 
-
-def _hvp(ctx: ClientContext, params: Params, names: list[str], x: torch.Tensor, y: torch.Tensor,
-         vector: list[torch.Tensor]) -> list[torch.Tensor]:
-    """hess f(params; x, y) @ vector by double backward."""
-    leaves = [params[k].detach().requires_grad_(True) for k in names]
-    loss = F.cross_entropy(ctx.logits({**params, **dict(zip(names, leaves))}, x), y)
-    grads = torch.autograd.grad(loss, leaves, create_graph=True)
-    dot = sum((g * v.detach()).sum() for g, v in zip(grads, vector))
-    return list(torch.autograd.grad(dot, leaves))
-
-
-def _split_pairs(ctx: ClientContext, purpose: str, epochs: int) -> Iterator[tuple[Batch, Batch]]:
-    """PFLlib's pairs: batches of 2b (drop_last; fewer samples: one batch of all), split in halves."""
-    x, y = ctx.data.train_x, ctx.data.train_y
-    b = ctx.train.batch_size
-    for idx in batch_order(len(y), 2 * b, epochs, ctx.generator(purpose)):
-        idx = idx.to(x.device)
-        h = min(b, (len(idx) + 1) // 2)
-        first, second = idx[:h], (idx[h:] if len(idx) > h else idx[:h])
-        yield (x[first], y[first]), (x[second], y[second])
+    def directional(p: Params) -> torch.Tensor:
+        g = torch.func.grad(loss)(p, frozen, batch)
+        return sum((g[k] * vector[k]).sum() for k in p)  # type: ignore[return-value]
+    return torch.func.grad(directional)(dict(params))
 
 
 @register
@@ -84,7 +83,6 @@ class PerFedAvg(Algorithm):
     name = "perfedavg"
     settings_class = PerFedAvgSettings
     settings: PerFedAvgSettings
-    supports_batching = False
 
     @property
     def alpha(self) -> float:
@@ -94,59 +92,36 @@ class PerFedAvg(Algorithm):
     def beta(self) -> float:
         return self.train.lr if self.settings.beta is None else self.settings.beta
 
-    def pairs(self, ctx: ClientContext, call: int) -> Iterator[tuple[Batch, Batch]]:
+    def pairs(self, call: int) -> DataSpec:
         suffix = "" if call == 0 else f"#{call}"
         epochs = self.train.local_epochs
         if self.settings.batch_pairs == "split":
-            return _split_pairs(ctx, "train" + suffix, epochs)
-        return zip(ctx.batches("train" + suffix, epochs), ctx.batches("outer" + suffix, epochs))
+            pairs: DataSpec = SplitBatches("train" + suffix, epochs)
+        else:
+            pairs = PairedBatches((TrainBatches("train" + suffix, epochs), TrainBatches("outer" + suffix, epochs)))
+        if not self.settings.hessian_free:
+            return pairs
+        hessian = TrainBatches("hessian" + suffix, epochs)
+        if isinstance(pairs, PairedBatches):
+            return PairedBatches((*pairs.streams, hessian))
+        return PairedBatches((pairs, hessian))
 
-    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         """The evaluated model: one SGD step (lr alpha) from the initialised model on one batch."""
-        model = state["model"]
-        batch = next(iter(ctx.batches("adapt", 1)), None)
-        if batch is None:
-            return {**state, "eval": model}
-        names = _trainable(self.units)
-        work = {k: v.detach().clone() for k, v in model.items()}
-        loss, grads = _loss_grads(ctx, work, names, *batch)
-        check_finite(loss, ctx.where("one-step adaptation for evaluation"))
-        with torch.no_grad():
-            for k, g in zip(names, grads):
-                work[k] = work[k] - self.alpha * g
-        return {**state, "eval": work}
+        fit = ctx.fit(state["model"], classification_loss, data=TrainBatches("adapt", max_steps=1),
+                      optimizer=SGD(self.alpha), stage="one-step adaptation for evaluation")
+        return {**state, "eval": fit.params}, {}
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
-        names = _trainable(self.units)
-        w = {k: v.detach().clone() for k, v in state["model"].items()}
-        alpha, beta = self.alpha, self.beta
-        device = next(iter(w.values())).device
-        loss_sum = torch.zeros((), device=device)  # f(w; B) + f(w'; B') of every step, for the NaN check
-        inner_sum = torch.zeros((), device=device)
-        steps = 0
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        step = maml_step(ctx.net, self.alpha, self.beta, self.settings.hessian_free)
+        params, losses = state["model"], []
         for call in range(self.settings.train_calls):
-            suffix = "" if call == 0 else f"#{call}"
-            hessian = ctx.batches("hessian" + suffix, self.train.local_epochs) if self.settings.hessian_free else None
-            for (xb, yb), (xo, yo) in self.pairs(ctx, call):
-                inner_loss, g = _loss_grads(ctx, w, names, xb, yb)
-                with torch.no_grad():
-                    w_prime = {**w, **{k: w[k] - alpha * gk for k, gk in zip(names, g)}}
-                outer_loss, g_outer = _loss_grads(ctx, w_prime, names, xo, yo)
-                if hessian is not None:
-                    xh, yh = next(hessian)
-                    hv = _hvp(ctx, w, names, xh, yh, g_outer)
-                    g_outer = [go - alpha * h for go, h in zip(g_outer, hv)]
-                with torch.no_grad():
-                    for k, gk in zip(names, g_outer):
-                        w[k] = w[k] - beta * gk
-                loss_sum += inner_loss + outer_loss
-                inner_sum += inner_loss
-                steps += 1
-        check_finite(loss_sum, ctx.where("local training"))
+            fit = ctx.fit(params, step=step, trainable=self.parameter_names, data=self.pairs(call))
+            params = fit.params
+            losses.append(fit.loss)
         new_state = {k: v for k, v in state.items() if k != "eval"}
-        new_state["model"] = w
-        return new_state, self.upload(w, ctx), {"train_loss": float(inner_sum) / max(steps, 1)}
+        new_state["model"] = params
+        return new_state, self.upload(params, ctx), {"train_loss": sum(losses) / len(losses)}
 
     def eval_params(self, state: State) -> Params:
         return state["eval"]  # set by after_receive, which every local_init runs

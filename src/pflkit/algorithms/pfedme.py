@@ -21,10 +21,11 @@ from typing import Literal
 
 import torch
 from pydantic import Field
-from torch.nn import functional as F
 
-from ..functional import Params, check_finite, clone, weighted_average
-from .base import Algorithm, ClientContext, Payload, Settings, State, Upload
+from ..functional import Params, clone, weighted_average
+from ..functional.training import Batch, Net, cross_entropy
+from .base import Algorithm, ClientContext, Payload, SentUpload, Settings, State, Trained
+from .context import StepFn, TrainBatches
 from .registry import register
 
 
@@ -46,58 +47,64 @@ class PFedMeSettings(Settings):
         "(ALA-)initialised local w; identical without +ala")
 
 
+THETA = "pfedme.theta."  # prefix of the personalised copy in the parameters a fit trains
+
+
+def pfedme_step(net: Net, names: list[str], personal_lr: float, lam: float, inner_steps: int, l2: float,
+                lr: float) -> StepFn:
+    """One pFedMe mini-batch: K steps on theta toward min f(theta) + lam/2 ||theta - w||^2 (+ l2 theta),
+    then w <- w - lr * lam * (w - theta); a pure function of the batch."""
+    def loss(theta: Params, frozen: Params, batch: Batch) -> torch.Tensor:
+        return cross_entropy(net({**frozen, **theta}, batch.x), batch)
+
+    def step(value_and_grad, train, frozen, batch, aux):  # type: ignore[no-untyped-def]
+        w = {k: train[k] for k in names}
+        theta = {k: train[THETA + k] for k in names}
+        losses = []
+        for _ in range(inner_steps):
+            g, value = value_and_grad(loss)(theta, frozen, batch)
+            update = {k: g[k] + lam * (theta[k] - w[k]) for k in names}
+            if l2:
+                update = {k: update[k] + l2 * theta[k] for k in names}
+            theta = {k: theta[k] - personal_lr * update[k] for k in names}
+            losses.append(value)
+        w = {k: w[k] - lr * lam * (w[k] - theta[k]) for k in names}
+        # reported: the last inner loss; the others enter as 0 * loss so that a NaN still stops the run
+        return {**w, **{THETA + k: theta[k] for k in names}}, losses[-1] + 0.0 * sum(losses[:-1])
+    return step
+
+
 @register
 class PFedMe(Algorithm):
     name = "pfedme"
     settings_class = PFedMeSettings
     settings: PFedMeSettings
-    supports_batching = False
 
     def init_client(self, init_params: Params, client_id: int) -> State:
         return {"model": clone(init_params), "personal": clone(init_params)}
 
-    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         weights = ([u["num_samples"] for u in uploads] if self.settings.server_weights == "samples"
                    else [1.0] * len(uploads))
         avg = weighted_average([u["params"] for u in uploads], weights)
         beta, old = self.settings.beta, server["global"]
-        trainable = {n for _, ms in self.units for n in ms}
+        trainable = set(self.parameter_names)
         if beta != 1.0:  # buffers (batch-norm statistics) take the plain average (spec §0.2)
             avg = {k: (old[k] * (1.0 - beta) + v * beta if k in trainable else v) for k, v in avg.items()}
         return {**server, "global": {**old, **avg}}
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         cfg = self.settings
-        names = [n for _, ms in self.units for n in ms]
-        w = {k: v.detach().clone() for k, v in state["model"].items()}
+        names = self.parameter_names
         start = payload["global"] if cfg.theta_init == "received" else state["model"]
-        theta = {**w, **{k: start[k].detach().clone() for k in names}}
-        lr, eta, lam, l2 = self.train.lr, cfg.personal_lr, cfg.lam, cfg.l2
-        device = next(iter(w.values())).device
-        loss_sum = torch.zeros((), device=device)  # every inner loss, for the NaN check
-        last_sum = torch.zeros((), device=device)  # loss of the last inner step per batch (reported)
-        batches = 0
-        for x, y in ctx.batches("train", self.train.local_epochs):
-            for _ in range(cfg.inner_steps):
-                leaves = [theta[k].detach().requires_grad_(True) for k in names]
-                loss = F.cross_entropy(ctx.logits({**theta, **dict(zip(names, leaves))}, x), y)
-                grads = torch.autograd.grad(loss, leaves)
-                with torch.no_grad():
-                    for k, g in zip(names, grads):
-                        step = g + lam * (theta[k] - w[k])
-                        if l2:
-                            step = step + l2 * theta[k]
-                        theta[k] = theta[k] - eta * step
-                loss_sum += loss.detach()
-            last_sum += loss.detach()
-            batches += 1
-            with torch.no_grad():
-                for k in names:
-                    w[k] = w[k] - lr * lam * (w[k] - theta[k])
-        check_finite(loss_sum, ctx.where("local training (personalised inner steps)"))
-        return ({**state, "model": w, "personal": theta}, self.upload(w, ctx),
-                {"train_loss": float(last_sum) / max(batches, 1)})
+        params = {**state["model"], **{THETA + k: start[k] for k in names}}
+        step = pfedme_step(ctx.net, names, cfg.personal_lr, cfg.lam, cfg.inner_steps, cfg.l2, self.train.lr)
+        fit = ctx.fit(params, step=step, trainable=names + [THETA + k for k in names],
+                      data=TrainBatches("train", self.train.local_epochs),
+                      stage="local training (personalised inner steps)")
+        w = {k: fit.params[k] for k in state["model"]}
+        theta = {**w, **{k: fit.params[THETA + k] for k in names}}
+        return {**state, "model": w, "personal": theta}, self.upload(w, ctx), {"train_loss": fit.loss}
 
     def eval_params(self, state: State) -> Params:
         return state["personal"]

@@ -1,16 +1,35 @@
-"""Algorithm registry: config names -> classes, and the ``<method>+ala`` composition."""
+"""Algorithm registry: config names -> classes, and name modifiers such as ``<method>+ala``.
+
+Modules that add to an algorithm (``pflkit.personalize`` adds ALA) register a
+:class:`Modifier` here; this package never imports them.
+"""
 
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from ..models import Units
-from .base import Algorithm, Settings, TrainSettings
+from .base import Algorithm, Settings
+from .context import TrainSettings
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
-ALIASES: dict[str, str] = {"fedala": "fedavg+ala"}
-ALA_SUFFIX = "+ala"
-ALA_SECTION = "fedala"
+ALIASES: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Modifier:
+    """A name suffix that wraps an algorithm (``fedprox+ala``), with its own config section."""
+
+    suffix: str
+    section: str
+    settings_class: type[Settings]
+    applies: Callable[[type[Algorithm]], bool]
+    wrap: Callable[[Algorithm, Settings, str], Algorithm]
+    refusal: str  # why it does not apply, formatted with {base} and {name}
+
+
+MODIFIERS: dict[str, Modifier] = {}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
@@ -21,33 +40,50 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
-def parse_name(name: str) -> tuple[str, bool]:
-    """``"fedprox+ala"`` -> ("fedprox", True); ``"fedala"`` -> ("fedavg", True)."""
-    name = ALIASES.get(name, name)
-    with_ala = name.endswith(ALA_SUFFIX)
-    base = name[: -len(ALA_SUFFIX)] if with_ala else name
+def register_modifier(modifier: Modifier, aliases: Mapping[str, str] = {}) -> None:
+    """Add a name modifier and aliases for names it forms (``fedala`` = ``fedavg+ala``)."""
+    MODIFIERS[modifier.suffix] = modifier
+    ALIASES.update(aliases)
+
+
+def parse_name(name: str) -> tuple[str, list[Modifier]]:
+    """``"fedprox+ala"`` -> ("fedprox", [the ALA modifier]); aliases resolved."""
+    full = ALIASES.get(name, name)
+    base, modifiers = full, []
+    while True:
+        found = next((m for s, m in MODIFIERS.items() if base.endswith(s) and len(base) > len(s)), None)
+        if found is None:
+            break
+        modifiers.insert(0, found)
+        base = base[: -len(found.suffix)]
     if base not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(available())}")
-    if with_ala and not ALGORITHMS[base].ala_targets:
-        raise ValueError(f"{base} downloads no single model that ALA could initialise; {name!r} is undefined")
-    return base, with_ala
+    for modifier in modifiers:
+        if not modifier.applies(ALGORITHMS[base]):
+            raise ValueError(modifier.refusal.format(base=base, name=name))
+    return base, modifiers
 
 
 def available() -> list[str]:
     names = sorted(ALGORITHMS) + sorted(ALIASES)
-    names += [f"{n}{ALA_SUFFIX}" for n in sorted(ALGORITHMS) if ALGORITHMS[n].ala_targets]
+    for suffix, modifier in MODIFIERS.items():
+        names += [f"{n}{suffix}" for n in sorted(ALGORITHMS) if modifier.applies(ALGORITHMS[n])]
     return names
+
+
+def config_sections() -> dict[str, type[Settings]]:
+    """Every config section an algorithm or a modifier owns, by section name."""
+    sections: dict[str, type[Settings]] = {name: cls.settings_class for name, cls in ALGORITHMS.items()}
+    sections.update({m.section: m.settings_class for m in MODIFIERS.values()})
+    return sections
 
 
 def build_algorithm(name: str, sections: Mapping[str, Settings], train: TrainSettings,
                     units: Units) -> Algorithm:
-    """Instantiate ``name`` with its config section; ``+ala`` wraps it with ALA (``[fedala]``)."""
-    from ..personalize.ala import AdaptiveLocalAggregation, WithALA
-
-    base_name, with_ala = parse_name(name)
+    """Instantiate ``name`` with its config section; modifiers wrap it with theirs."""
+    base_name, modifiers = parse_name(name)
     cls = ALGORITHMS[base_name]
     algorithm = cls(sections.get(base_name, cls.settings_class()), train, units)
-    if not with_ala:
-        return algorithm
-    ala = AdaptiveLocalAggregation(sections[ALA_SECTION], units, train)
-    return WithALA(algorithm, ala, display_name=name)
+    for modifier in modifiers:
+        algorithm = modifier.wrap(algorithm, sections.get(modifier.section, modifier.settings_class()), name)
+    return algorithm

@@ -1,11 +1,13 @@
-"""Engines: how the client jobs of a round are executed (same algorithm code on each)."""
+"""Engines: how the client jobs of a round are executed (the same algorithm code on each)."""
 
 from __future__ import annotations
 
 from .base import ClientJob, ClientResult, Engine, RoundSetup, run_client
+from .batched import BatchedClientContext
+from .client import SingleClientContext
 from .loop import LoopEngine
 from .parallel import ParallelEngine, default_workers
-from .vmap import BatchedContext, VmapEngine
+from .vmap import VmapEngine
 
 ENGINES = ("loop", "parallel", "vmap")
 
@@ -23,6 +25,5 @@ def build_engine(name: str, *, workers: int | None = None, device: str = "cpu") 
     raise ValueError(f"unknown engine {name!r}; available: auto, {', '.join(ENGINES)}")
 
 
-__all__ = ["ClientJob", "ClientResult", "Engine", "RoundSetup", "run_client", "LoopEngine", "ParallelEngine",
-           "build_engine", "default_workers",
-           "VmapEngine", "BatchedContext"]
+__all__ = ["ClientJob", "ClientResult", "Engine", "RoundSetup", "run_client", "BatchedClientContext",
+           "SingleClientContext", "LoopEngine", "ParallelEngine", "VmapEngine", "build_engine", "default_workers"]

@@ -1,4 +1,4 @@
-"""What every engine executes: one client's part of a round, from the same algorithm functions."""
+"""What every engine executes: the client part of a round, from the same algorithm functions."""
 
 from __future__ import annotations
 
@@ -8,17 +8,21 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from ..algorithms.base import Algorithm, ClientContext, Payload, State, TrainSettings, Upload
+from ..algorithms.base import Algorithm, Payload, State, Upload
+from ..algorithms.context import Metrics, TrainSettings
 from ..data.federated import FederatedData
 from ..functional import evaluate
 from ..models import Units
+from .client import SingleClientContext
 
 
 @dataclass
 class ClientJob:
+    """One client's part of a round: its payload and state (None on Flower's server side)."""
+
     client_id: int
     payload: Payload
-    state: State
+    state: State | None
     evaluate: bool
     train: bool = True
 
@@ -26,7 +30,7 @@ class ClientJob:
 @dataclass
 class ClientResult:
     client_id: int
-    state: State
+    state: State | None
     upload: Upload | None
     evaluation: dict[str, float] | None
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -43,26 +47,28 @@ class RoundSetup:
     train: TrainSettings
     seed: int
 
+    def context(self, client_id: int, round: int) -> SingleClientContext:
+        return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,  # type: ignore
+                                   self.units, self.train, self.algorithm.name)
+
 
 def run_client(setup: RoundSetup, job: ClientJob, round: int,
-               initialized: dict[str, Any] | None = None) -> ClientResult:
+               received: Metrics | None = None) -> ClientResult:
     """local_init -> (evaluate) -> (local_train) for one client (spec §0.2 skeleton).
 
-    ``initialized`` holds the metrics of a ``receive`` step an engine already ran (batched
+    ``received`` holds the metrics of a ``receive`` step an engine already ran (batched
     across clients); ``job.state`` is then the received state and only ``after_receive`` runs here.
     """
     alg = setup.algorithm
-    ctx = ClientContext(client_id=job.client_id, round=round, seed=setup.seed,
-                        data=setup.data.client(job.client_id), model=setup.model, units=setup.units,
-                        train=setup.train, algorithm=alg.name)
-    if initialized is None:
-        t0 = time.perf_counter()
-        state = alg.local_init(job.payload, job.state, ctx)
-        metrics: dict[str, Any] = {**ctx.info, "init_seconds": time.perf_counter() - t0}
+    assert job.state is not None
+    ctx = setup.context(job.client_id, round)
+    t0 = time.perf_counter()
+    if received is None:
+        state, metrics = alg.local_init(job.payload, job.state, ctx)
+        metrics = {**metrics, "init_seconds": time.perf_counter() - t0}
     else:
-        t0 = time.perf_counter()
-        state = alg.after_receive(job.payload, job.state, ctx)
-        metrics = {**initialized, **ctx.info}
+        state, prepared = alg.after_receive(job.payload, job.state, ctx)
+        metrics = {**received, **prepared}
         metrics["init_seconds"] = metrics.get("init_seconds", 0.0) + time.perf_counter() - t0
     evaluation = None
     if job.evaluate:

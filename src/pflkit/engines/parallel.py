@@ -1,14 +1,13 @@
 """Parallel CPU engine: the clients of a round spread over worker threads.
 
 PyTorch kernels release the GIL, so worker threads run client training truly in parallel; the
-dataset stays shared in memory (no copies, no pickling) and each worker owns a model skeleton
-(``functional_call`` temporarily swaps a module's parameters, so a skeleton cannot be shared).
+dataset stays shared in memory (no copies, no pickling) and each worker owns a model skeleton.
 Jobs are submitted longest first (by training samples), which bounds the idle tail of a round
-by one client's work. Algorithms with ALA run their local initialisation for all clients of the
-round at once first (``batched_init``): ALA's thousands of tiny steps would otherwise serialise
-on Python's GIL (not for models with buffers, batch norm: their ALA runs per client). Every
-client draws from its own (seed, round, client) streams, so the numbers do not depend on the
-number of workers or on scheduling.
+by one client's work. Algorithms whose ``receive`` trains (``Algorithm.trains_on_receive``: ALA)
+run that step for all clients of the round at once on batched contexts first: ALA's thousands
+of tiny steps would otherwise serialise on Python's GIL. Every client draws from its own
+(seed, round, client) streams, so the numbers do not depend on the number of workers or on
+scheduling.
 """
 
 from __future__ import annotations
@@ -17,16 +16,17 @@ import copy
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
 
 import torch
 from torch import nn
 
-from ..models import buffer_names
+from ..algorithms.context import Metrics
 from .base import ClientJob, ClientResult, RoundSetup, run_client
-from .vmap import batched_local_init
+from .batched import BatchedClientContext, batching_blocker, item, size_order
+from .stacking import stack, unstack
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +38,12 @@ def default_workers() -> int:
 class ParallelEngine:
     name = "parallel"
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, chunk_size: int = 64) -> None:
         self.workers = workers or default_workers()
+        self.chunk_size = chunk_size
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="pflkit-client")
         self._local = threading.local()
-        self._warned_buffers = False
+        self._logged: set[str] = set()
 
     def _model(self, model: nn.Module) -> nn.Module:
         cache = getattr(self._local, "models", None)
@@ -50,36 +51,48 @@ class ParallelEngine:
             cache = self._local.models = (model, copy.deepcopy(model))
         return cache[1]
 
-    def _run_one(self, setup: RoundSetup, job: ClientJob, round: int,
-                 initialized: dict[str, Any] | None) -> ClientResult:
-        return run_client(replace(setup, model=self._model(setup.model)), job, round, initialized)
+    def _run_one(self, setup: RoundSetup, job: ClientJob, round: int, received: Metrics | None) -> ClientResult:
+        return run_client(replace(setup, model=self._model(setup.model)), job, round, received)
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
-        inits: list[dict[str, Any] | None] = [None] * len(jobs)
-        batched_init = getattr(setup.algorithm, "batched_init", False) and setup.data.x is not None
-        if batched_init and buffer_names(setup.model):
-            if not self._warned_buffers:
-                log.info("parallel engine: %s has buffers (batch-norm running statistics); running %s's "
-                         "local initialisation per client instead of batched", type(setup.model).__name__,
+        received: list[Metrics | None] = [None] * len(jobs)
+        if setup.algorithm.trains_on_receive:
+            blocker = batching_blocker(setup.algorithm, setup.model, setup.data)
+            if blocker is None:
+                jobs, received = self._receive_batched(setup, jobs, round)  # type: ignore[assignment]
+            elif blocker not in self._logged:
+                self._logged.add(blocker)
+                log.info("parallel engine: %s; running %s's local initialisation per client", blocker,
                          setup.algorithm.name)
-                self._warned_buffers = True
-            batched_init = False
-        if batched_init:
-            # ALA's many tiny steps are bound by Python's GIL in threads: run them for all
-            # clients at once (batched, with an active set), then evaluate/train in threads.
-            previous = torch.get_num_threads()
-            torch.set_num_threads(previous * self.workers)
-            try:
-                initialised = batched_local_init(setup, jobs, round)
-            finally:
-                torch.set_num_threads(previous)
-            jobs = [replace(job, state=state) for job, (state, _) in zip(jobs, initialised)]
-            inits = [info for _, info in initialised]
         if self.workers == 1 or len(jobs) <= 1:
-            return [run_client(setup, job, round, init) for job, init in zip(jobs, inits)]
-        order = sorted(range(len(jobs)), key=lambda j: -setup.data.client(jobs[j].client_id).num_train)
-        futures = {j: self._pool.submit(self._run_one, setup, jobs[j], round, inits[j]) for j in order}
+            return [run_client(setup, job, round, r) for job, r in zip(jobs, received)]
+        order = size_order(setup.data, [job.client_id for job in jobs])
+        futures = {j: self._pool.submit(self._run_one, setup, jobs[j], round, received[j]) for j in order}
         return [futures[j].result() for j in range(len(jobs))]
+
+    def _receive_batched(self, setup: RoundSetup, jobs: list[ClientJob],
+                         round: int) -> tuple[list[ClientJob], list[Metrics]]:
+        """Every job's ``receive`` on batched contexts, chunk by chunk, with all the threads."""
+        alg = setup.algorithm
+        order = size_order(setup.data, [job.client_id for job in jobs])
+        new_jobs, metrics = list(jobs), [{} for _ in jobs]
+        previous = torch.get_num_threads()
+        torch.set_num_threads(previous * self.workers)
+        try:
+            for start in range(0, len(order), self.chunk_size):
+                chunk = order[start:start + self.chunk_size]
+                ctx = BatchedClientContext([jobs[j].client_id for j in chunk], round, setup.seed, setup.data,
+                                           setup.model, setup.units, setup.train, alg.name)
+                t0 = time.perf_counter()
+                state, info = alg.receive(stack([jobs[j].payload for j in chunk]),
+                                          stack([jobs[j].state for j in chunk]), ctx)
+                seconds = (time.perf_counter() - t0) / len(chunk)
+                for k, j in enumerate(chunk):
+                    new_jobs[j] = replace(jobs[j], state=unstack(state, k, jobs[j].state))
+                    metrics[j] = {**{key: item(v, k) for key, v in info.items()}, "init_seconds": seconds}
+        finally:
+            torch.set_num_threads(previous)
+        return new_jobs, metrics
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

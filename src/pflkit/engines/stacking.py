@@ -19,6 +19,10 @@ def stack(items: list[Any]) -> Any:
         if any(list(item) != keys for item in items):
             raise ValueError("cannot stack client states with different keys")
         return {k: stack([item[k] for item in items]) for k in keys}
+    if isinstance(first, list):
+        if any(len(item) != len(first) for item in items):
+            raise ValueError("cannot stack lists of different lengths")
+        return [stack([item[i] for item in items]) for i in range(len(first))]
     if isinstance(first, bool) or isinstance(first, (int, float)):
         return torch.tensor(items)
     if first is None and all(item is None for item in items):
@@ -41,6 +45,7 @@ def unstack(batched: Any, k: int, template: Any = None) -> Any:
     if isinstance(batched, dict):
         sub = template if isinstance(template, dict) else {}
         return {key: unstack(value, k, sub.get(key)) for key, value in batched.items()}
-    if isinstance(batched, (list, tuple)):
-        return batched[k]
+    if isinstance(batched, list):
+        sub = template if isinstance(template, list) else [None] * len(batched)
+        return [unstack(value, k, t) for value, t in zip(batched, sub)]
     return batched

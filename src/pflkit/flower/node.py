@@ -18,7 +18,7 @@ from ..data import DataError, load_dataset, load_pfllib
 from ..data.federated import ClientData, FederatedData
 from ..functional import to_device
 from ..models import UnitModel
-from ..run.experiment import initial_params, partition_dataset, resolve_device
+from ..federation.setup import initial_params, partition_dataset, partition_seed, resolve_device
 
 NUM_CLASSES = {"digits": 10, "mnist": 10, "synthetic": 10, "cifar10": 10, "cifar100": 100, "tiny_imagenet": 200,
                "agnews": 4}
@@ -73,7 +73,7 @@ def _own_data(folder: Path, client_id: int, num_classes: int, device: torch.devi
 @functools.lru_cache(maxsize=8)
 def _shared_partition(config_text: str, data_dir: str | None, seed: int, device: str) -> FederatedData:
     config = config_from_text(config_text)
-    pseed = seed if config.partition_seed is None else config.partition_seed
+    pseed = partition_seed(config, seed)
     if config.dataset == "pfllib":
         return load_pfllib(data_dir or config.data_dir, device=device)
     return partition_dataset(config, load_dataset(config.dataset, data_dir or config.data_dir), pseed, device)

@@ -1,24 +1,22 @@
-"""Run a pflkit experiment on Flower: every algorithm x seed, into the simulator's results folder."""
+"""Run a pflkit experiment on Flower: the shared experiment loop with a Flower executor."""
 
 from __future__ import annotations
 
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import tomli_w
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from ..algorithms import ClientSummary, TrainSettings, build_algorithm
+from ..algorithms import ClientSummary
 from ..config import BaseConfig, to_dict
-from ..reporting import format_table, plot_accuracy, plot_partition, summarize
-from ..run.experiment import initial_params, resolve_device
-from ..run.checkpoint import Checkpointer, load_checkpoint
-from ..run.results import MetricsWriter, ResultsFolder
-from ..run.rounds import RunState
+from ..federation import (Callback, ResultsFolder, RoundDriver, RunState, SeedSetup, initial_params, partition_seed,
+                          resolve_device, run_all)
+from ..reporting import format_table
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
 
@@ -58,6 +56,41 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
     return nodes, sorted(summaries, key=lambda s: s.client_id), info
 
 
+class FlowerExecutor:
+    """Executor: each seed's clients are discovered on the grid; rounds run through Flower's
+    ``Strategy.start`` with the pflkit strategy. Client states stay on the nodes."""
+
+    keeps_client_states = False
+
+    def __init__(self, config: BaseConfig, config_text: str, grid: Grid, timeout: float, wait_seconds: float) -> None:
+        self.config = config
+        self.config_text = config_text
+        self.grid = grid
+        self.timeout = timeout
+        self.wait_seconds = wait_seconds
+        self.device = resolve_device("cpu")
+        self._nodes: dict[int, dict[int, int]] = {}
+        self._init: dict[int, Any] = {}
+
+    def setup_seed(self, seed: int) -> SeedSetup:
+        nodes, summaries, info = discover(self.grid, self.config, self.config_text, seed, self.wait_seconds)
+        model, init = initial_params(self.config, (info["input_shape"], info["num_classes"], info["vocab_size"]),
+                                     seed, self.device)
+        self._nodes[seed], self._init[seed] = nodes, init
+        record = {"dataset": self.config.dataset, "num_clients": len(summaries), "num_classes": info["num_classes"],
+                  "source": "the SuperNodes' training label counts",
+                  "train_class_counts": [s.label_counts.tolist() for s in summaries]}
+        return SeedSetup(init, model.units(), summaries, partition_seed(self.config, seed), record,
+                         f"{self.config.dataset}: training labels per client on Flower (seed {seed})")
+
+    def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
+        strategy = PflkitStrategy(driver, state, self.config_text, self._nodes[driver.seed], callbacks)
+        strategy.start(self.grid, initial_arrays=ArrayRecord(torch_state_dict=self._init[driver.seed]),
+                       num_rounds=driver.rounds, timeout=self.timeout)
+        if not state.done:
+            raise RuntimeError(f"{driver.algorithm.name} seed {driver.seed}: the final evaluation did not run")
+
+
 def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: float = 3600.0,
                   wait_seconds: float = 120.0) -> dict[str, Any]:
     """The Flower counterpart of ``run_experiment`` (same records, summary and plots).
@@ -66,47 +99,14 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     ``checkpoint_every`` aggregations; started again with the same config and ``out`` (a
     restarted ServerApp), the run continues where it stopped.
     """
-    grid = ResilientGrid(grid, wait_seconds)
     results = ResultsFolder(out)
     config_dict = to_dict(config)
     if results.start_or_resume(config_dict):
         log.info("continuing the unfinished run in %s from its checkpoints", results.root)
         results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
         results.set_status("running")
-    config_text = tomli_w.dumps(config_dict)
-    device = resolve_device("cpu")
-    train = TrainSettings.from_config(config)
-    histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
-
-    try:
-        for seed in config.seeds:
-            nodes, summaries, info = discover(grid, config, config_text, seed, wait_seconds)
-            counts = np.stack([s.label_counts for s in summaries])
-            plot_partition(counts, results.plots / f"partition-seed{seed}.png",
-                           f"{config.dataset}: training labels per client on Flower (seed {seed})")
-            model, init = initial_params(config, (info["input_shape"], info["num_classes"], info["vocab_size"]), seed,
-                                         device)
-            for name in config.algorithms:
-                ckpt = results.checkpoint_path(name, seed)
-                state = load_checkpoint(ckpt, device) if ckpt.is_file() else None
-                algorithm = build_algorithm(name, config.algorithm_sections(), train, model.units())
-                if state is None:
-                    server = algorithm.prepare(algorithm.init_server(init), summaries)
-                    state = RunState(algorithm=name, seed=seed, rounds_done=0, server=server, clients={})
-                if not state.done:
-                    strategy = PflkitStrategy(config, config_text, algorithm, state, nodes,
-                                              callbacks=[Checkpointer(ckpt, config.checkpoint_every), MetricsWriter(results)])
-                    strategy.start(grid, initial_arrays=ArrayRecord(torch_state_dict=init),
-                                   num_rounds=config.rounds, timeout=timeout)
-                if not state.done:
-                    raise RuntimeError(f"{name} seed {seed}: the final evaluation did not run")
-                histories[(name, seed)] = state.history
-        summary = summarize(histories, config.algorithms, config.seeds)
-        plot_accuracy(histories, results.plots / "accuracy.png", f"{config.dataset} on Flower")
-        results.write_summary(summary)
-        results.set_status("complete")
-    except BaseException as exc:
-        results.set_status("failed", error=f"{type(exc).__name__}: {exc}")
-        raise
+    executor = FlowerExecutor(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
+                              wait_seconds)
+    summary = run_all(config, results, executor, progress=False)
     log.info("\n%s\nresults: %s", format_table(summary), results.root)
     return summary

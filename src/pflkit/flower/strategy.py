@@ -1,18 +1,16 @@
 """A Flower strategy that runs any pflkit algorithm (``flwr.serverapp.strategy.Strategy``).
 
-Flower's ``Strategy.start`` drives the rounds; this strategy keeps pflkit's server state and
-fills Flower's hooks with pflkit's functions: ``configure_train`` samples clients with the
-simulator's stream and sends each its own ``downlink`` payload; ``aggregate_train`` applies the
-algorithm's ``aggregate`` and records the personalised evaluation that came back with the train
-replies; after the last round ``configure_evaluate`` starts the final evaluation-only pass.
-Rounds, records and metrics mean exactly what they mean in the simulator (docs/metrics.md).
-The ``arrays`` argument Flower passes around is not used: the server state lives here.
+Flower's ``Strategy.start`` drives the rounds; this strategy fills its hooks with the round
+driver's plan and finish (``pflkit.federation.driver``): ``configure_train`` sends each planned
+client its own payload, ``aggregate_train`` hands the replies to the driver, which aggregates
+and records them; after the last round ``configure_evaluate`` sends the final evaluation-only
+plan. Rounds done before a restart (restored from the checkpoint) are skipped. The ``arrays``
+argument Flower passes around is not used: the server state lives in the run state.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from typing import Any, Sequence
 
@@ -20,55 +18,83 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..algorithms import Algorithm
-from ..config import BaseConfig
-from ..engines.base import ClientResult
-from ..run.rounds import Callback, RunState, make_record, sample_clients, should_evaluate, training_metrics, uploads_of
+from ..engines.base import ClientJob, ClientResult
+from ..federation.driver import Callback, RoundDriver, RoundPlan, RunState
 from . import serde
 
 log = logging.getLogger(__name__)
 
 
 class PflkitStrategy(Strategy):
-    def __init__(self, config: BaseConfig, config_text: str, algorithm: Algorithm, state: RunState,
-                 nodes: dict[int, int], callbacks: Sequence[Callback] = ()) -> None:
-        self.config = config
-        self.config_text = config_text
-        self.algorithm = algorithm
+    def __init__(self, driver: RoundDriver, state: RunState, config_text: str, nodes: dict[int, int],
+                 callbacks: Sequence[Callback] = ()) -> None:
+        self.driver = driver
         self.state = state
+        self.config_text = config_text
         self.nodes = nodes  # pflkit client id -> Flower node id
         self.callbacks = list(callbacks)
-        self._started = 0.0
-        self._evaluate = False
+        self._plan: RoundPlan | None = None
 
     def summary(self) -> None:
-        log.info("pflkit strategy: %s, seed %d, %d clients, %d rounds", self.algorithm.name, self.state.seed,
-                 self.config.num_clients, self.config.rounds)
+        log.info("pflkit strategy: %s, seed %d, %d clients, %d rounds", self.driver.algorithm.name,
+                 self.driver.seed, self.driver.num_clients, self.driver.rounds)
 
-    def _message(self, client_id: int, round: int, evaluate: bool, message_type: str) -> Message:
+    def _messages(self, plan: RoundPlan, message_type: str) -> list[Message]:
+        self._plan = plan
+        return [self._message(job, plan.round, message_type) for job in plan.jobs]
+
+    def _message(self, job: ClientJob, round: int, message_type: str) -> Message:
         content = RecordDict({"pflkit": ConfigRecord({
-            "config": self.config_text, "algorithm": self.algorithm.name, "seed": self.state.seed,
-            "round": round, "evaluate": evaluate})})
-        serde.put(content, "payload", self.algorithm.downlink(self.state.server, client_id, round))
-        return Message(content, dst_node_id=self.nodes[client_id], message_type=message_type, group_id=str(round))
+            "config": self.config_text, "algorithm": self.driver.algorithm.name, "seed": self.driver.seed,
+            "round": round, "evaluate": job.evaluate})})
+        serde.put(content, "payload", job.payload)
+        return Message(content, dst_node_id=self.nodes[job.client_id], message_type=message_type,
+                       group_id=str(round))
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         if server_round <= self.state.rounds_done:  # done before a restart (restored from the checkpoint)
             return []
-        self._started = time.perf_counter()
-        selected = sample_clients(self.state.seed, server_round, self.config.num_clients, self.config.join_ratio)
-        self._evaluate = should_evaluate(server_round - 1, self.config.rounds, self.config.eval_every)
-        self._expected = len(selected)
-        return [self._message(cid, server_round, self._evaluate, MessageType.TRAIN) for cid in selected]
+        return self._messages(self.driver.plan(self.state, server_round), MessageType.TRAIN)
 
-    def _results(self, replies: Iterable[Message], round: int, train: bool) -> list[ClientResult]:
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if server_round <= self.state.rounds_done:
+            return None, None
+        self._finish(replies, train=True)
+        arrays = ArrayRecord(torch_state_dict=self.driver.algorithm.global_params(self.state.server))
+        return arrays, MetricRecord({"train_loss": self.state.pending["train_loss"]})  # type: ignore[index]
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        if server_round != self.driver.rounds or self.state.done:
+            return []
+        return self._messages(self.driver.plan_final(self.state), MessageType.EVALUATE)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        if server_round != self.driver.rounds or self.state.done:
+            return None
+        record = self._finish(replies, train=False)
+        return MetricRecord({"accuracy": record["accuracy"]})
+
+    def _finish(self, replies: Iterable[Message], train: bool) -> dict[str, Any]:
+        plan = self._plan
+        assert plan is not None
+        record = self.driver.finish(self.state, plan, self._results(replies, plan, train))
+        if "accuracy" in record:
+            log.info("%s seed %d round %d: accuracy %.4f", self.state.algorithm, self.state.seed, record["round"],
+                     record["accuracy"])
+        for callback in self.callbacks:
+            callback.on_record(self.state, record)
+        return record
+
+    def _results(self, replies: Iterable[Message], plan: RoundPlan, train: bool) -> list[ClientResult]:
         replies = list(replies)
         errors = [r.error.reason for r in replies if r.has_error()]
         if errors:
-            raise RuntimeError(f"round {round}: {len(errors)} client(s) failed: {errors[0]}")
-        if len(replies) != self._expected:
-            raise RuntimeError(f"round {round}: {len(replies)} of {self._expected} sampled clients replied "
+            raise RuntimeError(f"round {plan.round}: {len(errors)} client(s) failed: {errors[0]}")
+        if len(replies) != len(plan.jobs):
+            raise RuntimeError(f"round {plan.round}: {len(replies)} of {len(plan.jobs)} sampled clients replied "
                                "(a node is down or the timeout is too short)")
         results = []
         for reply in replies:
@@ -81,44 +107,4 @@ class PflkitStrategy(Strategy):
             upload = serde.get(reply.content, "upload") if train else None
             metrics.pop("num-examples", None)
             results.append(ClientResult(client_id, None, upload, evaluation, metrics))
-        return sorted(results, key=lambda r: r.client_id)  # the simulator's aggregation order
-
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        if server_round <= self.state.rounds_done:
-            return None, None
-        results = self._results(replies, server_round, train=True)
-        state = self.state
-        state.server = self.algorithm.aggregate(state.server, uploads_of(results), server_round)
-        record = make_record(state, server_round - 1, results if self._evaluate else None)
-        state.pending = training_metrics(server_round, results, time.perf_counter() - self._started)
-        state.rounds_done = server_round
-        self._emit(record)
-        arrays = ArrayRecord(torch_state_dict=self.algorithm.global_params(state.server))
-        return arrays, MetricRecord({"train_loss": state.pending["train_loss"]})
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        if server_round != self.config.rounds:
-            return []
-        final = server_round + 1
-        selected = sample_clients(self.state.seed, final, self.config.num_clients, self.config.join_ratio)
-        self._expected = len(selected)
-        return [self._message(cid, final, True, MessageType.EVALUATE) for cid in selected]
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        if server_round != self.config.rounds:
-            return None
-        record = make_record(self.state, server_round, self._results(replies, server_round + 1, train=False))
-        self.state.pending = None
-        self.state.done = True
-        self._emit(record)
-        return MetricRecord({"accuracy": record["accuracy"]})
-
-    def _emit(self, record: dict[str, Any]) -> None:
-        self.state.history.append(record)
-        if "accuracy" in record:
-            log.info("%s seed %d round %d: accuracy %.4f", self.algorithm.name, self.state.seed, record["round"],
-                     record["accuracy"])
-        for callback in self.callbacks:
-            callback.on_record(self.state, record)
+        return results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names,
+from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, parameter_names,
                    reference_layer_idx, top_unit_names)
 from .cnn import DigitsCNN, FedAvgCNN
 from .resnet import ResNet18
@@ -50,5 +50,5 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
 
 
 __all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN",
-           "ResNet18", "FastText", "buffer_names",
+           "ResNet18", "FastText", "buffer_names", "parameter_names",
            "top_unit_names", "head_names", "count_parameters", "reference_layer_idx"]

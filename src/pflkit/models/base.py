@@ -89,6 +89,11 @@ class UnitModel(nn.Module):
         return out
 
 
+def parameter_names(units: Units) -> list[str]:
+    """Every parameter name of the units, input side first (buffers belong to no unit)."""
+    return [n for _, members in units for n in members]
+
+
 def top_unit_names(units: Units, p: int) -> list[str]:
     """Parameter names of the top ``p`` units (FedALA Eq. 4's higher layers)."""
     if not 1 <= p <= len(units):

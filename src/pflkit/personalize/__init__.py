@@ -1,5 +1,10 @@
-"""Personalisation plug-ins that replace an algorithm's local initialisation (ALA)."""
+"""Personalisation plug-ins that replace an algorithm's local initialisation (ALA).
 
-from .ala import ALASettings, AdaptiveLocalAggregation, WithALA, blend, weight_gradient, weight_step
+Importing this package registers the ``+ala`` name modifier and the ``fedala`` alias.
+"""
 
-__all__ = ["ALASettings", "AdaptiveLocalAggregation", "WithALA", "blend", "weight_gradient", "weight_step"]
+from .ala import (ALA_SECTION, ALASettings, ALAState, AdaptiveLocalAggregation, WithALA, blend, clip_weights,
+                  linear_head_step, weight_update)
+
+__all__ = ["ALA_SECTION", "ALASettings", "ALAState", "AdaptiveLocalAggregation", "WithALA", "blend",
+           "clip_weights", "linear_head_step", "weight_update"]

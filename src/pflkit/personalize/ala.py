@@ -12,27 +12,31 @@ round); the first active round is the *start phase* (train W until the std of th
 ``num_pre_loss`` epoch losses < ``threshold``, at most ``max_start_epochs`` epochs); later
 rounds train W for one epoch.
 
-Batch-norm running statistics are no ALA weights. ALA's forward passes run in training mode,
-like the reference (which trains a deep copy of the local model), on throwaway copies of the
-statistics: the client's stored buffers are not changed by ALA.
+The weight learning is one ``ctx.fit`` with W as the trained tensors, the s% sample as data and
+the clip as the per-step transform: one client or many at once, whatever context the engine
+gives. Batch-norm running statistics are no ALA weights; ALA's forward passes run in training
+mode, like the reference (which trains a deep copy of the local model), on throwaway copies of
+the statistics: the client's stored buffers are not changed by ALA.
 
 ``WithALA`` wraps any algorithm whose local initialisation overwrites a local copy with a
-downloaded model (FedALA = FedAvg + ALA; "X + ALA" of FedALA Table 4).
+downloaded model (FedALA = FedAvg + ALA; "X + ALA" of FedALA Table 4). This module registers
+the ``+ala`` name modifier and the ``fedala`` alias with the algorithm registry.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch
 from pydantic import Field
-from torch.nn import functional as F
 
-from ..algorithms.base import (Algorithm, ClientContext, ClientSummary, Payload, Settings, State,
-                               TrainSettings, Upload)
-from ..functional import Params, check_finite, equal, forward
+from ..algorithms.base import Algorithm, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
+from ..algorithms.context import ClientContext, Metrics, PerClient, SampleBatches, StepFn, TrainSettings
+from ..algorithms.registry import Modifier, register_modifier
+from ..functional import Params
+from ..functional.training import Batch, Net, cross_entropy
 from ..models import Units, buffer_names
 
 log = logging.getLogger(__name__)
@@ -59,34 +63,71 @@ class ALASettings(Settings):
         "instead of autograd (same maths, less per-step overhead)")
 
 
+class ALAState(TypedDict):
+    """A client's ALA state: its weights W over the top units and whether it started."""
+
+    weights: Params
+    started: PerClient
+
+
 def blend(local: Params, received: Params, weights: Params) -> Params:
     """Theta_local + (Theta_received - Theta_local) * W for the names in ``weights`` (Eq. 3)."""
     return {k: torch.addcmul(local[k], received[k] - local[k], w) for k, w in weights.items()}
 
 
-def weight_gradient(blended_grad: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """dL/dW = dL/dTheta_hat * (Theta_received - Theta_local), with delta = received - local (Eq. 7)."""
-    return blended_grad * delta
+def weight_update(weights: torch.Tensor, blended_grad: torch.Tensor, delta: torch.Tensor,
+                  eta: float) -> torch.Tensor:
+    """W - eta * dL/dW with dL/dW = dL/dTheta_hat * (Theta_received - Theta_local) (paper Eq. 7);
+    ``clip_weights`` then projects it to [0, 1] (Eq. 5)."""
+    return torch.addcmul(weights, blended_grad, delta, value=-eta)
 
 
-def weight_step(weights: torch.Tensor, blended_grad: torch.Tensor, delta: torch.Tensor,
-                eta: float) -> torch.Tensor:
-    """One ALA update: W <- clip_[0,1](W - eta * dL/dW) (paper Eq. 5), dL/dW = grad * delta."""
-    return torch.addcmul(weights, blended_grad, delta, value=-eta).clamp_(0.0, 1.0)
+def clip_weights(weights: Params) -> None:
+    """The projection of ALA's update: W <- clip_[0,1](W), in place."""
+    for w in weights.values():
+        w.clamp_(0.0, 1.0)
 
 
 def linear_head_step(h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                     with_loss: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+                     scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean cross-entropy of ``h @ weight.T + bias`` and its gradients, in closed form.
 
-    ``target`` is one-hot(labels) / batch size. dL/dlogits = softmax / B - target, so
+    ``target`` is one-hot(labels) / batch size; for a padded batch, ``scale`` is mask / real
+    samples [b, 1] and ``target`` is zero on padding. dL/dlogits = softmax / B - target, so
     dL/dweight = (dL/dlogits)^T h and dL/dbias = its column sum: autograd's result (to float
     rounding) with a few tensor ops, since on CPU the per-op overhead dominates these steps.
+    Every tensor may carry a leading client dimension (h [K, b, F], weight [K, C, F], ...).
     """
-    logits = torch.addmm(bias, h, weight.t())
-    loss = -(torch.log_softmax(logits, dim=1) * target).sum() if with_loss else None
-    g = torch.softmax(logits, dim=1).div_(len(h)).sub_(target)
-    return loss, g.t() @ h, g.sum(0)
+    if h.dim() == 2:
+        logits = torch.addmm(bias, h, weight.t())
+    else:
+        logits = torch.baddbmm(bias.unsqueeze(-2), h, weight.transpose(-1, -2))
+    loss = -(torch.log_softmax(logits, dim=-1) * target).sum((-2, -1))
+    g = torch.softmax(logits, dim=-1)
+    g = (g.div_(h.shape[-2]) if scale is None else g.mul(scale)).sub_(target)
+    return loss, g.transpose(-1, -2) @ h, g.sum(-2)
+
+
+def closed_form_step(eta: float, num_classes: int) -> StepFn:
+    """ALA's step for p = 1 on a linear head, on cached features, in closed form; written for one
+    client and for a leading client dimension alike (batched contexts call it without vmap)."""
+    def step(value_and_grad, weights, frozen, batch, aux):  # type: ignore[no-untyped-def]
+        local, delta = aux["local"], aux["delta"]
+        wn, bn = list(weights)
+        scale = None if batch.mask is None else (batch.mask / batch.mask.sum(-1, keepdim=True))[..., None]
+        target = (batch.y[..., None] == torch.arange(num_classes, device=batch.y.device)).to(batch.x.dtype)
+        target = target.div_(batch.y.shape[-1]) if scale is None else target * scale
+        blended = [torch.addcmul(local[k], delta[k], weights[k]) for k in (wn, bn)]
+        loss, gw, gb = linear_head_step(batch.x, target, *blended, scale=scale)
+        grads = {wn: gw, bn: gb}
+        return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
+    step.batch_polymorphic = True  # type: ignore[attr-defined]
+    return step
+
+
+def as_list(value: PerClient) -> list[Any]:
+    """A per-client value as a list over the context's clients."""
+    return value.tolist() if isinstance(value, torch.Tensor) and value.dim() else [value]
 
 
 class AdaptiveLocalAggregation:
@@ -103,7 +144,7 @@ class AdaptiveLocalAggregation:
     def init_state(self, downloaded: Params) -> State:
         """Weights W initialised to ones over the top p of the downloaded units (spec §1.7)."""
         _, top = self.top_units(downloaded)
-        return {"weights": {k: torch.ones_like(downloaded[k]) for k in top}, "started": False}
+        return ALAState(weights={k: torch.ones_like(downloaded[k]) for k in top}, started=False)  # type: ignore
 
     def top_units(self, received: Params | list[str]) -> tuple[int, list[str]]:
         """(index of the lowest top unit, parameter names of the top p units among the units
@@ -129,101 +170,90 @@ class AdaptiveLocalAggregation:
         # Only units below the lowest top unit, and only if none of them is blended.
         return lowest_top
 
-    def sample(self, ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor]:
-        """The s% sample D_i^{s,t}: at least one sample, drawn from the client's ALA stream."""
-        x, y = ctx.data.train_x, ctx.data.train_y
-        idx = self.sample_indices(len(y), ctx.generator("ala")).to(x.device)
-        return x[idx], y[idx]
-
-    def sample_indices(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """Positions (in the client's training data) of the s% sample: at least one sample."""
-        k = max(1, int(self.settings.sample_fraction * n))
-        if self.settings.sampling == "random":
-            return torch.randperm(n, generator=generator)[:k]
-        start = int(torch.randint(0, n - k + 1, (1,), generator=generator))
-        return torch.arange(start, start + k)
-
     def converged(self, losses: list[float], client_id: int) -> bool:
         """The start-phase stopping rule (spec §1.6), with the hard cap."""
         cfg = self.settings
-        if len(losses) > cfg.num_pre_loss and np.std(losses[-cfg.num_pre_loss:]) < cfg.threshold:
+        window = losses[-cfg.num_pre_loss:]
+        if len(losses) > cfg.num_pre_loss and np.std(window) < cfg.threshold:
             return True
         if len(losses) >= cfg.max_start_epochs:
-            log.warning("ALA start phase of client %d stopped at the cap of %d epochs (loss std %.4g "
-                        ">= threshold %.4g)", client_id, cfg.max_start_epochs,
-                        float(np.std(losses[-cfg.num_pre_loss:])), cfg.threshold)
+            if len(losses) <= cfg.num_pre_loss:
+                log.warning("ALA start phase of client %d stopped at the cap of %d epochs, before its "
+                            "convergence window of %d epochs filled", client_id, cfg.max_start_epochs,
+                            cfg.num_pre_loss)
+            else:
+                log.warning("ALA start phase of client %d stopped at the cap of %d epochs (loss std %.4g "
+                            ">= threshold %.4g)", client_id, cfg.max_start_epochs, float(np.std(window)),
+                            cfg.threshold)
             return True
         return False
 
+    def learning_step(self, net: Net, prefix: int, closed: bool, num_classes: int) -> StepFn:
+        """One step on W: the loss of the blended top units on a batch of (cached) inputs."""
+        eta = self.settings.eta
+        if closed:
+            return closed_form_step(eta, num_classes)
+
+        def step(value_and_grad, weights, frozen, batch, aux):  # type: ignore[no-untyped-def]
+            local, delta = aux["local"], aux["delta"]
+
+            def blended_loss(blended: Params, frozen: Params, batch: Batch) -> torch.Tensor:
+                return cross_entropy(net({**frozen, **blended}, batch.x, start=prefix), batch)
+            blended = {k: torch.addcmul(local[k], delta[k], weights[k]) for k in weights}
+            grads, loss = value_and_grad(blended_loss)(blended, frozen, batch)
+            return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
+        return step
+
     def __call__(self, received: Params, local: Params, state: State,
-                 ctx: ClientContext) -> tuple[Params, State, dict[str, Any]]:
+                 ctx: ClientContext) -> tuple[Params, State, Metrics]:
         """Return the initialised local model, the new ALA state and diagnostics."""
-        if getattr(ctx, "batched", False):
-            from .ala_batched import batched_ala
-            return batched_ala(self, received, local, state, ctx)  # type: ignore[arg-type]
-        if equal(received, local):
-            return {**local, **received}, state, {"ala_epochs": 0}
         lowest_top, top = self.top_units(received)
+        active = ctx.differs(received, local)
         fixed = {**local, **{k: v for k, v in received.items() if k not in top}}
         # training-mode forwards update running statistics in place: give them throwaway copies
         scratch = {**fixed, **{k: fixed[k].detach().clone() for k in buffer_names(ctx.model) if k in fixed}}
         local_top = {k: local[k].detach() for k in top}
         delta = {k: received[k].detach() - local_top[k] for k in top}
-        weights = {k: w.clone() for k, w in state["weights"].items()}
-        start_phase = not state["started"]
-        x, y = self.sample(ctx)
+        sample = ctx.sample("ala", self.settings.sample_fraction, self.settings.sampling)
         prefix = self.prefix_stop(ctx.model, lowest_top)
-        if prefix:
-            with torch.no_grad():  # lower units are frozen: their output is constant this round
-                x = forward(ctx.model, scratch, x, stop=prefix, train=True)
-        b = self.train.batch_size
-        batches = [(x[i:i + b], y[i:i + b]) for i in range(0, len(y), b)]
-        losses: list[float] = []
-        eta = self.settings.eta
-        closed_form = self.closed_form(ctx.model, prefix, top)
-        if closed_form:
-            targets = [F.one_hot(yb, len(local_top[top[1]])).to(xb.dtype).div_(len(yb)) for xb, yb in batches]
-        while True:
-            for j, (xb, yb) in enumerate(batches):
-                if closed_form:
-                    with torch.no_grad():
-                        blended = [torch.addcmul(local_top[k], delta[k], weights[k]) for k in top]
-                        loss, *grads = linear_head_step(xb, targets[j], *blended, with_loss=j == len(batches) - 1)
-                else:
-                    blended = {k: torch.addcmul(local_top[k], delta[k], weights[k]).requires_grad_(True)
-                               for k in top}
-                    loss = F.cross_entropy(forward(ctx.model, {**scratch, **blended}, xb, start=prefix, train=True),
-                                           yb)
-                    grads = torch.autograd.grad(loss, [blended[k] for k in top])
-                with torch.no_grad():
-                    for k, g in zip(top, grads):
-                        weights[k] = weight_step(weights[k], g, delta[k], eta)
-            last = loss.detach()
-            check_finite(last, ctx.where("ALA weight learning"))
-            losses.append(float(last))
-            if not start_phase or self.converged(losses, ctx.client_id):
-                break
+        if prefix:  # lower units are frozen: their output is constant this round
+            sample = ctx.features(scratch, sample, stop=prefix)
+        closed = self.closed_form(ctx.model, prefix, top)
+        num_classes = local_top[top[-1]].shape[-1]
+        start_phase = dict(zip(ctx.client_ids, (not s for s in as_list(state["started"]))))
+
+        def stop(losses: list[float], client_id: int) -> bool:
+            return not start_phase[client_id] or self.converged(losses, client_id)
+
+        frozen = {k: v for k, v in scratch.items() if k not in top}
+        fit = ctx.fit({**frozen, **state["weights"]}, step=self.learning_step(ctx.net, prefix, closed, num_classes),
+                      trainable=top, aux={"local": local_top, "delta": delta}, data=SampleBatches(sample),
+                      transform=clip_weights,
+                      until=stop, max_epochs=max(self.settings.max_start_epochs, 1), active=active,
+                      stage="ALA weight learning")
+        weights = {k: fit.params[k] for k in top}
         with torch.no_grad():
-            initialised = {**fixed, **blend(local_top, {k: received[k] for k in top}, weights)}
-        info = {"ala_epochs": len(losses), "ala_loss": losses[-1]}
-        return {k: initialised[k] for k in local}, {"weights": weights, "started": True}, info
+            initialised = {**fixed, **{k: torch.addcmul(local_top[k], delta[k], weights[k]) for k in top}}
+        started = state["started"] | active
+        metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss}
+        return {k: initialised[k] for k in local}, ALAState(weights=weights, started=started), metrics  # type: ignore
 
 
 class WithALA(Algorithm):
     """``base`` with its local initialisation replaced by ALA on its configured target."""
 
-    batched_init = True  # the parallel engine runs receive (ALA) for all clients of a round at once
+    trains_on_receive = True
 
     def __init__(self, base: Algorithm, ala: AdaptiveLocalAggregation, display_name: str) -> None:
         super().__init__(base.settings, base.train, base.units)
         self.base = base
         self.ala = ala
         self.name = display_name  # type: ignore[misc]
+        self.needs = base.needs  # type: ignore[misc]
         target = base.ala_target
         if target not in base.ala_targets:
             raise ValueError(f"{base.name} offers ALA targets {sorted(base.ala_targets)}, not {target!r}")
         self.payload_key, self.state_key = base.ala_targets[target]
-        self.supports_batching = base.supports_batching  # type: ignore[misc]
 
     def init_server(self, init_params: Params) -> State:
         return self.base.init_server(init_params)
@@ -234,7 +264,7 @@ class WithALA(Algorithm):
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         return self.base.downlink(server, client_id, round)
 
-    def aggregate(self, server: State, uploads: list[Upload], round: int) -> State:
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         return self.base.aggregate(server, uploads, round)
 
     def global_params(self, server: State) -> Params:
@@ -244,19 +274,30 @@ class WithALA(Algorithm):
         downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}
         return {**self.base.init_client(init_params, client_id), "ala": self.ala.init_state(downloaded)}
 
-    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         old_local = state[self.state_key]
-        new_state = self.base.receive(payload, state, ctx)
-        initialised, ala_state, info = self.ala(payload[self.payload_key], old_local, state["ala"], ctx)
-        ctx.info.update(info)
-        return {**new_state, self.state_key: initialised, "ala": ala_state}
+        new_state, metrics = self.base.receive(payload, state, ctx)
+        initialised, ala_state, ala_metrics = self.ala(payload[self.payload_key], old_local, state["ala"], ctx)
+        return {**new_state, self.state_key: initialised, "ala": ala_state}, {**metrics, **ala_metrics}
 
-    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> State:
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         return self.base.after_receive(payload, state, ctx)
 
-    def local_train(self, payload: Payload, state: State,
-                    ctx: ClientContext) -> tuple[State, Upload, dict[str, float]]:
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         return self.base.local_train(payload, state, ctx)
 
     def eval_params(self, state: State) -> Params:
         return self.base.eval_params(state)
+
+
+def _with_ala(base: Algorithm, settings: Settings, name: str) -> Algorithm:
+    assert isinstance(settings, ALASettings)
+    return WithALA(base, AdaptiveLocalAggregation(settings, base.units, base.train), display_name=name)
+
+
+ALA_SECTION = "fedala"
+register_modifier(
+    Modifier(suffix="+ala", section=ALA_SECTION, settings_class=ALASettings,
+             applies=lambda cls: bool(cls.ala_targets), wrap=_with_ala,
+             refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined"),
+    aliases={"fedala": "fedavg+ala"})

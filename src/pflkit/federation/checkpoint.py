@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..functional import to_device
-from .rounds import RunState
+from .driver import RunState
 
 
 def save_checkpoint(path: Path, state: RunState) -> None:

@@ -1,0 +1,220 @@
+"""What an algorithm's client functions may use: the client-context protocol.
+
+Client code is written once against :class:`ClientContext`. An engine hands it either one
+client's context (tensors as they are) or a batched context (every tensor of the payload and the
+state carries a leading client dimension, and ``fit`` advances all clients at once with
+``torch.func.vmap``). Client code therefore trains only through ``ctx.fit`` with a loss function
+or a pure step function, and computes everything else with tensor operations that broadcast
+over a leading dimension. Code that needs one client's values in Python (a loop over downloaded
+models, a branch on a random draw) declares the capability ``"per_client"`` in
+``Algorithm.needs``; engines then give it per-client contexts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from ..functional.params import Params
+from ..functional.training import SGD, GradFn, LossFn, Net
+from ..models import UnitModel, Units
+
+#: A per-client value: a Python number in a per-client context, a [K] tensor in a batched one.
+PerClient = Union[int, float, bool, Tensor]
+Metrics = dict[str, PerClient]
+
+#: Capabilities a context may provide; an algorithm lists what it needs in ``Algorithm.needs``.
+PER_CLIENT = "per_client"  # client code reads values into Python (loops over models, branches on draws)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Local-training settings shared by every algorithm (spec §0.2)."""
+
+    batch_size: int = 10
+    local_epochs: int = 1
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    eval_batch_size: int = 1000
+    rounds: int = 1  # T, the run's total rounds (FedPHP's and APPLE's schedules)
+    bn_buffers: str = "local"  # "local": batch-norm statistics are not downloaded (spec §0.2)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "TrainSettings":
+        return cls(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
+                   momentum=getattr(config, "momentum", 0.0), weight_decay=getattr(config, "weight_decay", 0.0),
+                   eval_batch_size=config.eval_batch_size, rounds=config.rounds, bn_buffers=config.bn_buffers)
+
+    def optimizer(self, lr: float | None = None, **lrs: float) -> SGD:
+        """The local optimiser at the local lr (or ``lr``); ``lrs`` set per-parameter rates."""
+        return SGD(self.lr if lr is None else lr, self.momentum, self.weight_decay, lrs)
+
+
+# ---- what a fit iterates over ---------------------------------------------------------------
+def batch_order(n: int, batch_size: int, generator: torch.Generator) -> list[Tensor]:
+    """One epoch of index batches of one client: a fresh permutation, full batches only
+    (drop_last), except that fewer than ``batch_size`` samples make one batch of all of them."""
+    if n == 0:
+        return []
+    full = n // batch_size if n >= batch_size else 1
+    size = batch_size if n >= batch_size else n
+    order = torch.randperm(n, generator=generator)
+    return [order[k * size:(k + 1) * size] for k in range(full)]
+
+
+def split_halves(n: int, batch_size: int) -> int:
+    """Size of B in PFLlib's split pairs for a batch of ``n`` samples (B' is the rest)."""
+    return min(batch_size, (n + 1) // 2)
+
+
+def training_part(n: int, holdout: float) -> int:
+    """How many leading training samples remain when the last ``holdout`` share is held out
+    (at least one held out and one kept; a client with one sample keeps it)."""
+    if not holdout or n < 2:
+        return n
+    return n - min(n - 1, max(1, int(n * holdout)))
+
+
+def sample_positions(n: int, fraction: float, sampling: str, generator: torch.Generator) -> Tensor:
+    """Positions (in a client's training data) of a ``fraction`` sample: at least one sample."""
+    k = max(1, int(fraction * n))
+    if sampling == "random":
+        return torch.randperm(n, generator=generator)[:k]
+    start = int(torch.randint(0, n - k + 1, (1,), generator=generator))
+    return torch.arange(start, start + k)
+
+
+
+@dataclass(frozen=True)
+class TrainBatches:
+    """The client's training samples in mini-batches of ``batch_size`` (default: the run's),
+    reshuffled every epoch from the stream ``purpose``; full batches only (drop_last), except
+    that a client with fewer samples than one batch trains on one batch of all of them.
+    ``holdout`` keeps the last share of the training data out (FedFomo validates on it);
+    ``max_steps`` stops after that many batches."""
+
+    purpose: str = "train"
+    epochs: int = 1
+    batch_size: int | None = None
+    holdout: float = 0.0
+    max_steps: int | None = None
+
+
+@dataclass(frozen=True)
+class PairedBatches:
+    """Several independent batch streams stepped together: each step gets a tuple of batches
+    (Per-FedAvg's B and B', and B'' with the Hessian); as many steps as the shortest stream."""
+
+    streams: tuple["TrainBatches | SplitBatches", ...]
+
+
+@dataclass(frozen=True)
+class SplitBatches:
+    """Batches of ``2b`` split into halves (B = the first min(b, ceil(n/2)) samples, B' the rest;
+    a batch of one sample is used for both): PFLlib's Per-FedAvg pairs."""
+
+    purpose: str = "train"
+    epochs: int = 1
+
+
+@dataclass(frozen=True)
+class SampleBatches:
+    """A fixed sample (from ``ctx.sample``), in order, in batches of the run's batch size with
+    the last partial batch kept, the same batches every epoch (ALA's weight learning)."""
+
+    sample: "Sample"
+
+
+DataSpec = Union[TrainBatches, PairedBatches, SplitBatches, SampleBatches]
+
+
+@dataclass
+class Sample:
+    """Samples drawn from each client's training data: ``x`` [n, ...] and ``y`` [n]; in a batched
+    context ``x`` [K, n_max, ...], ``y`` [K, n_max] and ``lengths`` [K] (padding beyond)."""
+
+    x: Tensor
+    y: Tensor
+    lengths: Tensor | None = None
+
+    def with_inputs(self, x: Tensor) -> "Sample":
+        return Sample(x, self.y, self.lengths)
+
+
+@dataclass
+class Fit:
+    """The result of ``ctx.fit``: the parameters (every entry of the input dict; trained ones
+    updated, batch-norm statistics updated by the training-mode forwards), the mean step loss,
+    the number of epochs run and the loss of the last step (NaN where no step ran), per client."""
+
+    params: Params
+    loss: PerClient
+    epochs: PerClient
+    last_loss: PerClient
+
+
+#: A custom training step: ``step(value_and_grad, trainable, frozen, batch, aux) -> (trainable, loss)``,
+#: a pure function (vmapped over clients by batched contexts). ``value_and_grad(fn)`` turns
+#: ``fn(trainable, *args) -> scalar`` into ``(grads, value)``. A step that works on tensors with a
+#: leading client dimension as well (set ``step.batch_polymorphic = True``) is called directly.
+StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn], Params, Params, Any, Any], tuple[Params, Tensor]]
+#: Called after each step on the trainable tensors (in place), e.g. a projection to [0, 1].
+Transform = Callable[[Params], None]
+#: Whether a client stops: called with its list of per-epoch last-step losses.
+StopRule = Callable[[list[float], int], bool]
+
+
+class ClientContext(Protocol):
+    """One client, or K clients at once; see the module docstring."""
+
+    round: int
+    seed: int
+    model: UnitModel
+    units: Units
+    train: TrainSettings
+    algorithm: str
+    batched: bool
+
+    @property
+    def client_ids(self) -> list[int]: ...
+
+    @property
+    def client_index(self) -> PerClient:
+        """The client's id (batched: a [K] tensor)."""
+
+    @property
+    def num_train(self) -> PerClient:
+        """Training samples of the client (batched: a [K] tensor)."""
+
+    @property
+    def net(self) -> Net:
+        """The model's forward over parameter dicts (works inside ``fit``'s losses and steps)."""
+
+    def features(self, params: Params, sample: Sample, stop: int) -> Sample:
+        """The sample with its inputs replaced by the output of units ``0..stop-1`` (training-mode
+        forward, no gradient) on the client's parameters (batched: each client's own)."""
+
+    def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
+            trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
+            optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
+            max_epochs: int = 1, active: PerClient | None = None, stage: str = "local training") -> Fit:
+        """Train ``trainable`` (default: every parameter, never batch-norm statistics) of
+        ``params`` over ``data``: each step either minimises ``loss`` with ``optimizer`` (default:
+        the run's SGD) or applies ``step``; ``transform`` follows every step. ``until`` makes
+        the epochs open-ended (per client, at most ``max_epochs``); without it ``data`` fixes
+        them. ``active`` (per client) leaves inactive clients' parameters unchanged. Raises
+        NonFiniteLossError naming the stage when a loss is NaN/inf."""
+
+    def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
+        """At least one of the client's training samples: ``fraction`` of them, a uniform subset
+        (``"random"``) or a contiguous run at a random offset (``"contiguous"``)."""
+
+    def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> PerClient:
+        """Whether any tensor of ``a`` differs from ``b``'s (per client)."""
+
+    def where(self, stage: str) -> str:
+        """Who and when, for error messages."""

@@ -1,0 +1,394 @@
+"""K clients at once: the batched implementation of ``ClientContext`` (made for GPUs).
+
+Every tensor of the payload and the state carries a leading client dimension; ``fit`` runs the
+algorithm's loss or step function under ``torch.func.vmap``. Clients take different numbers of
+steps: at step s of an epoch, the clients that still have a batch are, sorted by their step
+counts, a prefix of the running set, so each step computes that prefix only (no padding work
+for finished clients). The only padding is inside the batch of a client with fewer samples than
+one batch (masked: losses average over real samples). Clients that stop early (``until``) or
+are inactive leave the running set. Every client draws the same (seed, round, client, purpose)
+streams as in ``SingleClientContext``, so results agree up to float reassociation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+from torch.func import grad_and_value, vmap
+from torch.nn import functional as F
+from torch.utils._pytree import tree_map
+
+from ..algorithms.context import (DataSpec, Fit, PairedBatches, PerClient, Sample, SampleBatches, SplitBatches,
+                                  StepFn, StopRule, TrainBatches, TrainSettings, Transform, batch_order,
+                                  sample_positions, training_part)
+from ..data.federated import ClientData, FederatedData
+from ..functional import Params, torch_generator
+from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, net_of
+from ..models import UnitModel, Units, buffer_names
+
+
+@dataclass
+class _Schedule:
+    """One epoch of one data stream for all K clients: dataset rows [K, S, b], their mask and
+    the number of steps of each client [K]."""
+
+    rows: Tensor
+    mask: Tensor
+    steps: Tensor
+
+
+class BatchedClientContext:
+    """``ClientContext`` for K clients at once (see the module docstring)."""
+
+    batched = True
+    provides: frozenset[str] = frozenset()
+
+    def __init__(self, client_ids: list[int], round: int, seed: int, data: FederatedData, model: UnitModel,
+                 units: Units, train: TrainSettings, algorithm: str = "") -> None:
+        if data.x is None or data.y is None:
+            raise ValueError("a batched context needs FederatedData with the dataset tensors (x, y)")
+        self._ids = list(client_ids)
+        self.round = round
+        self.seed = seed
+        self.fed = data
+        self.model = model
+        self.units = units
+        self.train = train
+        self.algorithm = algorithm
+        self.clients: list[ClientData] = [data.client(i) for i in client_ids]
+        self.device = data.x.device
+        self._net = net_of(model)
+
+    # ---- who -------------------------------------------------------------------------------
+    @property
+    def client_ids(self) -> list[int]:
+        return self._ids
+
+    @property
+    def client_index(self) -> Tensor:
+        return torch.tensor(self._ids, device=self.device)
+
+    @property
+    def num_train(self) -> Tensor:
+        return torch.tensor([c.num_train for c in self.clients], device=self.device)
+
+    @property
+    def net(self) -> Net:
+        return self._net
+
+    def generator(self, purpose: str, k: int) -> torch.Generator:
+        return torch_generator(self.seed, "client", self.round, self._ids[k], purpose)
+
+    def where(self, stage: str, k: int | None = None) -> str:
+        who = f"client {self._ids[k]}" if k is not None else f"clients {self._ids}"
+        return f"algorithm {self.algorithm}, {who}, round {self.round}, {stage}"
+
+    # ---- tensors ---------------------------------------------------------------------------
+    def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor:
+        out = torch.zeros(len(self._ids), dtype=torch.bool, device=self.device)
+        for k in a:
+            if k in b:
+                out |= (a[k] != b[k]).flatten(1).any(1)
+        return out
+
+    @torch.no_grad()
+    def features(self, params: Params, sample: Sample, stop: int) -> Sample:
+        assert sample.lengths is not None
+        lengths = sample.lengths.tolist()
+        if sample.x.device.type == "cpu":
+            # vmapped convolutions become grouped convolutions, slow on CPU: one large batch per client
+            parts = [forward(self.model, {k: v[i] for k, v in params.items()}, sample.x[i, :n], stop=stop, train=True)
+                     for i, n in enumerate(lengths)]
+            out = parts[0].new_zeros((len(parts), sample.x.shape[1], *parts[0].shape[1:]))
+            for i, part in enumerate(parts):
+                out[i, :len(part)] = part
+            return sample.with_inputs(out)
+        run = vmap(lambda p, xb: forward(self.model, p, xb, stop=stop, train=True))
+        per_step = max(1, self.train.eval_batch_size // max(len(lengths), 1))
+        x = sample.x
+        return sample.with_inputs(torch.cat([run(params, x[:, i:i + per_step]) for i in range(0, x.shape[1], per_step)],
+                                            dim=1))
+
+    def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
+        rows = [c.train_rows[sample_positions(c.num_train, fraction, sampling, self.generator(purpose, k))
+                             .to(self.device)] for k, c in enumerate(self.clients)]
+        lengths = torch.tensor([len(r) for r in rows], device=self.device)
+        padded = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long, device=self.device)
+        for i, r in enumerate(rows):
+            padded[i, :len(r)] = r
+        return Sample(self.fed.x[padded], self.fed.y[padded], lengths)
+
+    @torch.no_grad()
+    def evaluate(self, params: Params) -> list[dict[str, float]]:
+        """Correct predictions, loss sum and test size of every client, vmapped over clients."""
+        K = len(self.clients)
+        sizes = [c.num_test for c in self.clients]
+        T = max(sizes) if sizes else 0
+        rows = torch.zeros(K, max(T, 1), dtype=torch.long, device=self.device)
+        mask = torch.zeros(K, max(T, 1), dtype=torch.bool, device=self.device)
+        for k, c in enumerate(self.clients):
+            rows[k, :c.num_test] = c.test_rows
+            mask[k, :c.num_test] = True
+        correct = torch.zeros(K, device=self.device)
+        loss = torch.zeros(K, device=self.device)
+        per_step = max(1, self.train.eval_batch_size // max(K, 1))
+        run = vmap(lambda p, x: forward(self.model, p, x, train=False))
+        for start in range(0, T, per_step):
+            r, m = rows[:, start:start + per_step], mask[:, start:start + per_step]
+            logits = run(params, self.fed.x[r])
+            y = self.fed.y[r]
+            correct += ((logits.argmax(-1) == y) & m).sum(1)
+            ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(m)
+            loss += (ce * m).sum(1)
+        return [{"correct": int(correct[k]), "loss_sum": float(loss[k]), "num_samples": sizes[k]} for k in range(K)]
+
+    # ---- data schedules ----------------------------------------------------------------------
+    def _train_schedule(self, spec: TrainBatches, generators: list[torch.Generator],
+                        budgets: list[int | None]) -> _Schedule:
+        """One epoch of ``spec`` for every client; ``budgets`` caps each client's steps (and is
+        debited)."""
+        b = spec.batch_size or self.train.batch_size
+        orders = []
+        for k, (c, g) in enumerate(zip(self.clients, generators)):
+            order = batch_order(training_part(c.num_train, spec.holdout), b, g)
+            if budgets[k] is not None:
+                order = order[:budgets[k]]
+                budgets[k] -= len(order)  # type: ignore[operator]
+            orders.append(order)
+        steps = torch.tensor([len(o) for o in orders])
+        rows = torch.zeros(len(orders), max(int(steps.max()), 1), b, dtype=torch.long)
+        mask = torch.zeros(len(orders), max(int(steps.max()), 1), b)
+        for k, (order, client) in enumerate(zip(orders, self.clients)):
+            if order:
+                local = torch.stack(order)  # [steps, size]
+                rows[k, :len(order), :local.shape[1]] = client.train_rows.cpu()[local]
+                mask[k, :len(order), :local.shape[1]] = 1.0
+        return _Schedule(rows.to(self.device), mask.to(self.device), steps)
+
+    def _plan(self, data: DataSpec) -> "_Plan":
+        if isinstance(data, SampleBatches):
+            return _SamplePlan(data.sample, self.train.batch_size)
+        if isinstance(data, TrainBatches):
+            return _TrainPlan(self, data)
+        if isinstance(data, SplitBatches):
+            return _SplitPlan(self, data)
+        if isinstance(data, PairedBatches):
+            return _PairedPlan([self._plan(s) for s in data.streams])
+        raise TypeError(f"unknown data specification {data!r}")
+
+    # ---- training --------------------------------------------------------------------------
+    def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
+            trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
+            optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
+            max_epochs: int = 1, active: PerClient | None = None, stage: str = "local training") -> Fit:
+        if (loss is None) == (step is None):
+            raise ValueError("fit takes either a loss or a step function")
+        if [k for k in buffer_names(self.model) if k in params]:
+            raise NotImplementedError(f"batched training does not support models with buffers (batch norm: "
+                                      f"{type(self.model).__name__}); engines run them client by client")
+        K = len(self.clients)
+        names = list(params) if trainable is None else list(trainable)
+        train = {k: params[k].detach().clone() for k in names}
+        frozen = {k: v.detach() for k, v in params.items() if k not in train}
+        net = self._net
+        opt = optimizer or self.train.optimizer()
+        opt_state = opt.init(train) if step is None else {}
+        if step is None:
+            assert loss is not None
+            batched = _vmapped(grad_and_value(lambda tp, fz, b, a: loss(net, {**fz, **tp}, b, a)), aux)
+        elif getattr(step, "batch_polymorphic", False):
+            batched = partial(step, None)
+        else:
+            batched = _vmapped(lambda tp, fz, b, a: step(grad_and_value, tp, fz, b, a), aux)
+        plan = self._plan(data)
+        loss_sum = torch.zeros(K, device=self.device)
+        count = torch.zeros(K, device=self.device)
+        last = torch.full((K,), math.nan, device=self.device)
+        epochs = torch.zeros(K, dtype=torch.long)
+        history: list[list[float]] = [[] for _ in range(K)]
+        running = list(range(K)) if active is None else torch.nonzero(torch.as_tensor(active)).flatten().tolist()
+        fixed = plan.fixed_epochs() if until is None else max_epochs
+        epoch = 0
+        while running and epoch < fixed:
+            steps = plan.steps(epoch)
+            running = sorted(running, key=lambda k: -int(steps[k]))  # steps decrease: each step runs a prefix
+            whole = running == list(range(K))
+            idx = torch.tensor(running, device=self.device)
+            pick = (lambda t: t) if whole else (lambda t: t[idx])
+            sub_train = {k: pick(v) for k, v in train.items()}
+            sub_frozen = {k: pick(v) for k, v in frozen.items()}
+            sub_state = {k: pick(v) for k, v in opt_state.items()}
+            sub_aux = tree_map(pick, aux) if aux is not None else None
+            sub_steps = steps[torch.tensor(running)]
+            for s in range(int(sub_steps.max()) if len(running) else 0):
+                n = int((sub_steps > s).sum())
+                batch = plan.batch(epoch, s, slice(0, n) if whole else idx[:n])
+                prefix = lambda t: t[:n]  # noqa: E731
+                if step is None:
+                    grads, values = batched({k: v[:n] for k, v in sub_train.items()},
+                                            {k: v[:n] for k, v in sub_frozen.items()}, batch,
+                                            tree_map(prefix, sub_aux) if sub_aux is not None else None)
+                    opt.update_(sub_train, grads, sub_state, rows=slice(0, n))
+                else:
+                    new, values = batched({k: v[:n] for k, v in sub_train.items()},
+                                          {k: v[:n] for k, v in sub_frozen.items()}, batch,
+                                          tree_map(prefix, sub_aux) if sub_aux is not None else None)
+                    with torch.no_grad():
+                        for k in sub_train:
+                            sub_train[k][:n] = new[k]
+                if transform is not None:
+                    with torch.no_grad():
+                        transform({k: v[:n] for k, v in sub_train.items()})
+                with torch.no_grad():
+                    loss_sum[idx[:n]] += values.detach()
+                    count[idx[:n]] += 1
+                    last[idx[:n]] = values.detach()
+            if not whole:
+                with torch.no_grad():
+                    for k in train:
+                        train[k][idx] = sub_train[k]
+                    for k in opt_state:
+                        opt_state[k][idx] = sub_state[k]
+            bad = (~torch.isfinite(loss_sum[idx])).nonzero().flatten()
+            if len(bad):
+                k = running[int(bad[0])]
+                raise NonFiniteLossError(f"training loss became {float(loss_sum[k])} ({self.where(stage, k)}); "
+                                         "lower the learning rate or check the data for NaN/inf values")
+            ran = [k for k in running if int(steps[k]) > 0]
+            epochs[torch.tensor(ran, dtype=torch.long)] += 1
+            if until is not None:
+                values = last[torch.tensor(ran, device=self.device)].tolist() if ran else []
+                for k, value in zip(ran, values):
+                    history[k].append(value)
+                running = [k for k in ran if not (until(history[k], self._ids[k]) or len(history[k]) >= max_epochs)]
+            epoch += 1
+        out = {**frozen, **train}
+        return Fit({k: out[k] for k in params}, loss_sum / count.clamp(min=1), epochs.to(self.device), last)
+
+
+def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:
+    """``fn(trainable, frozen, batch, aux)`` vmapped over the clients (``aux`` None: not mapped)."""
+    if aux is None:
+        return vmap(lambda tp, fz, b, a: fn(tp, fz, b, None), in_dims=(0, 0, 0, None))
+    return vmap(fn)
+
+
+class _Plan:
+    """How a data specification becomes per-client step counts and batches, epoch by epoch."""
+
+    def fixed_epochs(self) -> int:
+        raise NotImplementedError
+
+    def steps(self, epoch: int) -> Tensor:
+        raise NotImplementedError
+
+    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Any:
+        raise NotImplementedError
+
+
+class _TrainPlan(_Plan):
+    def __init__(self, ctx: BatchedClientContext, spec: TrainBatches) -> None:
+        self.ctx, self.spec = ctx, spec
+        # one generator per client for all epochs: the per-client context draws them in the same order
+        self.generators = [ctx.generator(spec.purpose, k) for k in range(len(ctx.clients))]
+        self.budgets: list[int | None] = [spec.max_steps] * len(ctx.clients)
+        self.schedules: list[_Schedule] = []
+
+    def fixed_epochs(self) -> int:
+        return self.spec.epochs
+
+    def schedule(self, epoch: int) -> _Schedule:
+        while len(self.schedules) <= epoch:  # epochs are drawn in order from the generators
+            self.schedules.append(self.ctx._train_schedule(self.spec, self.generators, self.budgets))
+        return self.schedules[epoch]
+
+    def steps(self, epoch: int) -> Tensor:
+        return self.schedule(epoch).steps
+
+    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Batch:
+        s = self.schedule(epoch)
+        rows = s.rows[clients, step]
+        return Batch(self.ctx.fed.x[rows], self.ctx.fed.y[rows], s.mask[clients, step])
+
+
+class _SplitPlan(_TrainPlan):
+    """Batches of 2b, each split into (B, B') by masks (see ``SplitBatches``)."""
+
+    def __init__(self, ctx: BatchedClientContext, spec: SplitBatches) -> None:
+        super().__init__(ctx, TrainBatches(spec.purpose, spec.epochs, 2 * ctx.train.batch_size))
+
+    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> tuple[Batch, Batch]:
+        whole = super().batch(epoch, step, clients)
+        m = whole.mask
+        real = m.sum(1, keepdim=True)
+        h = torch.div(real + 1, 2, rounding_mode="floor").clamp(max=self.ctx.train.batch_size)
+        position = torch.arange(m.shape[1], device=m.device)[None, :].to(m.dtype)
+        first = m * (position < h)
+        second = torch.where(real > h, m * (position >= h), first)
+        return Batch(whole.x, whole.y, first), Batch(whole.x, whole.y, second)
+
+
+class _PairedPlan(_Plan):
+    def __init__(self, plans: list[_Plan]) -> None:
+        self.plans = plans
+
+    def fixed_epochs(self) -> int:
+        return min(p.fixed_epochs() for p in self.plans)
+
+    def steps(self, epoch: int) -> Tensor:
+        return torch.stack([p.steps(epoch) for p in self.plans]).min(0).values
+
+    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> tuple[Any, ...]:
+        return tuple(p.batch(epoch, step, clients) for p in self.plans)
+
+
+class _SamplePlan(_Plan):
+    def __init__(self, sample: Sample, batch_size: int) -> None:
+        assert sample.lengths is not None
+        self.sample, self.b = sample, batch_size
+        self.counts = (sample.lengths.cpu() + batch_size - 1) // batch_size
+        positions = torch.arange(sample.y.shape[1], device=sample.lengths.device)
+        self.mask = (positions[None, :] < sample.lengths[:, None]).to(sample.x.dtype)
+
+    def fixed_epochs(self) -> int:
+        return 1
+
+    def steps(self, epoch: int) -> Tensor:
+        return self.counts
+
+    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Batch:
+        cols = slice(step * self.b, (step + 1) * self.b)
+        return Batch(self.sample.x[clients, cols], self.sample.y[clients, cols], self.mask[clients, cols])
+
+
+# ---- running a round's jobs in chunks of batched contexts ------------------------------------
+def batching_blocker(algorithm: Any, model: UnitModel, data: FederatedData) -> str | None:
+    """Why ``algorithm``'s clients cannot share a batched context here, or None if they can."""
+    missing = set(algorithm.needs) - BatchedClientContext.provides
+    if missing:
+        return f"{algorithm.name} needs {', '.join(sorted(missing))} client code"
+    if buffer_names(model):
+        return (f"{type(model).__name__} has buffers (batch-norm running statistics, updated in place by "
+                "training-mode forwards, which vmap does not support)")
+    if data.x is None:
+        return "the data holds no dataset tensors to gather batches from"
+    return None
+
+
+def size_order(data: FederatedData, client_ids: Sequence[int]) -> list[int]:
+    """Positions of ``client_ids`` by training-set size, largest first (step counts decrease)."""
+    return sorted(range(len(client_ids)), key=lambda j: -data.client(client_ids[j]).num_train)
+
+
+def item(value: Any, k: int) -> Any:
+    """Client ``k``'s entry of a per-client metric."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.dim() == 0 else value[k].item()
+    if isinstance(value, (list, tuple)):
+        return value[k]
+    return value

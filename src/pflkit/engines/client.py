@@ -1,0 +1,178 @@
+"""One client's context: the reference implementation of ``ClientContext`` (plain loops, autograd).
+
+Its batch orders, samples and losses are the ones every other context must reproduce: the
+batched context draws the same (seed, round, client, purpose) streams and computes the same
+losses on padded, masked batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from ..algorithms.context import (PER_CLIENT, DataSpec, Fit, PairedBatches, PerClient, Sample, SampleBatches,
+                                  SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings, Transform,
+                                  batch_order, sample_positions, split_halves, training_part)
+from ..data.federated import ClientData
+from ..functional import Params, torch_generator
+from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, check_finite, forward, net_of
+from ..models import UnitModel, Units, buffer_names
+
+
+class SingleClientContext:
+    """``ClientContext`` for one client (see ``pflkit.algorithms.context``)."""
+
+    batched = False
+    provides = frozenset({PER_CLIENT})
+
+    def __init__(self, client_id: int, round: int, seed: int, data: ClientData, model: UnitModel, units: Units,
+                 train: TrainSettings, algorithm: str = "") -> None:
+        self.client_id = client_id
+        self.round = round
+        self.seed = seed
+        self.data = data
+        self.model = model
+        self.units = units
+        self.train = train
+        self.algorithm = algorithm
+        self._net = net_of(model)
+
+    # ---- who -------------------------------------------------------------------------------
+    @property
+    def client_ids(self) -> list[int]:
+        return [self.client_id]
+
+    @property
+    def client_index(self) -> int:
+        return self.client_id
+
+    @property
+    def num_train(self) -> int:
+        return self.data.num_train
+
+    @property
+    def net(self) -> Net:
+        return self._net
+
+    def generator(self, purpose: str) -> torch.Generator:
+        """A fresh generator for (seed, round, client, purpose): the same draws on every engine."""
+        return torch_generator(self.seed, "client", self.round, self.client_id, purpose)
+
+    def where(self, stage: str) -> str:
+        return f"algorithm {self.algorithm}, client {self.client_id}, round {self.round}, {stage}"
+
+    # ---- data ------------------------------------------------------------------------------
+    def batches(self, spec: TrainBatches = TrainBatches()) -> Iterator[Batch]:
+        """The mini-batches of ``spec``, every epoch in turn."""
+        for epoch in self._train_epochs(spec):
+            yield from epoch
+
+    def _train_epochs(self, spec: TrainBatches, open_ended: bool = False) -> Iterator[list[Batch]]:
+        x, y = self.data.train_x, self.data.train_y
+        n = training_part(len(y), spec.holdout)
+        x, y = x[:n], y[:n]
+        b = spec.batch_size or self.train.batch_size
+        generator = self.generator(spec.purpose)
+        steps = 0
+        for _ in (itertools.count() if open_ended else range(spec.epochs)):
+            epoch = []
+            for idx in batch_order(len(y), b, generator):
+                if spec.max_steps is not None and steps >= spec.max_steps:
+                    break
+                idx = idx.to(x.device)
+                epoch.append(Batch(x[idx], y[idx]))
+                steps += 1
+            yield epoch
+
+    def _epochs(self, data: DataSpec, open_ended: bool) -> Iterator[list[Any]]:
+        if isinstance(data, TrainBatches):
+            yield from self._train_epochs(data, open_ended)
+        elif isinstance(data, PairedBatches):
+            for epochs in zip(*(self._train_epochs(s) for s in data.streams)):
+                yield list(zip(*epochs))
+        elif isinstance(data, SplitBatches):
+            for epoch in self._train_epochs(TrainBatches(data.purpose, data.epochs, 2 * self.train.batch_size)):
+                pairs = []
+                for batch in epoch:
+                    h = split_halves(len(batch.y), self.train.batch_size)
+                    first = Batch(batch.x[:h], batch.y[:h])
+                    second = Batch(batch.x[h:], batch.y[h:]) if len(batch.y) > h else first
+                    pairs.append((first, second))
+                yield pairs
+        elif isinstance(data, SampleBatches):
+            s, b = data.sample, self.train.batch_size
+            batches = [Batch(s.x[i:i + b], s.y[i:i + b]) for i in range(0, len(s.y), b)]
+            while True:
+                yield batches
+                if not open_ended:
+                    return
+        else:
+            raise TypeError(f"unknown data specification {data!r}")
+
+    def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
+        x, y = self.data.train_x, self.data.train_y
+        idx = sample_positions(len(y), fraction, sampling, self.generator(purpose)).to(x.device)
+        return Sample(x[idx], y[idx])
+
+    def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
+        return not all(torch.equal(a[k], b[k]) for k in a if k in b)
+
+    @torch.no_grad()
+    def features(self, params: Params, sample: Sample, stop: int) -> Sample:
+        return sample.with_inputs(forward(self.model, params, sample.x, stop=stop, train=True))
+
+    # ---- training --------------------------------------------------------------------------
+    def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
+            trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
+            optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
+            max_epochs: int = 1, active: PerClient | None = None, stage: str = "local training") -> Fit:
+        if (loss is None) == (step is None):
+            raise ValueError("fit takes either a loss or a step function")
+        if active is not None and not bool(active):
+            return Fit(dict(params), 0.0, 0, float("nan"))
+        buffers = [k for k in buffer_names(self.model) if k in params]
+        names = [k for k in (params if trainable is None else trainable) if k not in set(buffers)]
+        train = {k: params[k].detach().clone() for k in names}
+        # training-mode forwards update batch-norm statistics in place: the caller's stay untouched
+        stats = {k: params[k].detach().clone() for k in buffers}
+        frozen = {**{k: v.detach() for k, v in params.items() if k not in train and k not in stats}, **stats}
+        net = self.net
+        if step is None:
+            assert loss is not None
+            opt = optimizer or self.train.optimizer()
+            opt_state = opt.init(train)
+            # the trained tensors are leaves updated in place: one dict of them serves every step
+            leaves = [v.requires_grad_(True) for v in train.values()]
+            current = {**frozen, **train}
+        device = next(iter(params.values())).device
+        loss_sum = torch.zeros((), device=device)
+        count = 0
+        epoch_losses: list[float] = []
+        for epoch in self._epochs(data, open_ended=until is not None):
+            last = None
+            for batch in epoch:
+                if step is None:
+                    value = loss(net, current, batch, aux)
+                    grads = dict(zip(train, torch.autograd.grad(value, leaves)))
+                    opt.update_(train, grads, opt_state)
+                    value = value.detach()
+                else:
+                    train, value = step(autograd_value_and_grad, train, frozen, batch, aux)
+                if transform is not None:
+                    with torch.no_grad():
+                        transform(train)
+                loss_sum += value.detach()
+                count += 1
+                last = value
+            check_finite(loss_sum, self.where(stage))
+            if last is None:  # no data
+                break
+            epoch_losses.append(float(last))
+            if until is not None and (until(epoch_losses, self.client_id) or len(epoch_losses) >= max_epochs):
+                break
+        out = {**frozen, **{k: v.detach() for k, v in train.items()}}
+        return Fit({k: out[k] for k in params}, float(loss_sum) / max(count, 1), len(epoch_losses),
+                   epoch_losses[-1] if epoch_losses else float("nan"))

@@ -1,0 +1,185 @@
+"""The round driver: the one place that says what a federated round is.
+
+Every executor (the simulator's engines, the Flower strategy) asks the driver for the next
+round's plan (which clients, with which payloads and states), executes it however it likes,
+and hands the results back; the driver aggregates, records and advances the run's state:
+
+    plan = driver.next_plan(state)        # training round t, or the final evaluation, or None
+    results = <run plan.jobs>             # simulator engine, or Flower messages
+    record = driver.finish(state, plan, results)
+
+Evaluation convention (spec §5.7, FedALA/PFLlib): the model evaluated at "round r" is each
+evaluated client's ``eval_params`` right after ``local_init`` with the server state produced by
+r aggregations, i.e. at the start of training round r + 1 (round 0 = the initial model). After
+the last round a final evaluation-only pass scores round T. With join_ratio < 1 the evaluated
+clients of round r are those sampled for round r + 1 (spec: "only the joining clients").
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from ..algorithms.base import Algorithm, ClientSummary, SentUpload, State
+from ..engines.base import ClientJob, ClientResult
+from ..functional import Params, numpy_generator
+
+
+@dataclass
+class RunState:
+    """Everything needed to continue a run: checkpointed after rounds, restored on resume.
+    ``clients`` is empty where client states live elsewhere (on Flower nodes)."""
+
+    algorithm: str
+    seed: int
+    rounds_done: int
+    server: State
+    clients: dict[int, State]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    pending: dict[str, Any] | None = None  # training stats of the last round, awaiting its evaluation
+    done: bool = False
+
+
+class Callback(Protocol):
+    def on_record(self, state: RunState, record: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class RoundPlan:
+    """One round to execute: its number, the client jobs and whether it trains (False: the
+    final evaluation-only pass)."""
+
+    round: int
+    jobs: list[ClientJob]
+    evaluate: bool
+    train: bool
+    started: float = field(default_factory=time.perf_counter)
+
+
+def sample_clients(seed: int, round: int, num_clients: int, join_ratio: float) -> list[int]:
+    """floor(join_ratio * N) clients (at least one), uniform without replacement (spec §0.1)."""
+    k = max(1, int(join_ratio * num_clients))
+    if k >= num_clients:
+        return list(range(num_clients))
+    rng = numpy_generator(seed, "select", round)
+    return sorted(int(i) for i in rng.choice(num_clients, size=k, replace=False))
+
+
+def should_evaluate(r: int, rounds: int, eval_every: int) -> bool:
+    return r % eval_every == 0 or r == rounds
+
+
+def evaluation_metrics(results: Sequence[ClientResult]) -> dict[str, Any]:
+    """Pooled (sample-weighted) and per-client accuracy of the evaluated clients."""
+    evals = [(r.client_id, r.evaluation) for r in results if r.evaluation is not None]
+    correct = sum(e["correct"] for _, e in evals)
+    total = sum(e["num_samples"] for _, e in evals)
+    per_client = {cid: e["correct"] / e["num_samples"] for cid, e in evals if e["num_samples"] > 0}
+    accs = np.array(list(per_client.values()), dtype=float)
+    return {
+        "accuracy": correct / total if total else float("nan"),
+        "mean_client_accuracy": float(accs.mean()) if len(accs) else float("nan"),
+        "std_client_accuracy": float(accs.std()) if len(accs) else float("nan"),
+        "test_loss": sum(e["loss_sum"] for _, e in evals) / total if total else float("nan"),
+        "evaluated_clients": len(evals),
+        "client_accuracy": {str(k): v for k, v in per_client.items()},
+    }
+
+
+def training_metrics(round: int, results: Sequence[ClientResult], seconds: float) -> dict[str, Any]:
+    """Round wall time, sample-weighted train loss and per-client diagnostics of one round
+    (client means, ignoring clients for which a diagnostic is NaN; sums for ``*_seconds``)."""
+    weights = np.array([r.upload["num_samples"] for r in results if r.upload is not None], dtype=float)
+    losses = np.array([r.metrics.get("train_loss", np.nan) for r in results], dtype=float)
+    out: dict[str, Any] = {"train_round": round, "seconds": seconds,
+                           "train_loss": float((weights * losses).sum() / weights.sum())}
+    keys = sorted({k for r in results for k in r.metrics if k != "train_loss"})
+    for key in keys:
+        values = np.array([r.metrics[key] for r in results if key in r.metrics], dtype=float)
+        values = values[~np.isnan(values)]
+        if not len(values):
+            continue
+        out[key] = float(values.sum() if key.endswith("_seconds") else values.mean())
+        if key == "ala_epochs":
+            out["ala_epochs_max"] = float(values.max())
+    return out
+
+
+class RoundDriver:
+    """Plans and finishes the rounds of one (algorithm, seed) run."""
+
+    def __init__(self, algorithm: Algorithm, *, num_clients: int, seed: int, rounds: int, join_ratio: float,
+                 eval_every: int) -> None:
+        self.algorithm = algorithm
+        self.num_clients = num_clients
+        self.seed = seed
+        self.rounds = rounds
+        self.join_ratio = join_ratio
+        self.eval_every = eval_every
+
+    def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True) -> RunState:
+        """Server (and, with ``client_states``, client) states from the common initial model,
+        then the algorithm's ``prepare`` from the clients' summaries."""
+        alg = self.algorithm
+        server = alg.prepare(alg.init_server(init_params), summaries)
+        clients = {s.client_id: alg.init_client(init_params, s.client_id) for s in summaries} if client_states else {}
+        return RunState(algorithm=alg.name, seed=self.seed, rounds_done=0, server=server, clients=clients)
+
+    def next_plan(self, state: RunState) -> RoundPlan | None:
+        """The next training round, the final evaluation after the last one, or None when done."""
+        if state.done:
+            return None
+        if state.rounds_done < self.rounds:
+            return self.plan(state, state.rounds_done + 1)
+        return self.plan_final(state)
+
+    def plan(self, state: RunState, t: int) -> RoundPlan:
+        """Training round ``t``: sampled clients with their payloads and states; it also
+        evaluates round ``t - 1`` when that round is due."""
+        selected = sample_clients(self.seed, t, self.num_clients, self.join_ratio)
+        evaluate = should_evaluate(t - 1, self.rounds, self.eval_every)
+        return RoundPlan(t, self._jobs(state, selected, t, evaluate, True), evaluate, True)
+
+    def plan_final(self, state: RunState) -> RoundPlan:
+        """The evaluation of round T: local initialisation and evaluation, no training."""
+        final = self.rounds + 1
+        selected = sample_clients(self.seed, final, self.num_clients, self.join_ratio)
+        return RoundPlan(final, self._jobs(state, selected, final, True, False), True, False)
+
+    def _jobs(self, state: RunState, selected: list[int], t: int, evaluate: bool, train: bool) -> list[ClientJob]:
+        return [ClientJob(i, self.algorithm.downlink(state.server, i, t), state.clients.get(i), evaluate, train)
+                for i in selected]
+
+    def finish(self, state: RunState, plan: RoundPlan, results: Sequence[ClientResult]) -> dict[str, Any]:
+        """Take a round's results: keep client states, aggregate the uploads, and return the
+        record of the evaluated round (``plan.round - 1``, or T for the final pass)."""
+        results = sorted(results, key=lambda r: r.client_id)  # one aggregation order on every executor
+        evaluated = list(results) if plan.evaluate else None
+        if not plan.train:
+            record = self._record(state, self.rounds, evaluated)
+            state.pending = None
+            state.done = True
+            state.history.append(record)
+            return record
+        for res in results:
+            if res.state is not None:
+                state.clients[res.client_id] = res.state
+        uploads: list[SentUpload] = [{**r.upload, "client_id": r.client_id}  # type: ignore[typeddict-item]
+                                     for r in results if r.upload is not None]
+        state.server = self.algorithm.aggregate(state.server, uploads, plan.round)
+        record = self._record(state, plan.round - 1, evaluated)
+        state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        state.rounds_done = plan.round
+        state.history.append(record)
+        return record
+
+    def _record(self, state: RunState, r: int, results: Sequence[ClientResult] | None) -> dict[str, Any]:
+        record: dict[str, Any] = {"algorithm": state.algorithm, "seed": state.seed, "round": r}
+        if results is not None:
+            record.update(evaluation_metrics(results))
+        if state.pending is not None:
+            record.update(state.pending)
+        return record

@@ -1,0 +1,110 @@
+"""The experiment loop, once for every executor: every seed x algorithm into one results folder.
+
+An :class:`Executor` says how one seed is set up (its Theta^0, the clients' summaries, the
+partition) and how the rounds of one run execute (the simulator's engines, or Flower). The loop
+around them is here: checkpoints (a run restarts from its last one), metrics, progress, the
+partition and accuracy plots, the summary and the run status.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..algorithms import ClientSummary, TrainSettings, build_algorithm
+from ..config import BaseConfig
+from ..functional import Params
+from ..models import Units
+from ..reporting import plot_accuracy, plot_partition, summarize
+from .checkpoint import Checkpointer, load_checkpoint
+from .driver import Callback, RoundDriver, RunState
+from .results import MetricsWriter, ResultsFolder
+
+
+@dataclass
+class SeedSetup:
+    """What the runs of one seed start from."""
+
+    init: Params
+    units: Units
+    summaries: list[ClientSummary]
+    partition_seed: int
+    partition: dict[str, Any] = field(default_factory=dict)  # the record kept in partition-seed<k>.json
+    partition_title: str = ""
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.stack([s.label_counts for s in self.summaries])
+
+
+class Executor(Protocol):
+    """Runs the rounds of one (algorithm, seed): the simulator's engines or a Flower grid."""
+
+    keeps_client_states: bool  # False: client states live with the clients (Flower nodes)
+    device: torch.device
+
+    def setup_seed(self, seed: int) -> SeedSetup: ...
+
+    def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
+        """Execute ``driver``'s plans on ``state`` until it is done, calling ``callbacks`` with
+        every record."""
+
+
+class ProgressBar:
+    """Callback: one progress bar per run, advanced by every training round."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+
+    def on_record(self, state: RunState, record: dict[str, Any]) -> None:
+        if not state.done:  # every record but the final one closes a training round
+            self.bar.update(1)
+        if "accuracy" in record:
+            self.bar.set_postfix(acc=f"{100 * record['accuracy']:.2f}%")
+
+
+def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, progress: bool = True,
+            callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """Every algorithm x seed of ``config`` (continuing from the folder's checkpoints); returns
+    the summary, written last with the status ``complete`` (``failed`` with the error otherwise)."""
+    try:
+        train = TrainSettings.from_config(config)
+        histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        plotted: set[int] = set()
+        for seed in config.seeds:
+            setup = executor.setup_seed(seed)
+            if setup.partition_seed not in plotted:
+                plotted.add(setup.partition_seed)
+                results.write_partition(setup.partition_seed, setup.partition)
+                path = results.plots / f"partition-seed{setup.partition_seed}.png"
+                if not path.exists():
+                    plot_partition(setup.counts, path, setup.partition_title)
+            for name in config.algorithms:
+                algorithm = build_algorithm(name, config.algorithm_sections(), train, setup.units)
+                driver = RoundDriver(algorithm, num_clients=config.num_clients, seed=seed, rounds=config.rounds,
+                                     join_ratio=config.join_ratio, eval_every=config.eval_every)
+                ckpt = results.checkpoint_path(name, seed)
+                state = load_checkpoint(ckpt, executor.device) if ckpt.is_file() else None
+                if state is None:
+                    state = driver.start(setup.init, setup.summaries, client_states=executor.keeps_client_states)
+                if not state.done:
+                    bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
+                               disable=not progress, leave=True, dynamic_ncols=True)
+                    with bar if progress else nullcontext():
+                        executor.run(driver, state, [Checkpointer(ckpt, config.checkpoint_every),
+                                                     MetricsWriter(results), ProgressBar(bar), *callbacks])
+                histories[(name, seed)] = state.history
+        summary = summarize(histories, config.algorithms, config.seeds)
+        plot_accuracy(histories, results.plots / "accuracy.png",
+                      f"{config.dataset}, {config.partition}, {config.num_clients} clients")
+        results.write_summary(summary)
+        results.set_status("complete")
+    except BaseException as exc:
+        results.set_status("failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    return summary

@@ -1,0 +1,86 @@
+"""What every run of a config needs before its rounds, wherever it runs (simulator or Flower):
+the device, the model skeleton with Theta^0, and the partition of the data."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..config import BaseConfig
+from ..data import Dataset, PartitionSpec, load_dataset, load_pfllib
+from ..data.federated import FederatedData
+from ..functional import stream_seed
+from ..models import UnitModel, buffer_names, build_model
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} was requested but CUDA is not available on this machine")
+    return device
+
+
+def initial_params(config: BaseConfig, data: FederatedData | tuple[Any, ...], seed: int,
+                   device: torch.device) -> tuple[UnitModel, dict[str, torch.Tensor]]:
+    """The model skeleton and Theta^0, seeded by the run seed (same for every algorithm).
+
+    ``data`` is a FederatedData or (input shape, number of classes[, vocabulary size]). Built on
+    the CPU from a seeded generator, Theta^0 is identical on every machine with the same PyTorch
+    version, which lets Flower nodes build it locally. Theta^0 holds the parameters and the
+    floating buffers (batch-norm running statistics) under their state-dict names.
+    """
+    if isinstance(data, FederatedData):
+        shape, classes, vocab_size = data.input_shape, data.num_classes, data.vocab_size
+    else:
+        shape, classes, vocab_size = data[0], data[1], (data[2] if len(data) > 2 else None)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed(seed, "model-init"))
+        model = build_model(config.model_for(tuple(shape)), tuple(shape), classes, vocab_size=vocab_size)
+    model = model.to(device)
+    buffers = dict(model.named_buffers())
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    init.update({k: buffers[k].detach().clone() for k in buffer_names(model)})
+    return model, init
+
+
+def partition_seed(config: BaseConfig, seed: int) -> int:
+    """The partition seed of run seed ``seed`` (``partition_seed`` fixes it across seeds)."""
+    return seed if config.partition_seed is None else config.partition_seed
+
+
+def partition_spec(config: BaseConfig) -> PartitionSpec:
+    """The partition keys of ``config``."""
+    return PartitionSpec(method=config.partition, num_clients=config.num_clients, alpha=config.alpha,
+                         classes_per_client=config.classes_per_client, balanced=config.balanced,
+                         min_samples_per_client=config.min_samples_per_client, balance_cap=config.balance_cap,
+                         train_fraction=config.train_fraction, batch_size=config.batch_size,
+                         rng=config.partition_rng)
+
+
+def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: torch.device | str) -> FederatedData:
+    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes)."""
+    return FederatedData.build(dataset, partition_spec(config), seed, device=device)
+
+
+def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConfig, dict[int, FederatedData]]:
+    """One partition per distinct partition seed of the config's seeds, and the config (a PFLlib
+    folder's own client count replaces ``num_clients``, so that the saved config tells the truth)."""
+    seeds = {partition_seed(config, s) for s in config.seeds}
+    if config.dataset == "pfllib":
+        data = load_pfllib(config.data_dir, device=device)  # type: ignore[arg-type]
+        log.info("dataset pfllib: using the %d client splits of %s; partition, alpha, classes_per_client, "
+                 "balanced, min_samples_per_client, train_fraction and partition_seed are ignored",
+                 data.num_clients, config.data_dir)
+        if data.num_clients != config.num_clients:
+            log.warning("num_clients=%d replaced by the %d clients of %s/config.json", config.num_clients,
+                        data.num_clients, config.data_dir)
+            config = config.model_copy(update={"num_clients": data.num_clients})
+        return config, {s: data for s in seeds}
+    dataset = load_dataset(config.dataset, config.data_dir)
+    return config, {s: partition_dataset(config, dataset, s, device) for s in sorted(seeds)}
