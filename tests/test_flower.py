@@ -192,3 +192,30 @@ def test_a_restarted_server_app_continues_from_its_checkpoint_like_an_uninterrup
     (out / "run.json").write_text((out / "run.json").read_text().replace('"complete"', '"failed"'))
     with pytest.raises(FileExistsError, match="another config.*rounds"):
         run_on_flower(other, LocalGrid(client_app, nodes), out, wait_seconds=5)
+
+
+def test_the_global_model_methods_on_flower_match_the_simulator_under_the_official_protocol(tmp_path):
+    """FedACD's baselines with global metrics and the adaptability metrics: the ServerApp scores the
+    global model on the test split it reads itself, the nodes report their local models' scores."""
+    config = load_config(None, ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=2", "engine=loop",
+                                "test_set=official", "metrics.adaptability=true", "creff.match_steps=5",
+                                "creff.retrain_steps=5", "fednh.spread_steps=20",
+                                'algorithms=["fedacd","fednova","fednh","creff","fedrod"]'])
+    grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)])
+    run_on_flower(config, grid, tmp_path / "flower", wait_seconds=5)
+    run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
+
+    def records(folder):
+        return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
+                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+    flower_records, sim_records = records(tmp_path / "flower"), records(tmp_path / "sim")
+    assert len(flower_records) == len(sim_records) == 15
+    assert "global_accuracy" in flower_records[-1] and "local_risk" in flower_records[1]
+    for f, s in zip(flower_records, sim_records):
+        assert f.keys() == s.keys()
+        for key in f:
+            if isinstance(f[key], (float, list)):
+                assert f[key] == pytest.approx(s[key], abs=1e-9, nan_ok=True), key
+            else:
+                assert f[key] == s[key], key

@@ -24,6 +24,18 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the offending key(s)."""
 
 
+class MetricsSettings(BaseModel):
+    """The ``[metrics]`` section: metrics that cost extra passes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    adaptability: bool = Field(False, description="after training, score every participant's local model by "
+                               "its risk over the clients' distributions and KL(P||T) (FedACD Tables 3 and 9; "
+                               "a pass over its training data and the global test set; test_set = official)")
+    template_gamma: float = Field(0.9, gt=0, lt=1, description="gamma of the template T of KL(P||T) "
+                                  "(spec §3.9 [UNCERTAIN])")
+
+
 class BaseConfig(BaseModel):
     """Keys shared by every experiment (the per-algorithm sections are added below)."""
 
@@ -49,7 +61,12 @@ class BaseConfig(BaseModel):
     partition_rng: Literal["pflkit", "pfllib"] = Field(
         "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
         "np.random.seed(partition_seed) order, which reproduces PFLlib's generated split of the same pool")
-    train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5)")
+    train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5; "
+                                  "test_set = client_split only)")
+    test_set: Literal["client_split", "official"] = Field(
+        "client_split", description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
+        "official: the official training split is partitioned, the official test split is the global test "
+        "set and each client gets a local test set with its label proportions (spec §5.6)")
     partition_seed: int | None = Field(None, description="seed of the partition; default: each run seed")
     rounds: int = Field(60, ge=1)
     algorithms: list[str] = Field(default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"],
@@ -58,6 +75,11 @@ class BaseConfig(BaseModel):
     batch_size: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)
     lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (optimiser state starts fresh every round)")
+    weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (L2 added to the gradient)")
+    mixup: bool = Field(False, description="input mixup in every local training batch (Zhang et al. 2018; "
+                        "FedACD Table 5)")
+    mixup_alpha: float = Field(1.0, gt=0, description="mixup: lambda ~ Beta(mixup_alpha, mixup_alpha)")
     join_ratio: float = Field(1.0, gt=0, le=1)
     eval_every: int = Field(1, ge=1)
     eval_batch_size: int = Field(1000, ge=1)
@@ -109,6 +131,23 @@ class BaseConfig(BaseModel):
         if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
             raise ValueError("device must be cpu, cuda, cuda:N or auto")
         return device
+
+    metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(),
+                                     description="optional, costly metrics")
+
+    @model_validator(mode="after")
+    def _adaptability_needs_the_official_test_set(self) -> "BaseConfig":
+        if self.metrics.adaptability and self.test_set != "official":
+            raise ValueError("metrics.adaptability scores local models on the global test set: it needs "
+                             "test_set = \"official\"")
+        return self
+
+    @model_validator(mode="after")
+    def _official_needs_a_pool(self) -> "BaseConfig":
+        if self.test_set == "official" and self.dataset == "pfllib":
+            raise ValueError("test_set = \"official\" needs the dataset's official test split, and a PFLlib "
+                             "folder holds only per-client splits: use test_set = \"client_split\" or a dataset")
+        return self
 
     @model_validator(mode="after")
     def _dataset_needs(self) -> "BaseConfig":

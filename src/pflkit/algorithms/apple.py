@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 from torch.nn import functional as F
 
-from ..functional import Params
+from ..functional import Params, scale
 from ..functional.training import Batch, LossFn, Net, cross_entropy
 from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
 from .registry import register
@@ -47,11 +47,6 @@ def loss_scale(r: int, total_rounds: int, L: float, scheduler: str) -> float:
 
 
 P = "apple.p"  # the DR vector among the tensors a fit trains
-
-
-def scale(coefficient: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
-    """``coefficient`` ([] or [K]) times ``tensor`` ([...] or [K, ...]), broadcast over its dims."""
-    return coefficient.reshape(coefficient.shape + (1,) * (tensor.dim() - coefficient.dim())) * tensor
 
 
 def mixture(p: torch.Tensor, cores: list[Params], own: Params, own_onehot: torch.Tensor) -> Params:

@@ -93,6 +93,8 @@ class Algorithm:
         round (FedAMP, APPLE); configs with join_ratio < 1 are refused.
       trains_on_receive: True when ``receive`` runs training steps of its own (ALA's weight
         learning): engines may batch that step across clients even where training runs per client.
+      has_global_model: False when ``global_params`` is no model worth scoring (FedRep's server
+        never trains a head; local training has none); global-test metrics skip such methods.
     """
 
     name: ClassVar[str] = ""
@@ -102,6 +104,7 @@ class Algorithm:
     needs: ClassVar[frozenset[str]] = frozenset()
     requires_full_participation: ClassVar[bool] = False
     trains_on_receive: ClassVar[bool] = False
+    has_global_model: ClassVar[bool] = True
 
     def __init__(self, settings: Settings, train: TrainSettings, units: Units) -> None:
         self.settings = settings
@@ -173,14 +176,14 @@ class Algorithm:
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         """E epochs of the local objective (``loss``) from the local model; upload it."""
-        fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state))
+        fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state, ctx))
         return {**state, "model": fit.params}, self.upload(fit.params, ctx), {"train_loss": fit.loss}
 
     def loss(self) -> LossFn:
         """The local objective of ``local_train`` (default: cross-entropy)."""
         return classification_loss
 
-    def loss_aux(self, payload: Payload, state: State) -> Any:
+    def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         """The per-client tensors ``loss`` reads (e.g. FedProx's anchor); default: none."""
         return None
 

@@ -39,6 +39,8 @@ class TrainSettings:
     lr: float = 0.1
     momentum: float = 0.0
     weight_decay: float = 0.0
+    mixup: bool = False
+    mixup_alpha: float = 1.0
     eval_batch_size: int = 1000
     rounds: int = 1  # T, the run's total rounds (FedPHP's and APPLE's schedules)
     bn_buffers: str = "local"  # "local": batch-norm statistics are not downloaded (spec §0.2)
@@ -46,7 +48,8 @@ class TrainSettings:
     @classmethod
     def from_config(cls, config: Any) -> "TrainSettings":
         return cls(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                   momentum=getattr(config, "momentum", 0.0), weight_decay=getattr(config, "weight_decay", 0.0),
+                   momentum=config.momentum, weight_decay=config.weight_decay, mixup=config.mixup,
+                   mixup_alpha=config.mixup_alpha,
                    eval_batch_size=config.eval_batch_size, rounds=config.rounds, bn_buffers=config.bn_buffers)
 
     def optimizer(self, lr: float | None = None, **lrs: float) -> SGD:
@@ -95,13 +98,15 @@ class TrainBatches:
     reshuffled every epoch from the stream ``purpose``; full batches only (drop_last), except
     that a client with fewer samples than one batch trains on one batch of all of them.
     ``holdout`` keeps the last share of the training data out (FedFomo validates on it);
-    ``max_steps`` stops after that many batches."""
+    ``max_steps`` stops after that many batches. ``mixup`` (None: the run's ``mixup`` setting)
+    mixes every batch (lam ~ Beta(a, a) and a partner order from the stream ``purpose/mixup``)."""
 
     purpose: str = "train"
     epochs: int = 1
     batch_size: int | None = None
     holdout: float = 0.0
     max_steps: int | None = None
+    mixup: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -149,12 +154,14 @@ class Sample:
 class Fit:
     """The result of ``ctx.fit``: the parameters (every entry of the input dict; trained ones
     updated, batch-norm statistics updated by the training-mode forwards), the mean step loss,
-    the number of epochs run and the loss of the last step (NaN where no step ran), per client."""
+    the number of epochs run, the loss of the last step (NaN where no step ran) and the number of
+    steps, per client."""
 
     params: Params
     loss: PerClient
     epochs: PerClient
     last_loss: PerClient
+    steps: PerClient = 0
 
 
 #: A custom training step: ``step(value_and_grad, trainable, frozen, batch, aux) -> (trainable, loss)``,
@@ -166,6 +173,10 @@ StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn], Params, Params, An
 Transform = Callable[[Params], None]
 #: Whether a client stops: called with its list of per-epoch last-step losses.
 StopRule = Callable[[list[float], int], bool]
+#: A per-sample map for ``class_sums``: ``fn(net, params, x, y) -> [b, ...]``.
+SampleMap = Callable[[Net, Params, Tensor, Tensor], Tensor]
+#: Called after each epoch with the carried tensors (``fit(carry=...)``); returns their new values.
+EpochEnd = Callable[[Params], Params]
 
 
 class ClientContext(Protocol):
@@ -194,6 +205,15 @@ class ClientContext(Protocol):
     def net(self) -> Net:
         """The model's forward over parameter dicts (works inside ``fit``'s losses and steps)."""
 
+    @property
+    def label_counts(self) -> Tensor:
+        """The client's training samples per class [C] (batched: [K, C])."""
+
+    def class_sums(self, params: Params, fn: "SampleMap") -> Tensor:
+        """Sums over the client's training samples, per true class, of ``fn(net, params, x, y)``
+        (a per-sample map, evaluation mode, no gradient): [C, ...] (batched: [K, C, ...]).
+        FedACD's probability matrix sums softmax outputs; FedNH sums normalised features."""
+
     def features(self, params: Params, sample: Sample, stop: int) -> Sample:
         """The sample with its inputs replaced by the output of units ``0..stop-1`` (training-mode
         forward, no gradient) on the client's parameters (batched: each client's own)."""
@@ -201,13 +221,16 @@ class ClientContext(Protocol):
     def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
             trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
             optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
-            max_epochs: int = 1, active: PerClient | None = None, stage: str = "local training") -> Fit:
+            max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
+            epoch_end: EpochEnd | None = None, stage: str = "local training") -> Fit:
         """Train ``trainable`` (default: every parameter, never batch-norm statistics) of
         ``params`` over ``data``: each step either minimises ``loss`` with ``optimizer`` (default:
         the run's SGD) or applies ``step``; ``transform`` follows every step. ``until`` makes
         the epochs open-ended (per client, at most ``max_epochs``); without it ``data`` fixes
-        them. ``active`` (per client) leaves inactive clients' parameters unchanged. Raises
-        NonFiniteLossError naming the stage when a loss is NaN/inf."""
+        them. ``active`` (per client) leaves inactive clients' parameters unchanged. ``carry``
+        names entries the loss updates itself: it then returns ``(value, {name: new value})``
+        (e.g. running statistics of the batches); ``epoch_end`` maps them after every epoch.
+        Raises NonFiniteLossError naming the stage when a loss is NaN/inf."""
 
     def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
         """At least one of the client's training samples: ``fraction`` of them, a uniform subset

@@ -98,5 +98,5 @@ class FedAMP(Algorithm):
             return proximal_loss(classification_loss, mu)
         return norm_proximal_loss(mu)
 
-    def loss_aux(self, payload: Payload, state: State) -> Any:
+    def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         return {"anchor": self.parameters_of(payload["cloud"])}

@@ -46,7 +46,7 @@ class FineTuning(Algorithm):
 
     def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         cfg = self.settings
-        aux = self.loss_aux(payload, state)
+        aux = self.loss_aux(payload, state, ctx)
         if not cfg.ft_until_converged:
             fit = ctx.fit(state["model"], self.finetune_loss(), aux=aux, data=TrainBatches("finetune", cfg.ft_epochs),
                           stage="fine-tuning")
@@ -66,7 +66,7 @@ class FineTuning(Algorithm):
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         fit = self.train_model(self.training_start(payload, state), ctx, self.loss(),
-                               aux=self.loss_aux(payload, state))
+                               aux=self.loss_aux(payload, state, ctx))
         return {**state, "model": fit.params}, self.upload(fit.params, ctx), {"train_loss": fit.loss}
 
 

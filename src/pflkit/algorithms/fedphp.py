@@ -100,12 +100,12 @@ class FedPHP(Algorithm):
     def loss(self) -> LossFn:
         return fedphp_loss(self.settings, body=len(self.units) - 1)
 
-    def loss_aux(self, payload: Payload, state: State) -> Any:
+    def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         # the teacher's training-mode forwards update its batch-norm statistics: give it a copy
         return {"hpm": clone(state["hpm"])}
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
-        fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state),
+        fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state, ctx),
                                stage="local training (CE + knowledge transfer)")
         w = fit.params
         mu_t = hpm_coefficient(self.settings.mu, ctx.round, self.train.rounds)

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field
 
 from ..functional.training import LossFn, classification_loss, proximal_loss
-from .base import Algorithm, Payload, Settings, State
+from .base import Algorithm, ClientContext, Payload, Settings, State
 from .registry import register
 
 
@@ -27,5 +27,5 @@ class FedProx(Algorithm):
     def loss(self) -> LossFn:
         return proximal_loss(classification_loss, self.settings.mu)
 
-    def loss_aux(self, payload: Payload, state: State) -> Any:
+    def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         return {"anchor": self.parameters_of(payload["global"])}

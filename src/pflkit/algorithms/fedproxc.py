@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from ..functional.training import LossFn, classification_loss, proximal_loss
-from .base import Payload, State
+from .base import ClientContext, Payload, State
 from .fedavgc import FineTuneSettings, FineTuning
 from .registry import register
 
@@ -32,7 +32,7 @@ class FedProxC(FineTuning):
     def loss(self) -> LossFn:
         return proximal_loss(classification_loss, self.settings.mu)
 
-    def loss_aux(self, payload: Payload, state: State) -> Any:
+    def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         return {"anchor": self.parameters_of(payload["global"])}
 
     def finetune_loss(self) -> LossFn:

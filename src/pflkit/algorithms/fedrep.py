@@ -22,6 +22,7 @@ class FedRepSettings(Settings):
 @register
 class FedRep(Algorithm):
     name = "fedrep"
+    has_global_model = False  # the server never trains a head
     settings_class = FedRepSettings
     settings: FedRepSettings
 

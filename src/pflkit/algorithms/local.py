@@ -13,6 +13,7 @@ from .registry import register
 @register
 class Local(Algorithm):
     name = "local"
+    has_global_model = False  # nothing is aggregated
     ala_targets = {}
 
     def downloaded_names(self, names: list[str]) -> list[str]:

@@ -101,4 +101,4 @@ def load_agnews(data_dir: str | Path, max_len: int = MAX_LEN) -> Dataset:
     vocab = build_vocab(tokens)
     x = torch.from_numpy(encode(tokens, vocab, max_len))
     y = torch.from_numpy(np.concatenate([labels for _, labels in parts]))
-    return Dataset("agnews", x, y, NUM_CLASSES, vocab_size=len(vocab))
+    return Dataset("agnews", x, y, NUM_CLASSES, vocab_size=len(vocab), official_train=len(parts[0][1]))

@@ -174,4 +174,5 @@ def load_cifar(name: str, data_dir: str | Path) -> Dataset:
         offset += len(labels)
     x.div_(255.0).sub_(0.5).div_(0.5)
     y = torch.from_numpy(np.concatenate([labels for _, labels in parts]))
-    return Dataset(name, x.view(n, 3, 32, 32), y, source.layout.num_classes)
+    test = len(parts[-1][1])  # the last member is the test batch
+    return Dataset(name, x.view(n, 3, 32, 32), y, source.layout.num_classes, official_train=n - test)

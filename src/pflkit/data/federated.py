@@ -8,9 +8,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import PartitionError
-from .partition import PartitionSpec, class_counts, split_clients
+from .errors import DataError, PartitionError
+from .partition import PartitionSpec, class_counts, split_clients, stratified_test_split
 from .sources import Dataset
+
+
+def official_split(data: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows, test rows) of the dataset's official split; datasets without one (digits,
+    synthetic) use a fixed stratified 75/25 split of their own."""
+    n = len(data)
+    if data.official_train is not None:
+        if not 0 < data.official_train < n:
+            raise DataError(f"dataset {data.name!r} holds {data.official_train} official training and "
+                            f"{n - data.official_train} official test samples: test_set = \"official\" needs both")
+        return np.arange(data.official_train), np.arange(data.official_train, n)
+    return stratified_test_split(data.y.numpy())
 
 
 @dataclass
@@ -49,6 +61,19 @@ class FederatedData:
     y: torch.Tensor | None = None
     vocab_size: int | None = None  # token-id data: ids are in 0..vocab_size-1 (the embedding size)
     partition_info: dict[str, Any] = field(default_factory=dict)  # how the split was drawn (split_clients)
+    global_test_rows: torch.Tensor | None = None  # rows of x, y: the global test set (official protocol)
+
+    @property
+    def global_test(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The global test set (the official test split), or None under the client-split protocol."""
+        if self.global_test_rows is None or self.x is None or self.y is None:
+            return None
+        return self.x[self.global_test_rows], self.y[self.global_test_rows]
+
+    def prior(self, client_id: int) -> np.ndarray:
+        """The client's training label distribution pi (sums to 1)."""
+        counts = self.train_label_counts(client_id).astype(np.float64)
+        return counts / max(counts.sum(), 1.0)
 
     @property
     def num_clients(self) -> int:
@@ -76,12 +101,15 @@ class FederatedData:
         Problems name the dataset and its size next to the config keys to change.
         """
         labels = data.y.numpy()
+        pools = official_split(data) if spec.official else None
         try:
-            split = split_clients(labels, spec, seed)
+            split = split_clients(labels, spec, seed, pools)
         except PartitionError as exc:
             raise PartitionError(f"dataset {data.name!r} ({len(labels)} samples, {data.num_classes} classes): "
                                  f"{exc}") from None
         x, y = data.x.to(device), data.y.to(device)
+        if pools is not None and data.official_train is None:
+            split.info["official_split"] = "none shipped: a fixed stratified 75/25 split (seed 0) of the dataset"
         clients = []
         for i, (tr, te) in enumerate(zip(split.train, split.test)):
             tr_t = torch.as_tensor(tr, device=device)
@@ -91,7 +119,8 @@ class FederatedData:
         return cls(dataset=data.name, num_classes=data.num_classes, input_shape=tuple(data.input_shape),
                    train_indices=split.train, test_indices=split.test, clients=clients,
                    counts=class_counts(labels, parts, data.num_classes), x=x, y=y, vocab_size=data.vocab_size,
-                   partition_info=split.info)
+                   partition_info=split.info,
+                   global_test_rows=None if pools is None else torch.as_tensor(pools[1], device=device))
 
     def partition_record(self) -> dict[str, Any]:
         """What a results folder keeps of the partition: how it was drawn and, per client, the

@@ -35,8 +35,11 @@ __all__ = [
     "partition_pathological",
     "pfllib_least_samples",
     "smallest_client",
+    "largest_remainder",
+    "local_test_sets",
     "split_clients",
     "split_train_test",
+    "stratified_test_split",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,7 +114,7 @@ class _Draw:
 
 
 def _dirichlet_draws(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, minimum: int, floor: int,
-                     balance_cap: bool, max_retries: int, auto: bool) -> _Draw:
+                     balance_cap: bool, max_retries: int, auto: bool, official: bool = False) -> _Draw:
     """Class-wise Dirichlet draws until the smallest client reaches ``minimum``; after
     ``max_retries`` draws, the draw whose smallest client is largest, if that reaches ``floor``."""
     class_indices = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
@@ -144,7 +147,7 @@ def _dirichlet_draws(labels: np.ndarray, num_clients: int, alpha: float, rng: Rn
     if auto and best_smallest >= floor:
         note = (f"no draw in {max_retries} tries gave every client PFLlib's minimum of {minimum} samples "
                 f"(derived from batch_size and train_fraction); kept the draw whose smallest client is largest "
-                f"({best_smallest} samples, at least one training batch and one test sample)")
+                f"({best_smallest} samples, at least one training batch{'' if official else ' and one test sample'})")
         return _Draw(best, max_retries, best_smallest, note)
     hint = ("lower num_clients, raise alpha, or set min_samples_per_client lower"
             if not auto else "lower num_clients or raise alpha (or set min_samples_per_client yourself)")
@@ -176,7 +179,7 @@ def partition_dirichlet(
 
 def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
                min_samples_per_client: int | None, balance_cap: bool, max_retries: int, batch_size: int,
-               train_fraction: float) -> _Draw:
+               train_fraction: float, official: bool = False) -> _Draw:
     """For each class, proportions ``q ~ Dir(alpha)`` over clients decide how its shuffled samples
     are cut; with ``balance_cap`` clients already holding the average share get no more. The
     draw is repeated until the smallest client has ``min_samples_per_client`` samples, at most
@@ -198,7 +201,7 @@ def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
     auto = min_samples_per_client is None
     if min_samples_per_client is None:
         minimum = pfllib_least_samples(n, num_clients, batch_size, train_fraction)
-        floor = min(minimum, smallest_client(train_fraction, batch_size))
+        floor = min(minimum, batch_size if official else smallest_client(train_fraction, batch_size))
     else:
         if min_samples_per_client < 0:
             raise PartitionError(f"min_samples_per_client must be >= 0, got {min_samples_per_client}")
@@ -209,7 +212,7 @@ def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
                 f"num_clients (at most {n // max(min_samples_per_client, 1)}) or min_samples_per_client"
             )
         minimum = floor = min_samples_per_client
-    draw = _dirichlet_draws(labels, num_clients, alpha, rng, minimum, floor, balance_cap, max_retries, auto)
+    draw = _dirichlet_draws(labels, num_clients, alpha, rng, minimum, floor, balance_cap, max_retries, auto, official)
     if draw.note:
         log.warning("dirichlet partition (num_clients=%d, alpha=%g, %d samples): %s; set "
                     "min_samples_per_client to choose the minimum", num_clients, alpha, n, draw.note)
@@ -373,6 +376,11 @@ class PartitionSpec:
     batch_size: int = 10
     rng: str = "pflkit"
     max_retries: int = 1000
+    test_set: str = "client_split"  # "official": clients get training data only (no per-client split)
+
+    @property
+    def official(self) -> bool:
+        return self.test_set == "official"
 
     def generator(self, seed: int) -> Rng:
         """The partition's random source for ``seed`` (see the module docstring)."""
@@ -408,12 +416,14 @@ def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
     labels = _check_labels(labels)
     _check_num_clients(spec.num_clients)
     n = len(labels)
-    viable = smallest_client(spec.train_fraction)
+    viable = 1 if spec.official else smallest_client(spec.train_fraction)
     if spec.num_clients * viable > n:
+        need = "one training sample" if spec.official else \
+            f"{viable}: one to train and one to test at train_fraction={spec.train_fraction}"
         raise PartitionError(
             f"num_clients={spec.num_clients} needs at least {spec.num_clients * viable} samples (every client "
-            f"needs {viable}: one to train and one to test at train_fraction={spec.train_fraction}), but the "
-            f"dataset holds {n}; lower num_clients to at most {n // viable}"
+            f"needs {need}), but the {'official training split' if spec.official else 'dataset'} holds {n}; "
+            f"lower num_clients to at most {n // viable}"
         )
     pathological = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
                         batch_size=spec.batch_size, train_fraction=spec.train_fraction,
@@ -428,24 +438,91 @@ def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
         return _dirichlet(labels, spec.num_clients, spec.alpha, rng,
                           min_samples_per_client=spec.min_samples_per_client, balance_cap=spec.balance_cap,
                           max_retries=spec.max_retries, batch_size=spec.batch_size,
-                          train_fraction=spec.train_fraction)
+                          train_fraction=spec.train_fraction, official=spec.official)
     if spec.method == "pathological":
         parts = _pathological(labels, spec.num_clients, spec.classes_per_client, rng, **pathological)
         return _Draw(parts, 1, min(len(p) for p in parts))
     raise PartitionError(f"unknown partition method {spec.method!r}; available: {', '.join(PARTITION_METHODS)}")
 
 
-def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int) -> ClientSplit:
-    """Partition ``labels`` by ``spec`` with the partition seed ``seed``, then split every client
-    into training and test indices (spec §5.5); ``info`` records what was done."""
+def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
+                  pools: tuple[np.ndarray, np.ndarray] | None = None) -> ClientSplit:
+    """Partition ``labels`` by ``spec`` with the partition seed ``seed`` and give every client
+    its training and test indices; ``info`` records what was done.
+
+    ``client_split``: the whole pool is partitioned and every client's samples are split into
+    training and test data (spec §5.5). ``official``: ``pools`` = (official training rows,
+    official test rows); only the training rows are partitioned (each client trains on its whole
+    part) and each client's test data is a local test set drawn from the official test rows with
+    its training label proportions (:func:`local_test_sets`, spec §5.6).
+    """
     rng = spec.generator(seed)
-    draw = _partition(labels, spec, rng)
-    parts = [np.asarray(p, dtype=np.int64) for p in draw.parts]
-    if spec.rng == "pflkit":
-        parts = _sorted(parts)
-    train, test = split_train_test(parts, spec.train_fraction, rng, convention=spec.rng)
-    info = {"method": spec.method, "rng": spec.rng, "partition_seed": seed, "tries": draw.tries,
-            "min_samples_per_client": draw.minimum}
+    if spec.official:
+        if pools is None:
+            raise ValueError("the official test-set protocol needs the official training and test rows")
+        train_pool, test_pool = (np.asarray(p, dtype=np.int64) for p in pools)
+        draw = _partition(labels[train_pool], spec, rng)
+        train = _sorted([train_pool[np.asarray(p, dtype=np.int64)] for p in draw.parts])
+        empty = [i for i, t in enumerate(train) if len(t) == 0]
+        if empty:
+            raise PartitionError(f"clients {empty[:10]} got no training sample; set min_samples_per_client to "
+                                 "at least 1, lower num_clients or raise alpha")
+        num_classes = int(labels.max()) + 1
+        counts = class_counts(labels, train, num_classes)
+        size = len(test_pool) // spec.num_clients
+        test = [test_pool[t] for t in local_test_sets(counts, labels[test_pool], size, rng)]
+        info = {"method": spec.method, "rng": spec.rng, "partition_seed": seed, "tries": draw.tries,
+                "min_samples_per_client": draw.minimum, "test_set": "official", "local_test_size": size,
+                "global_test_size": len(test_pool)}
+    else:
+        draw = _partition(labels, spec, rng)
+        parts = [np.asarray(p, dtype=np.int64) for p in draw.parts]
+        if spec.rng == "pflkit":
+            parts = _sorted(parts)
+        train, test = split_train_test(parts, spec.train_fraction, rng, convention=spec.rng)
+        info = {"method": spec.method, "rng": spec.rng, "partition_seed": seed, "tries": draw.tries,
+                "min_samples_per_client": draw.minimum, "test_set": "client_split"}
     if draw.note:
         info["fallback"] = draw.note
     return ClientSplit(train, test, info)
+
+
+def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
+    """Integer counts summing to ``total`` in proportion to ``shares`` (largest remainder rule;
+    ties go to the lower index)."""
+    shares = np.asarray(shares, dtype=np.float64)
+    exact = shares / shares.sum() * total
+    counts = np.floor(exact).astype(np.int64)
+    remainder = exact - counts
+    order = sorted(range(len(shares)), key=lambda i: (-remainder[i], i))
+    counts[order[:total - int(counts.sum())]] += 1
+    return counts
+
+
+def local_test_sets(train_counts: np.ndarray, test_labels: np.ndarray, size: int, rng: Rng) -> list[np.ndarray]:
+    """Per client, ``size`` positions of the test pool whose labels follow the client's training
+    label proportions (largest remainder counts, spec §5.6 [RECON]). Within a client each class
+    is drawn without replacement (with replacement where the pool holds fewer); clients may share
+    test samples."""
+    num_classes = train_counts.shape[1]
+    pools = [np.flatnonzero(test_labels == c) for c in range(num_classes)]
+    out = []
+    for i, counts in enumerate(train_counts):
+        quota = largest_remainder(counts, size)
+        chosen = []
+        for c in np.flatnonzero(quota):
+            if len(pools[c]) == 0:
+                raise PartitionError(f"client {i} trains on class {c}, of which the official test split holds no "
+                                     "sample: no local test set can follow its label distribution")
+            chosen.append(rng.choice(pools[c], size=int(quota[c]), replace=bool(quota[c] > len(pools[c]))))
+        out.append(np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64))
+    return out
+
+
+def stratified_test_split(labels: np.ndarray, test_fraction: float = 0.25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed stratified split (training rows, test rows) for datasets without an official one."""
+    from sklearn.model_selection import train_test_split
+
+    rows = np.arange(len(labels))
+    train, test = train_test_split(rows, test_size=test_fraction, stratify=labels, random_state=seed)
+    return np.sort(train), np.sort(test)

@@ -46,6 +46,9 @@ class Dataset:
     y: torch.Tensor
     num_classes: int
     vocab_size: int | None = None
+    #: The first ``official_train`` samples are the dataset's official training split, the rest
+    #: its official test split (None: the dataset has no official split).
+    official_train: int | None = None
 
     def __post_init__(self) -> None:
         if self.x.dtype == torch.int64 and self.x.dim() == 2:
@@ -68,6 +71,9 @@ class Dataset:
             )
         if len(self.x) != len(self.y):
             raise ValueError(f"Dataset {self.name!r}: {len(self.x)} images but {len(self.y)} labels")
+        if self.official_train is not None and not 0 <= self.official_train <= len(self.y):
+            raise ValueError(f"Dataset {self.name!r}: official_train={self.official_train} is outside its "
+                             f"{len(self.y)} samples")
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -187,7 +193,7 @@ def _load_mnist(data_dir: str | Path | None) -> Dataset:
     x[len(train_y) :, 0] = torch.from_numpy(test_x)
     x.div_(255.0).sub_(0.5).div_(0.5)
     y = torch.from_numpy(np.concatenate([train_y, test_y]).astype(np.int64))
-    return Dataset("mnist", x, y, 10)
+    return Dataset("mnist", x, y, 10, official_train=len(train_y))
 
 
 def _require_dir(name: str, data_dir: str | Path | None) -> Path:
@@ -197,10 +203,12 @@ def _require_dir(name: str, data_dir: str | Path | None) -> Path:
     return Path(data_dir)
 
 
-def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
+def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test: bool = False) -> Dataset:
     """Load a dataset by name (see :data:`DATASETS`) as one pool (train and test merged, spec §5.1).
 
     ``data_dir`` is needed only for file-based datasets (:data:`FILE_DATASETS`).
+    ``official_test`` asks for the official test split too where a loader leaves it out by
+    default (Tiny-ImageNet's val images, which FedALA does not use).
     ``"pfllib"`` holds ready-made client splits: load it with :func:`pflkit.data.load_pfllib`.
     """
     if name == "digits":
@@ -216,7 +224,7 @@ def load_dataset(name: str, data_dir: str | Path | None = None) -> Dataset:
     if name == "tiny_imagenet":
         from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
-        return load_tiny_imagenet(_require_dir(name, data_dir))
+        return load_tiny_imagenet(_require_dir(name, data_dir), include_val=official_test)
     if name == "agnews":
         from pflkit.data.agnews import load_agnews
 

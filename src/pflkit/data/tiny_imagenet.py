@@ -159,4 +159,5 @@ def load_tiny_imagenet(data_dir: str | Path, *, include_val: bool = False,
         _write_cache(cache, images)
     x = torch.from_numpy(images).to(torch.float32)
     x.div_(255.0).sub_(0.5).div_(0.5)
-    return Dataset("tiny_imagenet", x, torch.from_numpy(labels), len(wnids))
+    official = sum(p.relative_to(root).parts[0] == "train" for p in paths) if include_val else None
+    return Dataset("tiny_imagenet", x, torch.from_numpy(labels), len(wnids), official_train=official)

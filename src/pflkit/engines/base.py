@@ -6,12 +6,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from ..algorithms.base import Algorithm, Payload, State, Upload
 from ..algorithms.context import Metrics, TrainSettings
 from ..data.federated import FederatedData
-from ..functional import evaluate
+from ..functional import Params, evaluate, forward
+from ..functional.training import probability_matrix, probability_sums, template_kl
 from ..models import Units
 from .client import SingleClientContext
 
@@ -38,7 +40,8 @@ class ClientResult:
 
 @dataclass
 class RoundSetup:
-    """Everything fixed for a run that client functions need besides state and payload."""
+    """Everything fixed for a run that client functions need besides state and payload.
+    ``adaptability``: the template gamma of the optional adaptability metrics (None: off)."""
 
     algorithm: Algorithm
     data: FederatedData
@@ -46,6 +49,7 @@ class RoundSetup:
     units: Units
     train: TrainSettings
     seed: int
+    adaptability: float | None = None
 
     def context(self, client_id: int, round: int) -> SingleClientContext:
         return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,  # type: ignore
@@ -81,7 +85,28 @@ def run_client(setup: RoundSetup, job: ClientJob, round: int,
         t1 = time.perf_counter()
         state, upload, train_metrics = alg.local_train(job.payload, state, ctx)
         metrics.update(train_metrics, train_seconds=time.perf_counter() - t1)
+        if setup.adaptability is not None:
+            metrics.update(adaptability_metrics(setup, job.client_id, alg.eval_params(state)))
     return ClientResult(job.client_id, state, upload, evaluation, metrics)
+
+
+@torch.no_grad()
+def adaptability_metrics(setup: RoundSetup, client_id: int, params: Params) -> dict[str, Any]:
+    """A trained local model's per-class correct predictions on the global test set (the driver
+    turns them into its risk over the clients' distributions, FedACD Table 3) and KL(P^m || T) of
+    its probability matrix over the client's training data (FedACD Table 9, spec §3.9)."""
+    test = setup.data.global_test
+    if test is None:
+        raise ValueError("metrics.adaptability needs the global test set (test_set = \"official\")")
+    C, client = setup.data.num_classes, setup.data.client(client_id)
+    correct = torch.zeros(C, device=test[1].device)
+    for i in range(0, len(test[1]), setup.train.eval_batch_size):
+        x, y = test[0][i:i + setup.train.eval_batch_size], test[1][i:i + setup.train.eval_batch_size]
+        correct.index_add_(0, y, (forward(setup.model, params, x).argmax(1) == y).to(correct.dtype))
+    sums = probability_sums(setup.model, params, client.train_x, client.train_y, C, setup.train.eval_batch_size)
+    counts = torch.bincount(client.train_y, minlength=C)
+    kl = template_kl(probability_matrix(sums, counts), counts, setup.adaptability)
+    return {"class_correct": correct.tolist(), "local_kl": float(kl)}
 
 
 class Engine(Protocol):

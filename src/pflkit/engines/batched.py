@@ -17,29 +17,34 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 from torch.utils._pytree import tree_map
 
-from ..algorithms.context import (DataSpec, Fit, PairedBatches, PerClient, Sample, SampleBatches, SplitBatches,
-                                  StepFn, StopRule, TrainBatches, TrainSettings, Transform, batch_order,
+from ..algorithms.context import (DataSpec, EpochEnd, Fit, PairedBatches, PerClient, Sample, SampleBatches, SampleMap,
+                                  SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings, Transform, batch_order,
                                   sample_positions, training_part)
 from ..data.federated import ClientData, FederatedData
-from ..functional import Params, torch_generator
-from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, net_of
-from ..models import UnitModel, Units, buffer_names
+from ..functional import Params, numpy_generator, torch_generator
+from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, mix, net_of
+from ..models import UnitModel, Units, buffer_names, num_outputs
+from .client import class_sums
 
 
 @dataclass
 class _Schedule:
     """One epoch of one data stream for all K clients: dataset rows [K, S, b], their mask and
-    the number of steps of each client [K]."""
+    the number of steps of each client [K]; with mixup each batch's lam [K, S] and partner
+    positions [K, S, b]."""
 
     rows: Tensor
     mask: Tensor
     steps: Tensor
+    lam: Tensor | None = None
+    perm: Tensor | None = None
 
 
 class BatchedClientContext:
@@ -62,6 +67,7 @@ class BatchedClientContext:
         self.algorithm = algorithm
         self.clients: list[ClientData] = [data.client(i) for i in client_ids]
         self.device = data.x.device
+        self.num_classes = num_outputs(model)
         self._net = net_of(model)
 
     # ---- who -------------------------------------------------------------------------------
@@ -87,6 +93,16 @@ class BatchedClientContext:
     def where(self, stage: str, k: int | None = None) -> str:
         who = f"client {self._ids[k]}" if k is not None else f"clients {self._ids}"
         return f"algorithm {self.algorithm}, {who}, round {self.round}, {stage}"
+
+    @property
+    def label_counts(self) -> Tensor:
+        return torch.stack([torch.bincount(c.train_y, minlength=self.num_classes) for c in self.clients])
+
+    @torch.no_grad()
+    def class_sums(self, params: Params, fn: SampleMap) -> Tensor:
+        return torch.stack([class_sums(self._net, {k: v[i] for k, v in params.items()}, fn, c.train_x, c.train_y,
+                                       self.num_classes, self.train.eval_batch_size)
+                            for i, c in enumerate(self.clients)])
 
     # ---- tensors ---------------------------------------------------------------------------
     def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor:
@@ -149,9 +165,10 @@ class BatchedClientContext:
 
     # ---- data schedules ----------------------------------------------------------------------
     def _train_schedule(self, spec: TrainBatches, generators: list[torch.Generator],
-                        budgets: list[int | None]) -> _Schedule:
+                        budgets: list[int | None], mixers: list[np.random.Generator] | None) -> _Schedule:
         """One epoch of ``spec`` for every client; ``budgets`` caps each client's steps (and is
-        debited)."""
+        debited); ``mixers`` draw each batch's mixup coefficient and partners (as the
+        per-client context does)."""
         b = spec.batch_size or self.train.batch_size
         orders = []
         for k, (c, g) in enumerate(zip(self.clients, generators)):
@@ -161,14 +178,21 @@ class BatchedClientContext:
                 budgets[k] -= len(order)  # type: ignore[operator]
             orders.append(order)
         steps = torch.tensor([len(o) for o in orders])
-        rows = torch.zeros(len(orders), max(int(steps.max()), 1), b, dtype=torch.long)
-        mask = torch.zeros(len(orders), max(int(steps.max()), 1), b)
+        S = max(int(steps.max()), 1)
+        rows = torch.zeros(len(orders), S, b, dtype=torch.long)
+        mask = torch.zeros(len(orders), S, b)
+        lam = torch.ones(len(orders), S) if mixers is not None else None
+        perm = torch.arange(b).repeat(len(orders), S, 1) if mixers is not None else None
+        a = self.train.mixup_alpha
         for k, (order, client) in enumerate(zip(orders, self.clients)):
-            if order:
-                local = torch.stack(order)  # [steps, size]
-                rows[k, :len(order), :local.shape[1]] = client.train_rows.cpu()[local]
-                mask[k, :len(order), :local.shape[1]] = 1.0
-        return _Schedule(rows.to(self.device), mask.to(self.device), steps)
+            for s, idx in enumerate(order):
+                rows[k, s, :len(idx)] = client.train_rows.cpu()[idx]
+                mask[k, s, :len(idx)] = 1.0
+                if mixers is not None:
+                    lam[k, s] = mixers[k].beta(a, a)  # type: ignore[index]
+                    perm[k, s, :len(idx)] = torch.as_tensor(mixers[k].permutation(len(idx)))  # type: ignore[index]
+        to = (lambda t: t.to(self.device) if t is not None else None)  # noqa: E731
+        return _Schedule(to(rows), to(mask), steps, to(lam), to(perm))
 
     def _plan(self, data: DataSpec) -> "_Plan":
         if isinstance(data, SampleBatches):
@@ -185,22 +209,28 @@ class BatchedClientContext:
     def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
             trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
             optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
-            max_epochs: int = 1, active: PerClient | None = None, stage: str = "local training") -> Fit:
+            max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
+            epoch_end: EpochEnd | None = None, stage: str = "local training") -> Fit:
         if (loss is None) == (step is None):
             raise ValueError("fit takes either a loss or a step function")
         if [k for k in buffer_names(self.model) if k in params]:
             raise NotImplementedError(f"batched training does not support models with buffers (batch norm: "
                                       f"{type(self.model).__name__}); engines run them client by client")
         K = len(self.clients)
-        names = list(params) if trainable is None else list(trainable)
+        names = [k for k in (list(params) if trainable is None else list(trainable)) if k not in set(carry)]
         train = {k: params[k].detach().clone() for k in names}
-        frozen = {k: v.detach() for k, v in params.items() if k not in train}
+        carried = {k: params[k].detach().clone() for k in carry}
+        frozen = {k: v.detach() for k, v in params.items() if k not in train and k not in carried}
         net = self._net
         opt = optimizer or self.train.optimizer()
         opt_state = opt.init(train) if step is None else {}
         if step is None:
             assert loss is not None
-            batched = _vmapped(grad_and_value(lambda tp, fz, b, a: loss(net, {**fz, **tp}, b, a)), aux)
+
+            def objective(tp: Params, fz: Params, b: Any, a: Any) -> tuple[Tensor, Params]:
+                out = loss(net, {**fz, **tp}, b, a)
+                return out if carry else (out, {})
+            batched = _vmapped(grad_and_value(objective, has_aux=True), aux)
         elif getattr(step, "batch_polymorphic", False):
             batched = partial(step, None)
         else:
@@ -221,6 +251,7 @@ class BatchedClientContext:
             idx = torch.tensor(running, device=self.device)
             pick = (lambda t: t) if whole else (lambda t: t[idx])
             sub_train = {k: pick(v) for k, v in train.items()}
+            sub_carried = {k: pick(v) for k, v in carried.items()}
             sub_frozen = {k: pick(v) for k, v in frozen.items()}
             sub_state = {k: pick(v) for k, v in opt_state.items()}
             sub_aux = tree_map(pick, aux) if aux is not None else None
@@ -228,16 +259,18 @@ class BatchedClientContext:
             for s in range(int(sub_steps.max()) if len(running) else 0):
                 n = int((sub_steps > s).sum())
                 batch = plan.batch(epoch, s, slice(0, n) if whole else idx[:n])
-                prefix = lambda t: t[:n]  # noqa: E731
+                head = {k: v[:n] for k, v in sub_frozen.items()}
+                head.update({k: v[:n] for k, v in sub_carried.items()})
+                prefix_aux = tree_map(lambda t: t[:n], sub_aux) if sub_aux is not None else None
                 if step is None:
-                    grads, values = batched({k: v[:n] for k, v in sub_train.items()},
-                                            {k: v[:n] for k, v in sub_frozen.items()}, batch,
-                                            tree_map(prefix, sub_aux) if sub_aux is not None else None)
+                    grads, (values, updates) = batched({k: v[:n] for k, v in sub_train.items()}, head, batch,
+                                                       prefix_aux)
                     opt.update_(sub_train, grads, sub_state, rows=slice(0, n))
+                    with torch.no_grad():
+                        for k in carry:
+                            sub_carried[k][:n] = updates[k].detach()
                 else:
-                    new, values = batched({k: v[:n] for k, v in sub_train.items()},
-                                          {k: v[:n] for k, v in sub_frozen.items()}, batch,
-                                          tree_map(prefix, sub_aux) if sub_aux is not None else None)
+                    new, values = batched({k: v[:n] for k, v in sub_train.items()}, head, batch, prefix_aux)
                     with torch.no_grad():
                         for k in sub_train:
                             sub_train[k][:n] = new[k]
@@ -248,8 +281,13 @@ class BatchedClientContext:
                     loss_sum[idx[:n]] += values.detach()
                     count[idx[:n]] += 1
                     last[idx[:n]] = values.detach()
-            if not whole:
+            if epoch_end is not None and carry:
                 with torch.no_grad():
+                    sub_carried.update(epoch_end(dict(sub_carried)))
+            with torch.no_grad():
+                for k in carried:
+                    carried[k][idx] = sub_carried[k]
+                if not whole:
                     for k in train:
                         train[k][idx] = sub_train[k]
                     for k in opt_state:
@@ -267,15 +305,24 @@ class BatchedClientContext:
                     history[k].append(value)
                 running = [k for k in ran if not (until(history[k], self._ids[k]) or len(history[k]) >= max_epochs)]
             epoch += 1
-        out = {**frozen, **train}
-        return Fit({k: out[k] for k in params}, loss_sum / count.clamp(min=1), epochs.to(self.device), last)
+        out = {**frozen, **carried, **train}
+        return Fit({k: out[k] for k in params}, loss_sum / count.clamp(min=1), epochs.to(self.device), last,
+                   count.to(torch.long))
 
 
 def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:
-    """``fn(trainable, frozen, batch, aux)`` vmapped over the clients (``aux`` None: not mapped)."""
-    if aux is None:
-        return vmap(lambda tp, fz, b, a: fn(tp, fz, b, None), in_dims=(0, 0, 0, None))
-    return vmap(fn)
+    """``fn(trainable, frozen, batch, aux)`` vmapped over the clients (``aux`` None: not mapped;
+    a batch's absent fields, e.g. no mixup, are not mapped either)."""
+    def call(trainable: Params, frozen: Params, batch: Any, aux_values: Any) -> Any:
+        dims = (0, 0, _batch_dims(batch), None if aux_values is None else 0)
+        return vmap(fn, in_dims=dims)(trainable, frozen, batch, aux_values)
+    return call
+
+
+def _batch_dims(batch: Any) -> Any:
+    if isinstance(batch, Batch):
+        return Batch(*(None if field is None else 0 for field in batch))
+    return tuple(_batch_dims(b) for b in batch)
 
 
 class _Plan:
@@ -297,6 +344,9 @@ class _TrainPlan(_Plan):
         # one generator per client for all epochs: the per-client context draws them in the same order
         self.generators = [ctx.generator(spec.purpose, k) for k in range(len(ctx.clients))]
         self.budgets: list[int | None] = [spec.max_steps] * len(ctx.clients)
+        mixing = ctx.train.mixup if spec.mixup is None else spec.mixup
+        self.mixers = ([numpy_generator(ctx.seed, "client", ctx.round, i, spec.purpose, "mixup") for i in ctx.client_ids]
+                       if mixing else None)
         self.schedules: list[_Schedule] = []
 
     def fixed_epochs(self) -> int:
@@ -304,7 +354,7 @@ class _TrainPlan(_Plan):
 
     def schedule(self, epoch: int) -> _Schedule:
         while len(self.schedules) <= epoch:  # epochs are drawn in order from the generators
-            self.schedules.append(self.ctx._train_schedule(self.spec, self.generators, self.budgets))
+            self.schedules.append(self.ctx._train_schedule(self.spec, self.generators, self.budgets, self.mixers))
         return self.schedules[epoch]
 
     def steps(self, epoch: int) -> Tensor:
@@ -313,7 +363,10 @@ class _TrainPlan(_Plan):
     def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Batch:
         s = self.schedule(epoch)
         rows = s.rows[clients, step]
-        return Batch(self.ctx.fed.x[rows], self.ctx.fed.y[rows], s.mask[clients, step])
+        x, y, mask = self.ctx.fed.x[rows], self.ctx.fed.y[rows], s.mask[clients, step]
+        if s.lam is None or s.perm is None:
+            return Batch(x, y, mask)
+        return mix(x, y, s.lam[clients, step], s.perm[clients, step])._replace(mask=mask)
 
 
 class _SplitPlan(_TrainPlan):

@@ -13,13 +13,14 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..algorithms.context import (PER_CLIENT, DataSpec, Fit, PairedBatches, PerClient, Sample, SampleBatches,
-                                  SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings, Transform,
+from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, PairedBatches, PerClient, Sample,
+                                  SampleBatches, SampleMap, SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings,
+                                  Transform,
                                   batch_order, sample_positions, split_halves, training_part)
 from ..data.federated import ClientData
-from ..functional import Params, torch_generator
-from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, check_finite, forward, net_of
-from ..models import UnitModel, Units, buffer_names
+from ..functional import Params, numpy_generator, torch_generator
+from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, check_finite, forward, mix, net_of
+from ..models import UnitModel, Units, buffer_names, num_outputs
 
 
 class SingleClientContext:
@@ -38,6 +39,7 @@ class SingleClientContext:
         self.units = units
         self.train = train
         self.algorithm = algorithm
+        self.num_classes = num_outputs(model)
         self._net = net_of(model)
 
     # ---- who -------------------------------------------------------------------------------
@@ -76,6 +78,8 @@ class SingleClientContext:
         x, y = x[:n], y[:n]
         b = spec.batch_size or self.train.batch_size
         generator = self.generator(spec.purpose)
+        mixing = self.train.mixup if spec.mixup is None else spec.mixup
+        mixer = numpy_generator(self.seed, "client", self.round, self.client_id, spec.purpose, "mixup")
         steps = 0
         for _ in (itertools.count() if open_ended else range(spec.epochs)):
             epoch = []
@@ -83,7 +87,11 @@ class SingleClientContext:
                 if spec.max_steps is not None and steps >= spec.max_steps:
                     break
                 idx = idx.to(x.device)
-                epoch.append(Batch(x[idx], y[idx]))
+                if mixing:
+                    lam, perm = mixer.beta(self.train.mixup_alpha, self.train.mixup_alpha), mixer.permutation(len(idx))
+                    epoch.append(mix(x[idx], y[idx], lam, torch.as_tensor(perm, device=x.device)))
+                else:
+                    epoch.append(Batch(x[idx], y[idx]))
                 steps += 1
             yield epoch
 
@@ -120,6 +128,15 @@ class SingleClientContext:
     def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
         return not all(torch.equal(a[k], b[k]) for k in a if k in b)
 
+    @property
+    def label_counts(self) -> Tensor:
+        return torch.bincount(self.data.train_y, minlength=self.num_classes)
+
+    @torch.no_grad()
+    def class_sums(self, params: Params, fn: SampleMap) -> Tensor:
+        return class_sums(self.net, params, fn, self.data.train_x, self.data.train_y, self.num_classes,
+                          self.train.eval_batch_size)
+
     @torch.no_grad()
     def features(self, params: Params, sample: Sample, stop: int) -> Sample:
         return sample.with_inputs(forward(self.model, params, sample.x, stop=stop, train=True))
@@ -128,17 +145,21 @@ class SingleClientContext:
     def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
             trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
             optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
-            max_epochs: int = 1, active: PerClient | None = None, stage: str = "local training") -> Fit:
+            max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
+            epoch_end: EpochEnd | None = None, stage: str = "local training") -> Fit:
         if (loss is None) == (step is None):
             raise ValueError("fit takes either a loss or a step function")
         if active is not None and not bool(active):
-            return Fit(dict(params), 0.0, 0, float("nan"))
+            return Fit(dict(params), 0.0, 0, float("nan"), 0)
         buffers = [k for k in buffer_names(self.model) if k in params]
-        names = [k for k in (params if trainable is None else trainable) if k not in set(buffers)]
+        skip = set(buffers) | set(carry)
+        names = [k for k in (params if trainable is None else trainable) if k not in skip]
         train = {k: params[k].detach().clone() for k in names}
+        carried = {k: params[k].detach().clone() for k in carry}
         # training-mode forwards update batch-norm statistics in place: the caller's stay untouched
         stats = {k: params[k].detach().clone() for k in buffers}
-        frozen = {**{k: v.detach() for k, v in params.items() if k not in train and k not in stats}, **stats}
+        frozen = {**{k: v.detach() for k, v in params.items() if k not in train and k not in stats and k not in carried},
+                  **stats}
         net = self.net
         if step is None:
             assert loss is not None
@@ -146,7 +167,7 @@ class SingleClientContext:
             opt_state = opt.init(train)
             # the trained tensors are leaves updated in place: one dict of them serves every step
             leaves = [v.requires_grad_(True) for v in train.values()]
-            current = {**frozen, **train}
+            current = {**frozen, **carried, **train}
         device = next(iter(params.values())).device
         loss_sum = torch.zeros((), device=device)
         count = 0
@@ -156,6 +177,9 @@ class SingleClientContext:
             for batch in epoch:
                 if step is None:
                     value = loss(net, current, batch, aux)
+                    if carry:
+                        value, updates = value
+                        current.update({k: updates[k].detach() for k in carry})
                     grads = dict(zip(train, torch.autograd.grad(value, leaves)))
                     opt.update_(train, grads, opt_state)
                     value = value.detach()
@@ -170,9 +194,28 @@ class SingleClientContext:
             check_finite(loss_sum, self.where(stage))
             if last is None:  # no data
                 break
+            if epoch_end is not None:
+                current.update(epoch_end({k: current[k] for k in carry}))
             epoch_losses.append(float(last))
             if until is not None and (until(epoch_losses, self.client_id) or len(epoch_losses) >= max_epochs):
                 break
-        out = {**frozen, **{k: v.detach() for k, v in train.items()}}
+        carried = {k: current[k] for k in carry} if step is None else carried
+        out = {**frozen, **carried, **{k: v.detach() for k, v in train.items()}}
         return Fit({k: out[k] for k in params}, float(loss_sum) / max(count, 1), len(epoch_losses),
-                   epoch_losses[-1] if epoch_losses else float("nan"))
+                   epoch_losses[-1] if epoch_losses else float("nan"), count)
+
+
+@torch.no_grad()
+def class_sums(net: Net, params: Params, fn: SampleMap, x: Tensor, y: Tensor, num_classes: int,
+               batch_size: int) -> Tensor:
+    """Per true class, the sum of ``fn(net, params, x, y)`` over the samples (in evaluation batches)."""
+    out: Tensor | None = None
+    for start in range(0, len(y), batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        values = fn(net, params, xb, yb)
+        if out is None:
+            out = values.new_zeros((num_classes, *values.shape[1:]))
+        out.index_add_(0, yb, values)
+    if out is None:
+        raise ValueError("class_sums over a client without training samples")
+    return out

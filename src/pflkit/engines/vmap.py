@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from .base import ClientJob, ClientResult, RoundSetup, run_client
+from .base import ClientJob, ClientResult, RoundSetup, adaptability_metrics, run_client
 from .batched import BatchedClientContext, batching_blocker, item, size_order
 from .stacking import stack, unstack
 
@@ -67,7 +67,10 @@ class VmapEngine:
                 client_metrics["train_seconds"] = train_seconds / K
                 client_upload = {key: (int(v[k]) if key == "num_samples" else unstack(v, k))
                                  for key, v in upload.items()}
-            out.append(ClientResult(job.client_id, unstack(state, k, job.state), client_upload,  # type: ignore
+            client_state = unstack(state, k, job.state)
+            if upload is not None and setup.adaptability is not None:
+                client_metrics.update(adaptability_metrics(setup, job.client_id, alg.eval_params(client_state)))
+            out.append(ClientResult(job.client_id, client_state, client_upload,  # type: ignore
                                     evaluations[k] if evaluations is not None else None, client_metrics))
         return out
 

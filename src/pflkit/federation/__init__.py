@@ -3,11 +3,12 @@ driver, the set-up of a config, the experiment loop, results folders and checkpo
 
 from .checkpoint import Checkpointer, load_checkpoint, save_checkpoint
 from .driver import Callback, RoundDriver, RoundPlan, RunState, sample_clients
+from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder
 from .runner import Executor, SeedSetup, run_all
 from .setup import build_partitions, initial_params, partition_dataset, partition_seed, partition_spec, resolve_device
 
 __all__ = ["Checkpointer", "load_checkpoint", "save_checkpoint", "Callback", "RoundDriver", "RoundPlan", "RunState",
-           "sample_clients", "MetricsWriter", "ResultsFolder", "Executor", "SeedSetup", "run_all",
+           "sample_clients", "GlobalEvaluation", "MetricsWriter", "ResultsFolder", "Executor", "SeedSetup", "run_all",
            "build_partitions", "initial_params", "partition_dataset", "partition_seed", "partition_spec",
            "resolve_device"]

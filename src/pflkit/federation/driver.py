@@ -26,6 +26,7 @@ import numpy as np
 from ..algorithms.base import Algorithm, ClientSummary, SentUpload, State
 from ..engines.base import ClientJob, ClientResult
 from ..functional import Params, numpy_generator
+from .evaluation import GlobalEvaluation
 
 
 @dataclass
@@ -57,6 +58,7 @@ class RoundPlan:
     evaluate: bool
     train: bool
     started: float = field(default_factory=time.perf_counter)
+    global_metrics: dict[str, Any] = field(default_factory=dict)  # the global model before this round
 
 
 def sample_clients(seed: int, round: int, num_clients: int, join_ratio: float) -> list[int]:
@@ -72,14 +74,17 @@ def should_evaluate(r: int, rounds: int, eval_every: int) -> bool:
     return r % eval_every == 0 or r == rounds
 
 
-def evaluation_metrics(results: Sequence[ClientResult]) -> dict[str, Any]:
-    """Pooled (sample-weighted) and per-client accuracy of the evaluated clients."""
+def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False) -> dict[str, Any]:
+    """Pooled (sample-weighted) and per-client accuracy of the evaluated clients; with
+    ``local_test`` (the official protocol's local test sets) also ``local_accuracy``, the mean over
+    clients of their accuracy (SosicFL's local accuracy)."""
     evals = [(r.client_id, r.evaluation) for r in results if r.evaluation is not None]
     correct = sum(e["correct"] for _, e in evals)
     total = sum(e["num_samples"] for _, e in evals)
     per_client = {cid: e["correct"] / e["num_samples"] for cid, e in evals if e["num_samples"] > 0}
     accs = np.array(list(per_client.values()), dtype=float)
-    return {
+    local = {"local_accuracy": float(accs.mean()) if len(accs) else float("nan")} if local_test else {}
+    return {**local,
         "accuracy": correct / total if total else float("nan"),
         "mean_client_accuracy": float(accs.mean()) if len(accs) else float("nan"),
         "std_client_accuracy": float(accs.std()) if len(accs) else float("nan"),
@@ -96,7 +101,7 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
     losses = np.array([r.metrics.get("train_loss", np.nan) for r in results], dtype=float)
     out: dict[str, Any] = {"train_round": round, "seconds": seconds,
                            "train_loss": float((weights * losses).sum() / weights.sum())}
-    keys = sorted({k for r in results for k in r.metrics if k != "train_loss"})
+    keys = sorted({k for r in results for k, v in r.metrics.items() if k != "train_loss" and np.isscalar(v)})
     for key in keys:
         values = np.array([r.metrics[key] for r in results if key in r.metrics], dtype=float)
         values = values[~np.isnan(values)]
@@ -112,13 +117,19 @@ class RoundDriver:
     """Plans and finishes the rounds of one (algorithm, seed) run."""
 
     def __init__(self, algorithm: Algorithm, *, num_clients: int, seed: int, rounds: int, join_ratio: float,
-                 eval_every: int) -> None:
+                 eval_every: int, global_evaluation: GlobalEvaluation | None = None,
+                 local_test: bool = False) -> None:
+        """``global_evaluation`` scores the global model of every evaluated round on the global
+        test set (algorithms with a global model); ``local_test``: clients are scored on local
+        test sets (the official protocol) and records carry ``local_accuracy``."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.seed = seed
         self.rounds = rounds
         self.join_ratio = join_ratio
         self.eval_every = eval_every
+        self.global_evaluation = global_evaluation if algorithm.has_global_model else None
+        self.local_test = local_test
 
     def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True) -> RunState:
         """Server (and, with ``client_states``, client) states from the common initial model,
@@ -141,13 +152,19 @@ class RoundDriver:
         evaluates round ``t - 1`` when that round is due."""
         selected = sample_clients(self.seed, t, self.num_clients, self.join_ratio)
         evaluate = should_evaluate(t - 1, self.rounds, self.eval_every)
-        return RoundPlan(t, self._jobs(state, selected, t, evaluate, True), evaluate, True)
+        return self._scored(state, RoundPlan(t, self._jobs(state, selected, t, evaluate, True), evaluate, True))
 
     def plan_final(self, state: RunState) -> RoundPlan:
         """The evaluation of round T: local initialisation and evaluation, no training."""
         final = self.rounds + 1
         selected = sample_clients(self.seed, final, self.num_clients, self.join_ratio)
-        return RoundPlan(final, self._jobs(state, selected, final, True, False), True, False)
+        return self._scored(state, RoundPlan(final, self._jobs(state, selected, final, True, False), True, False))
+
+    def _scored(self, state: RunState, plan: RoundPlan) -> RoundPlan:
+        """The plan with the global model of the evaluated round scored on the global test set."""
+        if plan.evaluate and self.global_evaluation is not None:
+            plan.global_metrics = self.global_evaluation(self.algorithm.global_params(state.server))
+        return plan
 
     def _jobs(self, state: RunState, selected: list[int], t: int, evaluate: bool, train: bool) -> list[ClientJob]:
         return [ClientJob(i, self.algorithm.downlink(state.server, i, t), state.clients.get(i), evaluate, train)
@@ -159,7 +176,7 @@ class RoundDriver:
         results = sorted(results, key=lambda r: r.client_id)  # one aggregation order on every executor
         evaluated = list(results) if plan.evaluate else None
         if not plan.train:
-            record = self._record(state, self.rounds, evaluated)
+            record = self._record(state, self.rounds, evaluated, plan)
             state.pending = None
             state.done = True
             state.history.append(record)
@@ -170,16 +187,22 @@ class RoundDriver:
         uploads: list[SentUpload] = [{**r.upload, "client_id": r.client_id}  # type: ignore[typeddict-item]
                                      for r in results if r.upload is not None]
         state.server = self.algorithm.aggregate(state.server, uploads, plan.round)
-        record = self._record(state, plan.round - 1, evaluated)
+        record = self._record(state, plan.round - 1, evaluated, plan)
         state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        risks = [self.global_evaluation.local_risk(r.metrics["class_correct"]) for r in results
+                 if self.global_evaluation is not None and "class_correct" in r.metrics]
+        if risks:  # [metrics] adaptability: the trained local models' risk over the clients' distributions
+            state.pending["local_risk"] = float(np.mean(risks))
         state.rounds_done = plan.round
         state.history.append(record)
         return record
 
-    def _record(self, state: RunState, r: int, results: Sequence[ClientResult] | None) -> dict[str, Any]:
+    def _record(self, state: RunState, r: int, results: Sequence[ClientResult] | None,
+                plan: RoundPlan) -> dict[str, Any]:
         record: dict[str, Any] = {"algorithm": state.algorithm, "seed": state.seed, "round": r}
         if results is not None:
-            record.update(evaluation_metrics(results))
+            record.update(evaluation_metrics(results, self.local_test))
+            record.update(plan.global_metrics)
         if state.pending is not None:
             record.update(state.pending)
         return record

@@ -23,6 +23,7 @@ from ..models import Units
 from ..reporting import plot_accuracy, plot_partition, summarize
 from .checkpoint import Checkpointer, load_checkpoint
 from .driver import Callback, RoundDriver, RunState
+from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder
 
 
@@ -36,6 +37,7 @@ class SeedSetup:
     partition_seed: int
     partition: dict[str, Any] = field(default_factory=dict)  # the record kept in partition-seed<k>.json
     partition_title: str = ""
+    global_evaluation: GlobalEvaluation | None = None  # the official protocol's global test set
 
     @property
     def counts(self) -> np.ndarray:
@@ -87,7 +89,9 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
             for name in config.algorithms:
                 algorithm = build_algorithm(name, config.algorithm_sections(), train, setup.units)
                 driver = RoundDriver(algorithm, num_clients=config.num_clients, seed=seed, rounds=config.rounds,
-                                     join_ratio=config.join_ratio, eval_every=config.eval_every)
+                                     join_ratio=config.join_ratio, eval_every=config.eval_every,
+                                     global_evaluation=setup.global_evaluation,
+                                     local_test=config.test_set == "official")
                 ckpt = results.checkpoint_path(name, seed)
                 state = load_checkpoint(ckpt, executor.device) if ckpt.is_file() else None
                 if state is None:
@@ -100,8 +104,11 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                                                      MetricsWriter(results), ProgressBar(bar), *callbacks])
                 histories[(name, seed)] = state.history
         summary = summarize(histories, config.algorithms, config.seeds)
-        plot_accuracy(histories, results.plots / "accuracy.png",
-                      f"{config.dataset}, {config.partition}, {config.num_clients} clients")
+        title = f"{config.dataset}, {config.partition}, {config.num_clients} clients"
+        plot_accuracy(histories, results.plots / "accuracy.png", title)
+        if config.test_set == "official":
+            plot_accuracy(histories, results.plots / "global_accuracy.png", f"{title}: global model",
+                          metric="global_accuracy", label="global test accuracy (%)")
         results.write_summary(summary)
         results.set_status("complete")
     except BaseException as exc:

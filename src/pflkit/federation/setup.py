@@ -60,7 +60,7 @@ def partition_spec(config: BaseConfig) -> PartitionSpec:
                          classes_per_client=config.classes_per_client, balanced=config.balanced,
                          min_samples_per_client=config.min_samples_per_client, balance_cap=config.balance_cap,
                          train_fraction=config.train_fraction, batch_size=config.batch_size,
-                         rng=config.partition_rng)
+                         rng=config.partition_rng, test_set=config.test_set)
 
 
 def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: torch.device | str) -> FederatedData:
@@ -82,5 +82,5 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
                         data.num_clients, config.data_dir)
             config = config.model_copy(update={"num_clients": data.num_clients})
         return config, {s: data for s in seeds}
-    dataset = load_dataset(config.dataset, config.data_dir)
+    dataset = load_dataset(config.dataset, config.data_dir, official_test=config.test_set == "official")
     return config, {s: partition_dataset(config, dataset, s, device) for s in sorted(seeds)}

@@ -12,6 +12,7 @@ sends again starts from the same state as the first time.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -71,11 +72,13 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
                                f"(its saved rounds: {[r for r, _ in versions]})")
         state = algorithm.init_client(setup.init, setup.client_id)
     payload = serde.get(message.content, "payload", setup.device)
-    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed)
+    gamma = config.metrics.template_gamma if config.metrics.adaptability else None
+    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed, gamma)
     result = run_client(round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train),
                         round)
     content = RecordDict()
-    metrics = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    metrics: dict[str, Any] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    metrics.update({k: [float(x) for x in v] for k, v in result.metrics.items() if isinstance(v, list)})
     metrics["client-id"] = setup.client_id
     if result.evaluation is not None:
         metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})

@@ -76,7 +76,8 @@ def _shared_partition(config_text: str, data_dir: str | None, seed: int, device:
     pseed = partition_seed(config, seed)
     if config.dataset == "pfllib":
         return load_pfllib(data_dir or config.data_dir, device=device)
-    return partition_dataset(config, load_dataset(config.dataset, data_dir or config.data_dir), pseed, device)
+    dataset = load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.test_set == "official")
+    return partition_dataset(config, dataset, pseed, device)
 
 
 def node_setup(config_text: str, node_config: Mapping[str, Any], seed: int) -> NodeSetup:

@@ -9,13 +9,16 @@ from typing import Any, Sequence
 
 import numpy as np
 import tomli_w
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from ..algorithms import ClientSummary
 from ..config import BaseConfig, to_dict
-from ..federation import (Callback, ResultsFolder, RoundDriver, RunState, SeedSetup, initial_params, partition_seed,
-                          resolve_device, run_all)
+from ..data import load_dataset
+from ..data.federated import official_split
+from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RoundDriver, RunState, SeedSetup, initial_params,
+                          partition_seed, resolve_device, run_all)
 from ..reporting import format_table
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
@@ -81,7 +84,19 @@ class FlowerExecutor:
                   "source": "the SuperNodes' training label counts",
                   "train_class_counts": [s.label_counts.tolist() for s in summaries]}
         return SeedSetup(init, model.units(), summaries, partition_seed(self.config, seed), record,
-                         f"{self.config.dataset}: training labels per client on Flower (seed {seed})")
+                         f"{self.config.dataset}: training labels per client on Flower (seed {seed})",
+                         self._global_evaluation(model, summaries, info["num_classes"]))
+
+    def _global_evaluation(self, model: Any, summaries: list[Any], num_classes: int) -> GlobalEvaluation | None:
+        """The official protocol's global test set, read on the ServerApp's host (its data_dir)."""
+        if self.config.test_set != "official":
+            return None
+        dataset = load_dataset(self.config.dataset, self.config.data_dir, official_test=True)
+        _, test = official_split(dataset)
+        counts = np.stack([s.label_counts for s in summaries]).astype(np.float64)
+        priors = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
+        x, y = dataset.x[torch.as_tensor(test)].to(self.device), dataset.y[torch.as_tensor(test)].to(self.device)
+        return GlobalEvaluation(model, x, y, num_classes, priors, self.config.eval_batch_size)
 
     def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
         strategy = PflkitStrategy(driver, state, self.config_text, self._nodes[driver.seed], callbacks)

@@ -47,3 +47,10 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
     if isinstance(obj, list):
         return [to_device(v, device) for v in obj]
     return obj
+
+
+def scale(coefficient: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """``coefficient`` ([] or [K]) times ``tensor`` ([...] or [K, ...]), broadcast over its trailing
+    dims: one formula for one client and for a leading client dimension."""
+    c = torch.as_tensor(coefficient, dtype=tensor.dtype, device=tensor.device)
+    return c.reshape(c.shape + (1,) * (tensor.dim() - c.dim())) * tensor

@@ -29,11 +29,17 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class Batch(NamedTuple):
-    """Inputs, labels and (batched contexts only) the mask of real samples, 1.0 / 0.0 per row."""
+    """Inputs, labels and (batched contexts only) the mask of real samples, 1.0 / 0.0 per row.
+
+    A mixup batch (Zhang et al. 2018) holds the mixed inputs lam * x + (1 - lam) * x[perm], the
+    partner labels ``y_mix`` = y[perm] and ``lam``; label losses weigh y by lam and y_mix by
+    1 - lam (``cross_entropy`` does)."""
 
     x: Tensor
     y: Tensor
     mask: Tensor | None = None
+    y_mix: Tensor | None = None
+    lam: Tensor | None = None
 
 
 class Net(Protocol):
@@ -84,15 +90,45 @@ def batch_mean(values: Tensor, batch: Batch) -> Tensor:
 
 
 def cross_entropy(logits: Tensor, batch: Batch) -> Tensor:
-    """Mean cross-entropy over the batch's real samples."""
-    if batch.mask is None:
-        return F.cross_entropy(logits, batch.y)
-    return batch_mean(F.cross_entropy(logits, batch.y, reduction="none"), batch)
+    """Mean cross-entropy over the batch's real samples (label-weighted on mixup batches)."""
+    return label_loss(lambda y: F.cross_entropy(logits, y, reduction="none"), batch,
+                      mean=lambda: F.cross_entropy(logits, batch.y))
+
+
+def label_loss(per_sample: Callable[[Tensor], Tensor], batch: Batch,
+               mean: Callable[[], Tensor] | None = None) -> Tensor:
+    """Mean over the batch of a per-sample loss of the labels, ``per_sample(y)``; on a mixup
+    batch lam * loss(y) + (1 - lam) * loss(y_mix). ``mean`` computes the plain unmasked case
+    directly (kept for its exact numerics)."""
+    if batch.lam is not None:
+        assert batch.y_mix is not None
+        return batch_mean(batch.lam * per_sample(batch.y) + (1 - batch.lam) * per_sample(batch.y_mix), batch)
+    if batch.mask is None and mean is not None:
+        return mean()
+    return batch_mean(per_sample(batch.y), batch)
+
+
+def mix(x: Tensor, y: Tensor, lam: float | Tensor, perm: Tensor) -> Batch:
+    """The mixup batch of (x, y) for the coefficient ``lam`` and partner order ``perm``."""
+    lam_t = torch.as_tensor(lam, dtype=x.dtype, device=x.device)
+    if not x.is_floating_point():
+        raise ValueError("mixup needs real-valued inputs (images), not token ids")
+    mixed = lam_t.reshape(lam_t.shape + (1,) * (x.dim() - lam_t.dim())) * x
+    partner = x[perm] if perm.dim() == 1 else torch.gather(
+        x, 1, perm.reshape(perm.shape + (1,) * (x.dim() - 2)).expand_as(x))
+    partner_y = y[perm] if perm.dim() == 1 else torch.gather(y, 1, perm)
+    lam_p = lam_t.reshape(lam_t.shape + (1,) * (x.dim() - lam_t.dim()))
+    return Batch(mixed + (1 - lam_p) * partner, y, None, partner_y, lam_t)
 
 
 def classification_loss(net: Net, params: Params, batch: Batch, aux: Any = None) -> Tensor:
     """Cross-entropy of the model on the batch: FedAvg's local objective."""
     return cross_entropy(net(params, batch.x), batch)
+
+
+def one_hot(y: Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """One-hot rows of the labels ``y`` (by comparison, which vmap batches)."""
+    return (y[..., None] == torch.arange(num_classes, device=y.device)).to(dtype)
 
 
 def squared_distance(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor:
@@ -182,3 +218,33 @@ def evaluate(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tenso
         correct += int((logits.argmax(1) == target).sum())
         loss += float(F.cross_entropy(logits, target, reduction="sum"))
     return {"correct": correct, "loss_sum": loss, "num_samples": int(len(y))}
+
+
+@torch.no_grad()
+def probability_sums(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor, num_classes: int,
+                     batch_size: int = 1000) -> Tensor:
+    """[C, C]: row i sums the predicted probabilities (evaluation mode) over the samples of class i."""
+    out = torch.zeros(num_classes, num_classes, device=x.device)
+    for start in range(0, len(y), batch_size):
+        probs = torch.softmax(forward(model, params, x[start:start + batch_size], train=False), dim=-1)
+        out.index_add_(0, y[start:start + batch_size], probs)
+    return out
+
+
+def probability_matrix(sums: Tensor, counts: Tensor, floor: float = 1e-8) -> Tensor:
+    """P: the mean predicted probabilities per true class (rows of absent classes are uniform),
+    floored at ``floor`` (FedACD's P^m, spec §3.3). Works with a leading client dimension."""
+    uniform = torch.full_like(sums, 1.0 / sums.shape[-1])
+    present = (counts > 0)[..., None]
+    return torch.where(present, sums / counts.clamp(min=1)[..., None], uniform).clamp(min=floor)
+
+
+def template_kl(P: Tensor, counts: Tensor, gamma: float) -> Tensor:
+    """s = mean over the classes present (counts > 0) of KL(P_i || T_i), with the template
+    T_ii = gamma, T_ij = (1 - gamma) / (C - 1) (FedACD Eq. 10 [RECON], spec §3.9)."""
+    C = P.shape[-1]
+    eye = torch.eye(C, dtype=P.dtype, device=P.device)
+    T = eye * gamma + (1 - eye) * ((1 - gamma) / (C - 1))
+    rows = (P * (P.log() - T.log())).sum(-1)
+    present = (counts > 0).to(P.dtype)
+    return (rows * present).sum(-1) / present.sum(-1).clamp(min=1)

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, parameter_names,
+from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, num_outputs, parameter_names,
                    reference_layer_idx, top_unit_names)
-from .cnn import DigitsCNN, FedAvgCNN
+from .cnn import CifarCNN, DigitsCNN, FedAvgCNN
 from .resnet import ResNet18
 from .text import FastText
 
 MODELS: dict[str, Callable[..., UnitModel]] = {
     "fedavg_cnn": FedAvgCNN,
     "digits_cnn": DigitsCNN,
+    "cifar_cnn": CifarCNN,
     "resnet18": ResNet18,
     "fasttext": FastText,
 }
@@ -49,6 +50,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
     return model
 
 
-__all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN",
-           "ResNet18", "FastText", "buffer_names", "parameter_names",
+__all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN", "CifarCNN",
+           "ResNet18", "FastText", "buffer_names", "num_outputs", "parameter_names",
            "top_unit_names", "head_names", "count_parameters", "reference_layer_idx"]

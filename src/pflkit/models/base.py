@@ -94,6 +94,13 @@ def parameter_names(units: Units) -> list[str]:
     return [n for _, members in units for n in members]
 
 
+def num_outputs(model: nn.Module) -> int:
+    """The model's number of outputs (classes): the first dimension of its last unit's first
+    parameter (the head's weight)."""
+    units = model.units()  # type: ignore[operator]
+    return int(dict(model.named_parameters())[units[-1][1][0]].shape[0])
+
+
 def top_unit_names(units: Units, p: int) -> list[str]:
     """Parameter names of the top ``p`` units (FedALA Eq. 4's higher layers)."""
     if not 1 <= p <= len(units):

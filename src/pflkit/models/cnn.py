@@ -68,3 +68,35 @@ class DigitsCNN(UnitModel):
 
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         return _four_unit_forward(self, index, params, x)
+
+
+class CifarCNN(UnitModel):
+    """The simple CIFAR CNN of FedROD/FedNH ("Conv2Cifar", spec §7.6), FedACD's CIFAR model:
+    conv(5x5, 64) -> pool -> conv(5x5, 64) -> pool -> fc1(384) -> fc2(192) -> fc(C).
+    Units: conv1, conv2, fc1, fc2, fc."""
+
+    unit_modules = ("conv1", "conv2", "fc1", "fc2", "fc")
+    linear_head = True
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"CifarCNN needs images of at least 16x16 pixels, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=5)
+        self.conv2 = nn.Conv2d(64, 64, kernel_size=5)
+        self.fc1 = nn.Linear(64 * side * side, 384)
+        self.fc2 = nn.Linear(384, 192)
+        self.fc = nn.Linear(192, num_classes)
+
+    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        p = params
+        if index == 0:
+            return F.max_pool2d(F.relu(F.conv2d(x, p["conv1.weight"], p["conv1.bias"])), 2)
+        if index == 1:
+            return F.max_pool2d(F.relu(F.conv2d(x, p["conv2.weight"], p["conv2.bias"])), 2)
+        if index == 2:
+            return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"], p["fc1.bias"]))
+        if index == 3:
+            return F.relu(F.linear(x, p["fc2.weight"], p["fc2.bias"]))
+        return F.linear(x, p["fc.weight"], p["fc.bias"])

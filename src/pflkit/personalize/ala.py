@@ -250,6 +250,7 @@ class WithALA(Algorithm):
         self.ala = ala
         self.name = display_name  # type: ignore[misc]
         self.needs = base.needs  # type: ignore[misc]
+        self.has_global_model = base.has_global_model  # type: ignore[misc]
         target = base.ala_target
         if target not in base.ala_targets:
             raise ValueError(f"{base.name} offers ALA targets {sorted(base.ala_targets)}, not {target!r}")

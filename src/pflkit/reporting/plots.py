@@ -13,13 +13,16 @@ import numpy as np  # noqa: E402
 
 
 def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], path: Path,
-                  title: str = "") -> None:
-    """Pooled test accuracy per evaluated round, one line per algorithm (mean ± std over seeds)."""
+                  title: str = "", *, metric: str = "accuracy", label: str = "test accuracy (%)") -> None:
+    """``metric`` per evaluated round, one line per algorithm (mean ± std band over seeds);
+    algorithms that never record it are left out."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for alg in dict.fromkeys(a for a, _ in histories):
-        runs = [[(r["round"], r["accuracy"]) for r in h if "accuracy" in r]
+        runs = [[(r["round"], r[metric]) for r in h if metric in r]
                 for (a, _), h in histories.items() if a == alg]
         length = min(len(run) for run in runs)
+        if not length:
+            continue
         rounds = np.array([p[0] for p in runs[0][:length]])
         acc = 100 * np.array([[p[1] for p in run[:length]] for run in runs])
         mean = acc.mean(0)
@@ -27,10 +30,11 @@ def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]
         if len(runs) > 1:
             ax.fill_between(rounds, mean - acc.std(0), mean + acc.std(0), color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title or "accuracy per round")
+    ax.set_ylabel(label)
+    ax.set_title(title or f"{metric} per round")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.lines:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

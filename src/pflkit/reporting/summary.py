@@ -16,37 +16,48 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+#: Evaluation metrics whose best is the maximum over evaluated rounds.
+HIGHER_IS_BETTER = ("accuracy", "mean_client_accuracy", "local_accuracy", "global_accuracy",
+                    "global_client_accuracy")
+#: Training-round metrics whose best is the minimum ([metrics] adaptability).
+LOWER_IS_BETTER = ("local_risk", "local_kl")
 RUN_METRICS = ("best_accuracy", "final_accuracy", "best_mean_client_accuracy", "final_mean_client_accuracy",
                "mean_seconds_per_round")
 
 
 def run_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``best_<m>`` and ``final_<m>`` of every metric the run recorded, and the mean round time."""
     evaluated = [r for r in history if "accuracy" in r]
     if not evaluated:
         raise ValueError("history holds no evaluated round")
     best = max(evaluated, key=lambda r: r["accuracy"])
     seconds = [r["seconds"] for r in history if "seconds" in r]
     last = evaluated[-1]
-    return {
-        "best_accuracy": best["accuracy"],
-        "best_round": best["round"],
-        "final_accuracy": last["accuracy"],
-        "best_mean_client_accuracy": max(r["mean_client_accuracy"] for r in evaluated),
-        "final_mean_client_accuracy": last["mean_client_accuracy"],
-        "final_std_client_accuracy": last["std_client_accuracy"],
-        "mean_seconds_per_round": float(np.mean(seconds)) if seconds else math.nan,
-        "rounds": last["round"],
-    }
+    out: dict[str, Any] = {"best_round": best["round"], "rounds": last["round"],
+                           "final_std_client_accuracy": last["std_client_accuracy"],
+                           "mean_seconds_per_round": float(np.mean(seconds)) if seconds else math.nan}
+    for key in HIGHER_IS_BETTER:
+        values = [r[key] for r in evaluated if key in r]
+        if values:
+            out[f"best_{key}"], out[f"final_{key}"] = max(values), values[-1]
+    for key in LOWER_IS_BETTER:
+        values = [r[key] for r in history if key in r]
+        if values:
+            out[f"best_{key}"], out[f"final_{key}"] = min(values), values[-1]
+    return out
 
 
 def summarize(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
               algorithms: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
-    """``{algorithm: {metric: mean over seeds, metric_std: std, "seeds": {seed: per-run}}}``."""
+    """``{algorithm: {metric: mean over seeds, metric_std: std, "seeds": {seed: per-run}}}`` for
+    every metric all of its seeds recorded."""
     out: dict[str, Any] = {}
     for alg in algorithms:
         per_seed = {seed: run_metrics(histories[(alg, seed)]) for seed in seeds}
+        keys = [k for k in per_seed[seeds[0]] if k not in ("best_round", "rounds")
+                and all(k in m for m in per_seed.values())]
         entry: dict[str, Any] = {}
-        for key in RUN_METRICS:
+        for key in keys:
             values = np.array([m[key] for m in per_seed.values()], dtype=float)
             entry[key] = float(values.mean())
             entry[f"{key}_std"] = float(values.std())
@@ -57,16 +68,24 @@ def summarize(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
 
 
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
-    """A plain-text table of the summary (accuracies in %)."""
+    """A plain-text table of the summary (accuracies in %); global-model and local-test columns
+    appear when a run recorded them."""
     multi = any(v["num_seeds"] > 1 for v in summary.values())
 
     def pct(entry: Mapping[str, Any], key: str) -> str:
+        if key not in entry:
+            return "-"
         text = f"{100 * entry[key]:.2f}"
         return text + (f" ± {100 * entry[key + '_std']:.2f}" if multi else "")
 
-    header = ["algorithm", "best acc %", "final acc %", "best mean-client acc %", "s/round"]
-    rows = [[alg, pct(e, "best_accuracy"), pct(e, "final_accuracy"), pct(e, "best_mean_client_accuracy"),
-             f"{e['mean_seconds_per_round']:.3f}"] for alg, e in summary.items()]
+    columns = [("best acc %", "best_accuracy"), ("final acc %", "final_accuracy"),
+               ("best mean-client acc %", "best_mean_client_accuracy")]
+    optional = [("best local acc %", "best_local_accuracy"), ("best global acc %", "best_global_accuracy"),
+                ("best global client-dist acc %", "best_global_client_accuracy")]
+    columns += [c for c in optional if any(c[1] in e for e in summary.values())]
+    header = ["algorithm", *(name for name, _ in columns), "s/round"]
+    rows = [[alg, *(pct(e, key) for _, key in columns), f"{e['mean_seconds_per_round']:.3f}"]
+            for alg, e in summary.items()]
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
                                    for i, (c, w) in enumerate(zip(cells, widths)))

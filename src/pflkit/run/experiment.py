@@ -11,14 +11,15 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from ..algorithms import ClientSummary, TrainSettings, build_algorithm
 from ..config import BaseConfig, ConfigError, load_config, to_dict
 from ..data.federated import FederatedData
 from ..engines import Engine, RoundSetup, build_engine
-from ..federation import (Callback, ResultsFolder, RoundDriver, RunState, SeedSetup, build_partitions, initial_params,
-                          partition_seed, resolve_device, run_all)
+from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RoundDriver, RunState, SeedSetup,
+                          build_partitions, initial_params, partition_seed, resolve_device, run_all)
 from ..models import UnitModel
 from ..reporting import format_table
 
@@ -47,12 +48,18 @@ class Simulator:
         summaries = [ClientSummary(i, data.clients[i].num_train, data.train_label_counts(i))
                      for i in range(data.num_clients)]
         kind = "PFLlib's own" if self.config.dataset == "pfllib" else self.config.partition
+        test = data.global_test
+        evaluation = None if test is None else GlobalEvaluation(
+            model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
+            self.train.eval_batch_size)
         return SeedSetup(init, model.units(), summaries, pseed, data.partition_record(),
-                         f"{self.config.dataset}: {kind} partition, {self.config.num_clients} clients (seed {pseed})")
+                         f"{self.config.dataset}: {kind} partition, {self.config.num_clients} clients (seed {pseed})",
+                         evaluation)
 
     def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
         data, model = self._seeds[driver.seed]
-        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.train, driver.seed)
+        gamma = self.config.metrics.template_gamma if self.config.metrics.adaptability else None
+        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.train, driver.seed, gamma)
         simulate(setup, self.engine, driver, state, callbacks)
 
 

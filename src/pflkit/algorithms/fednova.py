@@ -1,0 +1,51 @@
+"""FedNova (Wang et al., NeurIPS 2020): normalised averaging against objective inconsistency
+(spec §3.14).
+
+Client m runs tau_m local SGD steps and uploads its normalised update d_m = (w^{t-1} - w_m) / a_m,
+with a_m = tau_m for plain SGD and a_m = sum_{k<tau_m} (1 - rho^{k+1}) / (1 - rho) with momentum
+rho. Server: w^t = w^{t-1} - tau_eff * sum_m p_m d_m, tau_eff = sum_m p_m a_m, p_m = n_m / sum n
+over the round's clients. Batch-norm statistics are averaged as in FedAvg.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..functional import scale, weighted_average
+from .base import Algorithm, ClientContext, Payload, SentUpload, State, Trained
+from .registry import register
+
+
+def normaliser(steps: torch.Tensor | int, momentum: float) -> torch.Tensor:
+    """a = sum_{k=0}^{tau-1} (1 - rho^{k+1}) / (1 - rho) (= tau without momentum), per client."""
+    tau = torch.as_tensor(steps, dtype=torch.float64)
+    if not momentum:
+        return tau
+    rho = momentum
+    return (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+
+
+@register
+class FedNova(Algorithm):
+    name = "fednova"
+
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        start = {**state["model"]}
+        fit = self.train_model(start, ctx, self.loss())
+        a = normaliser(fit.steps, self.train.momentum)
+        names = set(self.parameter_names)
+        inverse = 1.0 / a.clamp(min=1.0)  # a client without a step uploads no change
+        update = {k: scale(inverse, start[k] - fit.params[k]) if k in names else fit.params[k] for k in fit.params}
+        upload = self.upload(update, ctx, normaliser=a.to(next(iter(update.values())).device))
+        return {**state, "model": fit.params}, upload, {"train_loss": fit.loss, "local_steps": fit.steps}
+
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
+        n = torch.tensor([float(u["num_samples"]) for u in uploads], dtype=torch.float64)
+        p = n / n.sum()
+        a = torch.tensor([float(u["normaliser"]) for u in uploads], dtype=torch.float64)  # type: ignore[typeddict-item]
+        tau_eff = float((p * a).sum())
+        names = set(self.parameter_names)
+        direction = weighted_average([u["params"] for u in uploads], p.tolist())
+        old = server["global"]
+        new = {k: (old[k] - tau_eff * v if k in names else v) for k, v in direction.items()}
+        return {**server, "global": {**old, **new}}

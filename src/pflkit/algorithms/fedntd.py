@@ -1,0 +1,57 @@
+"""FedNTD (Lee et al., NeurIPS 2022): not-true distillation from the received global model
+(spec §3.14).
+
+Local objective: CE(z, y) + beta * tau^2 * KL(softmax(z^g_nt / tau) || softmax(z_nt / tau)), where
+z_nt are the logits without the true class and z^g those of the frozen received global model
+(evaluation mode). Server: FedAvg.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+from torch.nn import functional as F
+
+from ..functional import Params
+from ..functional.training import Batch, LossFn, Net, cross_entropy, label_loss, one_hot
+from .base import Algorithm, ClientContext, Payload, Settings, State
+from .registry import register
+
+
+class FedNTDSettings(Settings):
+    beta: float = Field(1.0, ge=0, description="weight of the not-true distillation term (FedNTD: 1)")
+    tau: float = Field(1.0, gt=0, description="distillation temperature (FedNTD: 1)")
+
+
+def not_true_kl(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
+    """Per sample tau^2 * KL(softmax(teacher_nt / tau) || softmax(student_nt / tau)) over the classes
+    other than ``y``; the true class is masked out of both (a large negative logit)."""
+    true = one_hot(y, student.shape[-1]).bool()
+    log_student = F.log_softmax(student.masked_fill(true, -1e9) / tau, dim=-1)
+    teacher_probs = F.softmax(teacher.masked_fill(true, -1e9) / tau, dim=-1)
+    return F.kl_div(log_student, teacher_probs, reduction="none").sum(-1) * tau * tau
+
+
+def fedntd_loss(beta: float, tau: float) -> LossFn:
+    def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
+        logits = net(params, batch.x)
+        with torch.no_grad():
+            teacher = net(aux["teacher"], batch.x, train=False)
+        ntd = label_loss(lambda y: not_true_kl(logits, teacher, y, tau), batch)
+        return cross_entropy(logits, batch) + beta * ntd
+    return loss
+
+
+@register
+class FedNTD(Algorithm):
+    name = "fedntd"
+    settings_class = FedNTDSettings
+    settings: FedNTDSettings
+
+    def loss(self) -> LossFn:
+        return fedntd_loss(self.settings.beta, self.settings.tau)
+
+    def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
+        return {"teacher": {**state["model"], **payload["global"]}}

@@ -1,0 +1,62 @@
+"""FedROD (Chen & Chao, ICLR 2022): a generic model for the federation and a personal head per
+client (spec §3.14).
+
+Local objective per batch: the balanced-softmax loss of the generic model (logits z_g + log n_j,
+n_j the client's samples of class j; classes it lacks drop out), which trains the body and the
+generic head, plus cross-entropy of z_g + z_p, where the personal head z_p sees the detached
+features and z_g is detached, which trains the personal head only (as PFLlib's two optimisers on
+one forward). The personal head starts as a copy of the initial head. Upload: body and generic
+head; server: FedAvg. Global model: the generic one. Personalised model: the body with head
+weights W_g + W_p (the sum of two linear heads' logits is one linear head).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from ..functional import Params, clone
+from ..functional.training import Batch, LossFn, Net, cross_entropy, label_loss
+from ..models import head_names
+from .base import Algorithm, ClientContext, Payload, State, Trained
+from .registry import register
+
+PERSONAL = "fedrod.personal."  # prefix of the personal head among the tensors a fit trains
+
+
+def fedrod_loss(body: int, head: list[str]) -> LossFn:
+    def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
+        h = net(params, batch.x, stop=body)
+        z_g = net(params, h, start=body)
+        balanced = z_g + torch.log(aux["counts"].to(z_g.dtype))  # log 0 = -inf: absent classes drop out
+        generic = label_loss(lambda y: F.cross_entropy(balanced, y, reduction="none"), batch)
+        z_p = net({**params, **{k: params[PERSONAL + k] for k in head}}, h.detach(), start=body)
+        return generic + cross_entropy(z_g.detach() + z_p, batch)
+    return loss
+
+
+@register
+class FedROD(Algorithm):
+    name = "fedrod"
+
+    def __init__(self, settings: Any, train: Any, units: Any) -> None:
+        super().__init__(settings, train, units)
+        self.head = head_names(units)
+        self.body = len(units) - 1
+
+    def init_client(self, init_params: Params, client_id: int) -> State:
+        return {"model": clone(init_params), "personal": {k: init_params[k].clone() for k in self.head}}
+
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        params = {**state["model"], **{PERSONAL + k: v for k, v in state["personal"].items()}}
+        fit = self.train_model(params, ctx, fedrod_loss(self.body, self.head), aux={"counts": ctx.label_counts},
+                               trainable=[*self.parameter_names, *(PERSONAL + k for k in self.head)])
+        model = {k: fit.params[k] for k in state["model"]}
+        personal = {k: fit.params[PERSONAL + k] for k in self.head}
+        return ({**state, "model": model, "personal": personal}, self.upload(model, ctx), {"train_loss": fit.loss})
+
+    def eval_params(self, state: State) -> Params:
+        """The personalised model: generic body, head W_g + W_p (both heads are linear)."""
+        return {**state["model"], **{k: state["model"][k] + state["personal"][k] for k in self.head}}
