@@ -17,7 +17,7 @@ from pflkit.algorithms.fednh import spread_prototypes
 from pflkit.algorithms.fednova import normaliser
 from pflkit.algorithms.fedntd import not_true_kl
 from pflkit.config import load_config
-from pflkit.functional.training import Batch, net_of, probability_matrix, template_kl
+from pflkit.functional.training import Batch, probability_matrix, template_kl
 
 from helpers import params_of, sgd_reference, tiny_context
 
@@ -41,7 +41,6 @@ def test_probability_matrix_is_the_mean_prediction_per_true_class():
 def test_fedacd_estimates_P_from_the_received_model_and_reestimates_it_every_epoch():
     ctx = tiny_context(n_train=30)
     glob = params_of(ctx, 2)
-    alg = build("fedacd", ctx, "fedacd.mixup=false", "local_epochs=2")
     logits = ctx.net(glob, ctx.data.train_x, train=False)
     sums = torch.zeros(10, 10).index_add_(0, ctx.data.train_y, torch.softmax(logits, -1))
     P0 = probability_matrix(sums, ctx.label_counts)

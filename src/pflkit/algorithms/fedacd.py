@@ -37,7 +37,8 @@ P, SUMS, WEIGHTS = "fedacd.P", "fedacd.sums", "fedacd.weights"  # carried throug
 
 
 class FedACDSettings(Settings):
-    lam: float = Field(1.0, ge=0, description="lambda, weight of the flattening loss (Eq. 9; ablation {0.5, 1, 1.5, 2})")
+    lam: float = Field(1.0, ge=0, description="lambda, weight of the flattening loss (Eq. 9; ablation "
+                       "{0.5, 1, 1.5, 2})")
     gamma: float = Field(0.9, gt=0, lt=1, description="template T_ii of the score (Eq. 10) [UNCERTAIN, spec §3.9]")
     eps_missing: float = Field(0.01, gt=0, description="P_yj / P_jy for a class j the client lacks "
                                "[UNCERTAIN, spec §3.6]")

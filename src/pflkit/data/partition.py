@@ -519,7 +519,8 @@ def local_test_sets(train_counts: np.ndarray, test_labels: np.ndarray, size: int
     return out
 
 
-def stratified_test_split(labels: np.ndarray, test_fraction: float = 0.25, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def stratified_test_split(labels: np.ndarray, test_fraction: float = 0.25,
+                          seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A fixed stratified split (training rows, test rows) for datasets without an official one."""
     from sklearn.model_selection import train_test_split
 

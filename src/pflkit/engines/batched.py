@@ -345,8 +345,8 @@ class _TrainPlan(_Plan):
         self.generators = [ctx.generator(spec.purpose, k) for k in range(len(ctx.clients))]
         self.budgets: list[int | None] = [spec.max_steps] * len(ctx.clients)
         mixing = ctx.train.mixup if spec.mixup is None else spec.mixup
-        self.mixers = ([numpy_generator(ctx.seed, "client", ctx.round, i, spec.purpose, "mixup") for i in ctx.client_ids]
-                       if mixing else None)
+        self.mixers = ([numpy_generator(ctx.seed, "client", ctx.round, i, spec.purpose, "mixup")
+                        for i in ctx.client_ids] if mixing else None)
         self.schedules: list[_Schedule] = []
 
     def fixed_epochs(self) -> int:

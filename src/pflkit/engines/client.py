@@ -158,8 +158,8 @@ class SingleClientContext:
         carried = {k: params[k].detach().clone() for k in carry}
         # training-mode forwards update batch-norm statistics in place: the caller's stay untouched
         stats = {k: params[k].detach().clone() for k in buffers}
-        frozen = {**{k: v.detach() for k, v in params.items() if k not in train and k not in stats and k not in carried},
-                  **stats}
+        frozen = {**{k: v.detach() for k, v in params.items()
+                     if k not in train and k not in stats and k not in carried}, **stats}
         net = self.net
         if step is None:
             assert loss is not None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, num_outputs, parameter_names,
-                   reference_layer_idx, top_unit_names)
+from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, num_outputs,
+                   parameter_names, reference_layer_idx, top_unit_names)
 from .cnn import CifarCNN, DigitsCNN, FedAvgCNN
 from .resnet import ResNet18
 from .text import FastText
