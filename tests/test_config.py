@@ -100,3 +100,19 @@ def test_override_strings_split_outside_quotes_and_brackets():
     assert cfg.algorithms == ["fedala", "fedavg"] and cfg.name == "a b" and cfg.rounds == 2
     with pytest.raises(ConfigError, match="unbalanced"):
         split_overrides("algorithms=['fedala'")
+
+
+FEDACD_METHODS = {"fedavg", "fedprox", "fednova", "fedrod", "creff", "fedntd", "fedlc", "feddecorr", "fednh", "fedacd"}
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "paper").glob("fedacd-*.toml")), ids=lambda p: p.stem)
+def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
+    cfg = load_config(path, ["data_dir='/x'"])
+    assert (cfg.test_set, cfg.batch_size, cfg.lr, cfg.momentum, cfg.rounds, cfg.balance_cap) == \
+        ("official", 64, 0.01, 0.9, 200, False)
+    assert cfg.min_samples_per_client == 0 and len(cfg.seeds) == 5 and set(cfg.algorithms) <= FEDACD_METHODS
+    assert cfg.model == ("resnet18" if cfg.dataset == "tiny_imagenet" else "cifar_cnn")
+    header = path.read_text().split("\n", 1)[0]
+    assert header.startswith("# FedACD Table") and "[UNCERTAIN]" in path.read_text()
+    if "tables1-3" in path.name:
+        assert set(cfg.algorithms) == FEDACD_METHODS and cfg.metrics.adaptability
