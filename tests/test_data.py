@@ -371,6 +371,17 @@ def test_dirichlet_without_cap_can_concentrate(mnist_like: np.ndarray) -> None:
     assert max(biggest) >= 350 + 700
 
 
+def test_dirichlet_without_minimum_leaves_no_client_empty() -> None:
+    # FedACD's Dir(0.05) over 20 clients with no minimum: single draws often leave a client
+    # empty (MNIST's official split: client 12 of partition seed 0); such draws are redrawn.
+    labels = np.repeat(np.arange(10), 600)
+    for seed in range(5):
+        parts = partition_dirichlet(labels, 20, 0.05, np.random.default_rng(seed), balance_cap=False,
+                                    min_samples_per_client=0)
+        assert min(len(p) for p in parts) >= 1
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+
+
 def test_dirichlet_cap_all_zero_fallback() -> None:
     # Tiny alpha puts all mass on one client; once that client is capped the
     # capped proportions are all zero and must not produce NaNs.

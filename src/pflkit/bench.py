@@ -27,6 +27,7 @@ from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine, default_workers
 from .federation.driver import RoundDriver
+from .federation.evaluation import GlobalEvaluation
 from .functional import SGD, Batch, classification_loss, forward, net_of, stream_seed
 from .functional.training import autograd_value_and_grad
 from .models import build_model
@@ -42,6 +43,7 @@ class BenchSettings:
     workers: int | None = None
     device: str = "cpu"
     seed: int = 0
+    test_set: str = "client_split"  # "official": also time the global model's evaluation
 
 
 def mnist_like(num: int = 70_000, seed: int = 0) -> Dataset:
@@ -117,7 +119,8 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
     min_samples, alpha = min(40, len(dataset) // num_clients // 2), 0.1
     while True:
         try:
-            spec = PartitionSpec(num_clients=num_clients, alpha=alpha, min_samples_per_client=min_samples)
+            spec = PartitionSpec(num_clients=num_clients, alpha=alpha, min_samples_per_client=min_samples,
+                                 test_set=settings.test_set)
             data = FederatedData.build(dataset, spec, 1, device=device)
             break
         except PartitionError:
@@ -132,7 +135,9 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     train_samples = sum(c.num_train for c in data.clients)
     out: dict[str, Any] = {"num_clients": num_clients, "train_samples": train_samples, "alpha": alpha,
-                           "min_samples_per_client": min_samples, "algorithms": {}}
+                           "min_samples_per_client": min_samples, "test_set": settings.test_set, "algorithms": {}}
+    if data.global_test is not None:
+        out["global_test_size"] = len(data.global_test[1])
     for name in settings.algorithms:
         runs = {}
         for engine_name in settings.engines:
@@ -143,17 +148,22 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
             alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
+            test = data.global_test
+            evaluation = None if test is None else GlobalEvaluation(
+                model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
+                train.eval_batch_size, threads=getattr(engine, "workers", 1))
             driver = RoundDriver(alg, num_clients=data.num_clients, seed=settings.seed, rounds=settings.rounds + 1,
-                                 join_ratio=1.0, eval_every=1)
+                                 join_ratio=1.0, eval_every=1, global_evaluation=evaluation)
             runs[engine_name] = (setup, engine, driver, driver.start(init, summaries), [])
         for t in range(1, settings.rounds + 1):
             order = settings.engines if t % 2 else list(reversed(settings.engines))
             for engine_name in order:
                 setup, engine, driver, state, rows = runs[engine_name]
                 plan = driver.plan(state, t)
-                driver.finish(state, plan, engine.run(setup, plan.jobs, t))
+                record = driver.finish(state, plan, engine.run(setup, plan.jobs, t))
                 _sync(device)
-                rows.append(state.pending)
+                # the global evaluation of round t-1's state runs inside training round t
+                rows.append({**state.pending, **{k: v for k, v in record.items() if k == "global_eval_seconds"}})
         per_engine = {}
         for engine_name, (_setup, engine, _driver, state, rows) in runs.items():
             engine.close()
@@ -173,6 +183,9 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 "init_share": statistics.median(r.get("init_seconds", 0) / c for r, c in zip(steady, client_compute)),
                 "final_accuracy": state.history[-1]["accuracy"] if "accuracy" in state.history[-1] else None,
             }
+            if all("global_eval_seconds" in r for r in steady):
+                entry["global_eval_seconds"] = statistics.median(r["global_eval_seconds"] for r in steady)
+                entry["global_eval_share"] = statistics.median(r["global_eval_seconds"] / r["seconds"] for r in steady)
             if len(rows) > 1 and "ala_epochs_max" in rows[1]:
                 entry["start_phase_round_seconds"] = rows[1]["seconds"]
                 entry["start_phase_ala_seconds_client_sum"] = rows[1]["init_seconds"]
@@ -202,7 +215,8 @@ def run_bench(settings: BenchSettings, echo: Callable[[str], None] = print) -> d
     device = torch.device(settings.device)
     workers = settings.workers or default_workers()
     torch.set_num_threads(1)
-    dataset = load_dataset("mnist", settings.data_dir) if settings.data_dir else mnist_like()
+    official = settings.test_set == "official"
+    dataset = load_dataset("mnist", settings.data_dir, official_test=official) if settings.data_dir else mnist_like()
     xs, ys = dataset.x[:4000].to(device), dataset.y[:4000].to(device)
     report: dict[str, Any] = {
         "settings": {**settings.__dict__, "workers": workers, "dataset": dataset.name},
@@ -242,6 +256,10 @@ def format_report(report: dict[str, Any]) -> str:
                              f"{speed:>7.2f}x {e['train_samples_per_second']:>11.0f} "
                              f"{100 * e['train_samples_per_second'] / limit:>9.0f}% {training:>14.0f} "
                              f"{100 * training / limit:>9.0f}% {100 * e['init_share']:>9.1f}% {start_txt:>11}")
+                if "global_eval_share" in e:
+                    lines.append(f"{'':>7}  global-model evaluation on the {part['global_test_size']} official test "
+                                 f"samples: {e['global_eval_seconds']:.2f} s, {100 * e['global_eval_share']:.1f}% "
+                                 "of the round (median)")
         lines.append(f"{'':>7}  Dir({part['alpha']:g}), min {part['min_samples_per_client']} samples/client, "
                      f"{part['train_samples']} training samples; peak RSS {part['peak_rss_mb']:.0f} MB")
     return "\n".join(lines)

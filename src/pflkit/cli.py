@@ -100,10 +100,12 @@ def config(args: tuple[str, ...]) -> None:
 @click.option("--rounds", default=4, show_default=True, help="rounds per engine (round 2 = ALA start phase)")
 @click.option("--workers", type=int, default=None, help="parallel engine workers (default: all cores)")
 @click.option("--device", default="cpu", show_default=True)
+@click.option("--test-set", type=click.Choice(["client_split", "official"]), default="client_split",
+              show_default=True, help="official: also time the global model's evaluation on the official test set")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench.json"),
               show_default=True, help="JSON report")
 def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: int, workers: int | None,
-          device: str, out: Path) -> None:
+          device: str, test_set: str, out: Path) -> None:
     """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1)."""
     from .bench import BenchSettings, format_report, run_bench, save_report
 
@@ -112,7 +114,8 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
     settings = BenchSettings(data_dir=data_dir, clients=counts, engines=engines.split(","),
-                             algorithms=algos.split(","), rounds=rounds, workers=workers, device=device)
+                             algorithms=algos.split(","), rounds=rounds, workers=workers, device=device,
+                             test_set=test_set)
     try:
         report = run_bench(settings, echo=click.echo)
     except USER_ERRORS as exc:

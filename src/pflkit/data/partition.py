@@ -149,13 +149,16 @@ def _dirichlet_draws(labels: np.ndarray, num_clients: int, alpha: float, rng: Rn
                 f"(derived from batch_size and train_fraction); kept the draw whose smallest client is largest "
                 f"({best_smallest} samples, at least one training batch{'' if official else ' and one test sample'})")
         return _Draw(best, max_retries, best_smallest, note)
-    hint = ("lower num_clients, raise alpha, or set min_samples_per_client lower"
-            if not auto else "lower num_clients or raise alpha (or set min_samples_per_client yourself)")
-    wanted = minimum if not auto else floor
+    if auto:
+        wanted, hint = f"{floor} samples", "lower num_clients or raise alpha (or set min_samples_per_client yourself)"
+    elif minimum == 1:
+        wanted, hint = "a sample (even min_samples_per_client=0 needs one)", "lower num_clients or raise alpha"
+    else:
+        wanted, hint = (f"min_samples_per_client={minimum} samples",
+                        "lower num_clients, raise alpha, or set min_samples_per_client lower")
     raise PartitionError(
         f"dirichlet partition: no draw in {max_retries} tries gave every one of num_clients={num_clients} clients "
-        f"{'min_samples_per_client=' if not auto else ''}{wanted} samples with alpha={alpha} (the best draw's "
-        f"smallest client had {best_smallest}); {hint}"
+        f"{wanted} with alpha={alpha} (the best draw's smallest client had {best_smallest}); {hint}"
     )
 
 
@@ -189,7 +192,7 @@ def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
     where no draw reaches it (PFLlib would loop for ever), the draw whose smallest client is
     largest is kept with a logged warning, provided that client still gets one training batch and
     one test sample (:func:`smallest_client`), so small datasets run instead of failing. An
-    explicit minimum is never lowered.
+    explicit minimum is never lowered; ``0`` (no minimum) still redraws until no client is empty.
     """
     labels = _check_labels(labels)
     _check_num_clients(num_clients)
@@ -211,7 +214,9 @@ def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
                 f"{num_clients * min_samples_per_client} samples, but the dataset holds {n}; lower "
                 f"num_clients (at most {n // max(min_samples_per_client, 1)}) or min_samples_per_client"
             )
-        minimum = floor = min_samples_per_client
+        # 0 is "no minimum" (FedACD's splits), but an empty client can neither train nor be
+        # scored, so draws that leave a client empty are still redrawn.
+        minimum = floor = max(min_samples_per_client, 1)
     draw = _dirichlet_draws(labels, num_clients, alpha, rng, minimum, floor, balance_cap, max_retries, auto, official)
     if draw.note:
         log.warning("dirichlet partition (num_clients=%d, alpha=%g, %d samples): %s; set "

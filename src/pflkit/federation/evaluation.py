@@ -19,15 +19,27 @@ class GlobalEvaluation:
     averaged over the clients (``priors`` [N, C], each client's training label distribution)."""
 
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                 priors: np.ndarray, batch_size: int = 1000) -> None:
+                 priors: np.ndarray, batch_size: int = 1000, threads: int | None = None) -> None:
+        """``threads``: torch threads for the evaluation, which runs while no client trains (the
+        parallel engine's workers are idle then); None keeps the current setting."""
         self.model, self.x, self.y = model, x, y
+        self.threads = threads
         self.num_classes = num_classes
         self.priors = np.asarray(priors, dtype=np.float64)
         self.batch_size = batch_size
         self.class_counts = np.bincount(y.cpu().numpy(), minlength=num_classes)
 
-    @torch.no_grad()
     def __call__(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        previous = torch.get_num_threads()
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        try:
+            return self._evaluate(params)
+        finally:
+            torch.set_num_threads(previous)
+
+    @torch.no_grad()
+    def _evaluate(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         start = time.perf_counter()
         correct = torch.zeros(self.num_classes, device=self.y.device)
         loss = 0.0

@@ -51,7 +51,7 @@ class Simulator:
         test = data.global_test
         evaluation = None if test is None else GlobalEvaluation(
             model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
-            self.train.eval_batch_size)
+            self.train.eval_batch_size, threads=self.config.threads * getattr(self.engine, "workers", 1))
         return SeedSetup(init, model.units(), summaries, pseed, data.partition_record(),
                          f"{self.config.dataset}: {kind} partition, {self.config.num_clients} clients (seed {pseed})",
                          evaluation)
