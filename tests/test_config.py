@@ -116,3 +116,27 @@ def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
     assert header.startswith("# FedACD Table") and "[UNCERTAIN]" in path.read_text()
     if "tables1-3" in path.name:
         assert set(cfg.algorithms) == FEDACD_METHODS and cfg.metrics.adaptability
+
+
+# spec §4.12 (paper Appendix A): model -> (rounds, join ratio, batch, epochs, lr, momentum, FedProx mu)
+SOSICFL_SETTINGS = {"simple_cnn": (500, 0.3, 50, 5, 0.02, 0.5, 0.01),
+                    "squeezenet1_1": (500, 0.1, 32, 1, 0.001, 0.9, 0.1),
+                    "mobilenet_v2": (500, 0.1, 64, 5, 0.01, 0.9, 0.1),
+                    "resnet18": (200, 0.1, 32, 5, 0.01, 0.9, 0.001)}
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "paper").glob("sosicfl-*.toml")), ids=lambda p: p.stem)
+def test_sosicfl_configs_have_the_papers_setting_and_name_their_table(path):
+    cfg = load_config(path, ["data_dir='/x'"])
+    assert (cfg.rounds, cfg.join_ratio, cfg.batch_size, cfg.local_epochs, cfg.lr, cfg.momentum, cfg.fedprox.mu) == \
+        SOSICFL_SETTINGS[cfg.model]
+    assert (cfg.test_set, cfg.num_clients, cfg.eval_every, cfg.eval_all_clients, len(cfg.seeds)) == \
+        ("official", 100, 10, True, 5)
+    assert cfg.partition in ("kfold", "label_dirichlet")
+    if "fig7" not in path.name:
+        expected = {(2, "kfold"): (2, 0.6), (5, "kfold"): (5, 0.4)}.get((cfg.num_folds, cfg.partition), (10, 0.4))
+        assert (cfg.sosicfl.num_clusters, cfg.sosicfl.rho) == expected
+    if "2fold" in path.name:
+        assert "ditto" not in cfg.algorithms and "sosicfl_plus" not in cfg.algorithms  # not run on 2-Fold
+    assert path.read_text().startswith("# SosicFL Table") or path.read_text().startswith("# SosicFL Figure")
+    assert "[UNCERTAIN]" in path.read_text()

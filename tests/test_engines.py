@@ -174,7 +174,8 @@ def test_vmap_batches_every_method_but_those_with_per_client_code():
     model = build_model("digits_cnn", (1, 8, 8), 10)
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
     data = make_data([30, 12])
-    algorithms = {name: build_algorithm(name, cfg.algorithm_sections(), train, model.units()) for name in ALL_ALGORITHMS}
+    algorithms = {name: build_algorithm(name, cfg.algorithm_sections(), train, model.units())
+                  for name in ALL_ALGORITHMS}
     per_client = [name for name, alg in algorithms.items() if batching_blocker(alg, model, data)]
     assert per_client == ["fedfomo", "partialfed", "partialfed+ala"]
     resnet = build_model("resnet18", (3, 32, 32), 10)

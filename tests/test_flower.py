@@ -95,10 +95,8 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
     assert [v["round"] for v in serde.get(contexts[0].state, key)["versions"]] == [4, 3]
 
 
-@pytest.mark.parametrize("algorithms", [["fedala"], ["fedavg", "ditto+ala", "fedrep"],
-                                        ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"]])
-def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
-    config = load_config(None, OVERRIDES + [f"algorithms={json.dumps(algorithms)}"])
+def run_both(tmp_path, config) -> tuple[list[dict], list[dict]]:
+    """The config's records on in-process Flower and in the simulator (timings left out)."""
     grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)])
     run_on_flower(config, grid, tmp_path / "flower", wait_seconds=5)
     run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
@@ -106,16 +104,27 @@ def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
     def records(folder):
         return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
                 for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return records(tmp_path / "flower"), records(tmp_path / "sim")
 
-    flower_records, sim_records = records(tmp_path / "flower"), records(tmp_path / "sim")
-    assert len(flower_records) == len(sim_records) == 4 * len(algorithms)
-    for f, s in zip(flower_records, sim_records):  # stated tolerance: 1e-9 (observed: identical)
+
+def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> None:
+    """Stated tolerance: 1e-9 (observed: identical)."""
+    for f, s in zip(flower_records, sim_records):
         assert f.keys() == s.keys()
         for key in f:
-            if isinstance(f[key], float):
-                assert f[key] == pytest.approx(s[key], abs=1e-9), key
+            if isinstance(f[key], (float, list)):
+                assert f[key] == pytest.approx(s[key], abs=1e-9, nan_ok=True), key
             else:
                 assert f[key] == s[key], key
+
+
+@pytest.mark.parametrize("algorithms", [["fedala"], ["fedavg", "ditto+ala", "fedrep"],
+                                        ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"]])
+def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
+    config = load_config(None, OVERRIDES + [f"algorithms={json.dumps(algorithms)}"])
+    flower_records, sim_records = run_both(tmp_path, config)
+    assert len(flower_records) == len(sim_records) == 4 * len(algorithms)
+    assert_same_records(flower_records, sim_records)
     summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
     assert set(summary) == set(algorithms)
     assert (tmp_path / "flower" / "plots" / "accuracy.png").is_file()
@@ -201,21 +210,23 @@ def test_the_global_model_methods_on_flower_match_the_simulator_under_the_offici
                                 "test_set=official", "metrics.adaptability=true", "creff.match_steps=5",
                                 "creff.retrain_steps=5", "fednh.spread_steps=20",
                                 'algorithms=["fedacd","fednova","fednh","creff","fedrod"]'])
-    grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)])
-    run_on_flower(config, grid, tmp_path / "flower", wait_seconds=5)
-    run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
-
-    def records(folder):
-        return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
-                for line in (folder / "metrics.jsonl").read_text().splitlines()]
-
-    flower_records, sim_records = records(tmp_path / "flower"), records(tmp_path / "sim")
+    flower_records, sim_records = run_both(tmp_path, config)
     assert len(flower_records) == len(sim_records) == 15
     assert "global_accuracy" in flower_records[-1] and "local_risk" in flower_records[1]
-    for f, s in zip(flower_records, sim_records):
-        assert f.keys() == s.keys()
-        for key in f:
-            if isinstance(f[key], (float, list)):
-                assert f[key] == pytest.approx(s[key], abs=1e-9, nan_ok=True), key
-            else:
-                assert f[key] == s[key], key
+    assert_same_records(flower_records, sim_records)
+
+
+def test_sosicfl_on_flower_matches_the_simulator_and_refuses_evaluating_absent_clients(tmp_path):
+    """The ServerApp prepares the simplex from the nodes' label counts; per-client payloads (the
+    cluster centre and the round's alphas) and SosicFL+'s personal endpoints on the nodes give the
+    simulator's numbers."""
+    overrides = OVERRIDES + ["sosicfl.num_clusters=2", "sosicfl.pool_size=200", "sosicfl.n_init=2",
+                             'algorithms=["sosicfl", "sosicfl_plus"]']
+    flower_records, sim_records = run_both(tmp_path, load_config(None, overrides))
+    assert len(flower_records) == len(sim_records) == 8
+    assert "update_variance" in flower_records[1]
+    assert_same_records(flower_records, sim_records)
+    grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)])
+    with pytest.raises(ValueError, match="eval_all_clients = true runs in the simulator only"):
+        run_on_flower(load_config(None, overrides + ["eval_all_clients=true"]), grid, tmp_path / "again",
+                      wait_seconds=5)

@@ -139,6 +139,33 @@ def download(name: str, data_dir: Path) -> None:
     click.echo(f"{name}: ready in {folder} (use dataset={name} data_dir={folder})")
 
 
+@main.group()
+def plot() -> None:
+    """Pictures of a finished run."""
+
+
+@plot.command("simplex")
+@click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--algorithm", default="sosicfl", show_default=True, help="sosicfl, sosicfl_all or sosicfl_plus")
+@click.option("--seed", type=int, default=None, help="run seed (default: the first)")
+@click.option("--clients", default=None, help="comma-separated client ids (default: one per cluster, at most 3)")
+@click.option("--points", default=2000, show_default=True, help="uniform simplex points of the landscape")
+def plot_simplex(run: Path, algorithm: str, seed: int | None, clients: str | None, points: int) -> None:
+    """SosicFL's clients on the simplex (clusters, subregions) and their accuracy landscape."""
+    from .run.simplex_report import simplex_pictures
+
+    try:
+        ids = [int(c) for c in clients.split(",")] if clients else None
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+    try:
+        paths = simplex_pictures(run, algorithm, seed, ids, points)
+    except USER_ERRORS as exc:
+        fail(exc)
+    for path in paths:
+        click.echo(f"wrote {path}")
+
+
 @main.command()
 def algorithms() -> None:
     """List the algorithm names accepted in ``algorithms = [...]``."""

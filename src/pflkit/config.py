@@ -47,9 +47,18 @@ class BaseConfig(BaseModel):
                                  "and synthetic)")
     model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
                        "fasttext for AG News; pfllib: by its data")
+    pretrained: str | None = Field(None, description="a local state dict in torchvision's key layout (ImageNet "
+                                   "weights) to start the model from; a head of another size stays freshly "
+                                   "initialised (SosicFL Table 3: squeezenet1_1, resnet18)")
     num_clients: int = Field(20, ge=1)
-    partition: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
-    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4)")
+    partition: Literal["iid", "dirichlet", "pathological", "kfold", "label_dirichlet"] = Field(
+        "dirichlet", description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
+        "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
+        "distributions with equal client sizes, SosicFL, spec §5.6)")
+    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4; label_dirichlet: §5.6)")
+    num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
+    primary_fraction: float = Field(0.8, gt=0, le=1, description="kfold: share of a client's samples from its "
+                                    "group's primary classes (the rest spread evenly over the others)")
     classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
     balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
     min_samples_per_client: int | None = Field(
@@ -82,6 +91,8 @@ class BaseConfig(BaseModel):
     mixup_alpha: float = Field(1.0, gt=0, description="mixup: lambda ~ Beta(mixup_alpha, mixup_alpha)")
     join_ratio: float = Field(1.0, gt=0, le=1)
     eval_every: int = Field(1, ge=1)
+    eval_all_clients: bool = Field(False, description="score every client at each evaluation, not only the "
+                                   "next round's participants (SosicFL protocol; simulator only)")
     eval_batch_size: int = Field(1000, ge=1)
     engine: Literal["auto", "loop", "parallel", "vmap"] = Field(
         "auto", description="loop: one client at a time; parallel: clients over worker threads; vmap: "

@@ -3,6 +3,7 @@
 from . import apple, ditto, fedamp, fedavg, fedavgc, fedfomo, fedprox, fedproxc, fedrep, local  # noqa: F401
 from . import fedphp, partialfed, perfedavg, pfedme  # noqa: F401  (registration side effects)
 from . import creff, fedacd, feddecorr, fedlc, fednh, fednova, fedntd, fedrod  # noqa: F401
+from . import sosicfl  # noqa: F401
 from .base import (Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained,
                    Upload)
 from .context import (PER_CLIENT, ClientContext, Fit, Metrics, PairedBatches, Sample, SampleBatches, SplitBatches,

@@ -78,7 +78,7 @@ class Apple(Algorithm):
     ala_targets = {}
     requires_full_participation = True
 
-    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         sizes = torch.zeros(max(c.client_id for c in clients) + 1)
         for c in clients:
             sizes[c.client_id] = c.num_train

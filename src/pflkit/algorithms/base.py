@@ -83,6 +83,7 @@ class Algorithm:
     Class attributes:
       name: config name.
       settings_class: the pydantic model of its ``[name]`` config section.
+      section: the section's name where variants of one method share it (``sosicfl_all``).
       ala_targets: ALA targets this algorithm offers, ``target -> (payload key, state key)``:
         the state entry whose overwrite by the downloaded payload entry ALA may replace.
       default_ala_target: the target used unless the settings choose another.
@@ -95,16 +96,20 @@ class Algorithm:
         learning): engines may batch that step across clients even where training runs per client.
       has_global_model: False when ``global_params`` is no model worth scoring (FedRep's server
         never trains a head; local training has none); global-test metrics skip such methods.
+      tta_base: the method whose best accuracy sets this one's time-to-accuracy target when both
+        run together (SosicFL: FedAvg; SosicFL+: Ditto).
     """
 
     name: ClassVar[str] = ""
     settings_class: ClassVar[type[Settings]] = Settings
+    section: ClassVar[str | None] = None  # the config section, when variants share one (default: name)
     ala_targets: ClassVar[dict[str, tuple[str, str]]] = {"model": ("global", "model")}
     default_ala_target: ClassVar[str] = "model"
     needs: ClassVar[frozenset[str]] = frozenset()
     requires_full_participation: ClassVar[bool] = False
     trains_on_receive: ClassVar[bool] = False
     has_global_model: ClassVar[bool] = True
+    tta_base: ClassVar[str | None] = None  # the method its time-to-accuracy is measured against
 
     def __init__(self, settings: Settings, train: TrainSettings, units: Units) -> None:
         self.settings = settings
@@ -129,8 +134,9 @@ class Algorithm:
     def init_server(self, init_params: Params) -> State:
         return {"global": clone(init_params)}
 
-    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
-        """Server-side preparation before round 1 from client summaries (default: nothing)."""
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
+        """Server-side preparation before round 1 from client summaries and the run seed
+        (default: nothing)."""
         return server
 
     def downloaded_names(self, names: list[str]) -> list[str]:
@@ -154,6 +160,14 @@ class Algorithm:
 
     def global_params(self, server: State) -> Params:
         return server["global"]
+
+    def head_update(self, server: State, upload: SentUpload) -> torch.Tensor | None:
+        """The upload's change of the last layer, flattened (the total variance of updates, spec
+        §4.13); None where the upload carries no head."""
+        head = [k for k in self.units[-1][1] if k in upload["params"] and k in server["global"]]
+        if not head:
+            return None
+        return torch.cat([(upload["params"][k] - server["global"][k]).flatten() for k in head])
 
     # ---- client side -------------------------------------------------------------------
     def init_client(self, init_params: Params, client_id: int) -> State:

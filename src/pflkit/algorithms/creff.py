@@ -66,7 +66,7 @@ class CReFF(Algorithm):
         self.weight, self.bias = head_names(units)[:2]
         self.body = len(units) - 1
 
-    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         weight = server["global"][self.weight]
         g = torch.Generator().manual_seed(0)
         features = torch.randn(weight.shape[0], self.settings.features, weight.shape[1], generator=g)

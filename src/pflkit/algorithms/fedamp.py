@@ -56,7 +56,7 @@ class FedAMP(Algorithm):
     requires_full_participation = True
     _warned = False
 
-    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         """Every client starts from Theta^0, so the server knows all models before round 1."""
         return {**server, "models": {c.client_id: server["global"] for c in clients}}
 

@@ -48,7 +48,7 @@ class FedFomo(Algorithm):
     ala_targets = {}
     needs = frozenset({PER_CLIENT})  # weighs each downloaded model by a Python loop over its validation loss
 
-    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         n = max(c.client_id for c in clients) + 1
         return {**server, "models": {c.client_id: server["global"] for c in clients},
                 "affinity": torch.eye(n, dtype=torch.float64)}

@@ -73,7 +73,7 @@ def available() -> list[str]:
 
 def config_sections() -> dict[str, type[Settings]]:
     """Every config section an algorithm or a modifier owns, by section name."""
-    sections: dict[str, type[Settings]] = {name: cls.settings_class for name, cls in ALGORITHMS.items()}
+    sections: dict[str, type[Settings]] = {cls.section or name: cls.settings_class for name, cls in ALGORITHMS.items()}
     sections.update({m.section: m.settings_class for m in MODIFIERS.values()})
     return sections
 
@@ -83,7 +83,7 @@ def build_algorithm(name: str, sections: Mapping[str, Settings], train: TrainSet
     """Instantiate ``name`` with its config section; modifiers wrap it with theirs."""
     base_name, modifiers = parse_name(name)
     cls = ALGORITHMS[base_name]
-    algorithm = cls(sections.get(base_name, cls.settings_class()), train, units)
+    algorithm = cls(sections.get(cls.section or base_name, cls.settings_class()), train, units)
     for modifier in modifiers:
         algorithm = modifier.wrap(algorithm, sections.get(modifier.section, modifier.settings_class()), name)
     return algorithm

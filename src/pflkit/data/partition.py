@@ -32,6 +32,8 @@ __all__ = [
     "partition",
     "partition_dirichlet",
     "partition_iid",
+    "partition_kfold",
+    "partition_label_dirichlet",
     "partition_pathological",
     "pfllib_least_samples",
     "smallest_client",
@@ -44,7 +46,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PARTITION_METHODS: tuple[str, ...] = ("iid", "dirichlet", "pathological")
+PARTITION_METHODS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "kfold", "label_dirichlet")
 PARTITION_RNGS: tuple[str, ...] = ("pflkit", "pfllib")
 Rng = np.random.Generator | np.random.RandomState
 
@@ -381,6 +383,8 @@ class PartitionSpec:
     batch_size: int = 10
     rng: str = "pflkit"
     max_retries: int = 1000
+    num_folds: int = 2
+    primary_fraction: float = 0.8
     test_set: str = "client_split"  # "official": clients get training data only (no per-client split)
 
     @property
@@ -447,6 +451,12 @@ def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
     if spec.method == "pathological":
         parts = _pathological(labels, spec.num_clients, spec.classes_per_client, rng, **pathological)
         return _Draw(parts, 1, min(len(p) for p in parts))
+    if spec.method == "kfold":
+        parts = partition_kfold(labels, spec.num_clients, spec.num_folds, rng, primary_fraction=spec.primary_fraction)
+        return _Draw([p.tolist() for p in parts], 1, min(len(p) for p in parts))
+    if spec.method == "label_dirichlet":
+        parts = partition_label_dirichlet(labels, spec.num_clients, spec.alpha, rng)
+        return _Draw([p.tolist() for p in parts], 1, min(len(p) for p in parts))
     raise PartitionError(f"unknown partition method {spec.method!r}; available: {', '.join(PARTITION_METHODS)}")
 
 
@@ -490,6 +500,99 @@ def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
     if draw.note:
         info["fallback"] = draw.note
     return ClientSplit(train, test, info)
+
+
+def partition_kfold(labels: np.ndarray, num_clients: int, num_folds: int, rng: Rng, *,
+                    primary_fraction: float = 0.8) -> list[np.ndarray]:
+    """SosicFL's k-Fold groups (spec §5.3 [RECON]): classes and clients are cut into ``num_folds``
+    groups; every client of group g holds n = floor(N / K) samples, ``primary_fraction`` of them
+    spread evenly over g's primary classes and the rest evenly over the other classes, with the
+    same largest-remainder counts for the whole group, so a group's clients have identical label
+    distributions. Samples are drawn without replacement; where a class cannot feed every client
+    n shrinks (logged). Clients are numbered group by group."""
+    labels = _check_labels(labels)
+    _check_num_clients(num_clients)
+    num_classes = int(labels.max()) + 1
+    if not 1 <= num_folds <= min(num_classes, num_clients):
+        raise PartitionError(f"kfold partition: num_folds={num_folds} must be in 1..{min(num_classes, num_clients)} "
+                             f"(at most the {num_classes} classes and num_clients={num_clients})")
+    if not 0 < primary_fraction <= 1:
+        raise PartitionError(f"kfold partition: primary_fraction must be in (0, 1], got {primary_fraction}")
+    primaries = np.array_split(np.arange(num_classes), num_folds)
+    groups = np.array_split(np.arange(num_clients), num_folds)
+    available = np.bincount(labels, minlength=num_classes)
+
+    def quotas(n: int) -> list[np.ndarray]:
+        out = []
+        for primary in primaries:
+            shares = np.zeros(num_classes)
+            others = num_classes - len(primary)
+            shares[primary] = (primary_fraction if others else 1.0) / len(primary)
+            if others:
+                shares[np.setdiff1d(np.arange(num_classes), primary)] = (1 - primary_fraction) / others
+            out.append(largest_remainder(shares, n))
+        return out
+
+    n = len(labels) // num_clients
+    while n > 0:
+        need = sum(len(g) * q for g, q in zip(groups, quotas(n)))
+        if np.all(need <= available):
+            break
+        n -= 1
+    if n == 0:
+        raise PartitionError(f"kfold partition: the classes cannot give num_clients={num_clients} clients one "
+                             "sample each with these groups; lower num_clients or num_folds")
+    if n < len(labels) // num_clients:
+        log.warning("kfold partition: classes too small for %d samples per client; every client gets %d",
+                    len(labels) // num_clients, n)
+    pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)]
+    parts: list[np.ndarray] = []
+    for group, quota in zip(groups, quotas(n)):
+        for _ in group:
+            taken = []
+            for c in np.flatnonzero(quota):
+                taken += pools[c][:quota[c]]
+                del pools[c][:quota[c]]
+            parts.append(np.asarray(taken, dtype=np.int64))
+    return parts
+
+
+def partition_label_dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng) -> list[np.ndarray]:
+    """Client-wise Dirichlet over label distributions with equal client sizes (SosicFL, spec §5.6
+    [RECON]): phi_k ~ Dir(alpha 1_L), n = floor(N / K), class counts by largest remainder of
+    n phi_k, drawn without replacement; a class pool that runs dry passes the client's deficit to
+    its other classes in proportion to phi_k (to any class with samples left where those are dry)."""
+    labels = _check_labels(labels)
+    _check_num_clients(num_clients)
+    if not alpha > 0:
+        raise PartitionError(f"label_dirichlet partition: alpha must be > 0, got {alpha}")
+    num_classes = int(labels.max()) + 1
+    n = len(labels) // num_clients
+    if n == 0:
+        raise PartitionError(f"label_dirichlet partition: num_clients={num_clients} exceeds the {len(labels)} "
+                             "samples; lower num_clients")
+    pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)]
+    parts = []
+    for _ in range(num_clients):
+        phi = rng.dirichlet(np.full(num_classes, alpha))
+        want = largest_remainder(phi, n)
+        taken: list[int] = []
+        while True:
+            left = np.array([len(p) for p in pools])
+            got = np.minimum(want, left)
+            for c in np.flatnonzero(got):
+                taken += pools[c][:got[c]]
+                del pools[c][:got[c]]
+            deficit = int((want - got).sum())
+            if deficit == 0:
+                break
+            left = np.array([len(p) for p in pools])
+            weights = np.where(left > 0, phi, 0.0)
+            if weights.sum() <= 0:
+                weights = (left > 0).astype(np.float64)
+            want = largest_remainder(weights, deficit)  # only classes with samples left: each pass takes some
+        parts.append(np.asarray(taken, dtype=np.int64))
+    return parts
 
 
 def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:

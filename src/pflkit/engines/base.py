@@ -12,7 +12,7 @@ from torch import nn
 from ..algorithms.base import Algorithm, Payload, State, Upload
 from ..algorithms.context import Metrics, TrainSettings
 from ..data.federated import FederatedData
-from ..functional import Params, evaluate, forward
+from ..functional import Params, evaluate, prediction_logits
 from ..functional.training import probability_matrix, probability_sums, template_kl
 from ..models import Units
 from .client import SingleClientContext
@@ -102,7 +102,7 @@ def adaptability_metrics(setup: RoundSetup, client_id: int, params: Params) -> d
     correct = torch.zeros(C, device=test[1].device)
     for i in range(0, len(test[1]), setup.train.eval_batch_size):
         x, y = test[0][i:i + setup.train.eval_batch_size], test[1][i:i + setup.train.eval_batch_size]
-        correct.index_add_(0, y, (forward(setup.model, params, x).argmax(1) == y).to(correct.dtype))
+        correct.index_add_(0, y, (prediction_logits(setup.model, params, x).argmax(1) == y).to(correct.dtype))
     sums = probability_sums(setup.model, params, client.train_x, client.train_y, C, setup.train.eval_batch_size)
     counts = torch.bincount(client.train_y, minlength=C)
     kl = template_kl(probability_matrix(sums, counts), counts, setup.adaptability)

@@ -29,7 +29,7 @@ from ..algorithms.context import (DataSpec, EpochEnd, Fit, PairedBatches, PerCli
                                   sample_positions, training_part)
 from ..data.federated import ClientData, FederatedData
 from ..functional import Params, numpy_generator, torch_generator
-from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, mix, net_of
+from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, mix, net_of, prediction_logits
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import class_sums
 
@@ -156,7 +156,7 @@ class BatchedClientContext:
         run = vmap(lambda p, x: forward(self.model, p, x, train=False))
         for start in range(0, T, per_step):
             r, m = rows[:, start:start + per_step], mask[:, start:start + per_step]
-            logits = run(params, self.fed.x[r])
+            logits = prediction_logits(self.model, params, self.fed.x[r], run)
             y = self.fed.y[r]
             correct += ((logits.argmax(-1) == y) & m).sum(1)
             ce = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view_as(m)
@@ -286,7 +286,8 @@ class BatchedClientContext:
                     sub_carried.update(epoch_end(dict(sub_carried)))
             with torch.no_grad():
                 for k in carried:
-                    carried[k][idx] = sub_carried[k]
+                    if sub_carried[k] is not carried[k]:  # (the whole set shares the tensor itself)
+                        carried[k][idx] = sub_carried[k]
                 if not whole:
                     for k in train:
                         train[k][idx] = sub_train[k]

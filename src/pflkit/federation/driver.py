@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
 import numpy as np
+import torch
 
 from ..algorithms.base import Algorithm, ClientSummary, SentUpload, State
 from ..engines.base import ClientJob, ClientResult
@@ -59,6 +60,8 @@ class RoundPlan:
     train: bool
     started: float = field(default_factory=time.perf_counter)
     global_metrics: dict[str, Any] = field(default_factory=dict)  # the global model before this round
+    # clients evaluated without training (``evaluate_all``): their states are discarded
+    eval_jobs: list[ClientJob] = field(default_factory=list)
 
 
 def sample_clients(seed: int, round: int, num_clients: int, join_ratio: float) -> list[int]:
@@ -113,15 +116,26 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
     return out
 
 
+def update_variance(algorithm: Algorithm, server: State, uploads: Sequence[SentUpload]) -> float | None:
+    """Total variance of the participants' last-layer updates, sum_k ||dw_k - mean dw||^2
+    (SosicFL Eq. 10); None where uploads carry no head."""
+    updates = [algorithm.head_update(server, u) for u in uploads]
+    if not updates or any(u is None for u in updates):
+        return None
+    stacked = torch.stack([u.detach().float().cpu() for u in updates])  # type: ignore[union-attr]
+    return float(((stacked - stacked.mean(0)) ** 2).sum())
+
+
 class RoundDriver:
     """Plans and finishes the rounds of one (algorithm, seed) run."""
 
     def __init__(self, algorithm: Algorithm, *, num_clients: int, seed: int, rounds: int, join_ratio: float,
                  eval_every: int, global_evaluation: GlobalEvaluation | None = None,
-                 local_test: bool = False) -> None:
+                 local_test: bool = False, evaluate_all: bool = False) -> None:
         """``global_evaluation`` scores the global model of every evaluated round on the global
         test set (algorithms with a global model); ``local_test``: clients are scored on local
-        test sets (the official protocol) and records carry ``local_accuracy``."""
+        test sets (the official protocol) and records carry ``local_accuracy``; ``evaluate_all``:
+        every client is scored at each evaluation, participants or not (SosicFL's protocol)."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.seed = seed
@@ -130,12 +144,13 @@ class RoundDriver:
         self.eval_every = eval_every
         self.global_evaluation = global_evaluation if algorithm.has_global_model else None
         self.local_test = local_test
+        self.evaluate_all = evaluate_all
 
     def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True) -> RunState:
         """Server (and, with ``client_states``, client) states from the common initial model,
         then the algorithm's ``prepare`` from the clients' summaries."""
         alg = self.algorithm
-        server = alg.prepare(alg.init_server(init_params), summaries)
+        server = alg.prepare(alg.init_server(init_params), summaries, self.seed)
         clients = {s.client_id: alg.init_client(init_params, s.client_id) for s in summaries} if client_states else {}
         return RunState(algorithm=alg.name, seed=self.seed, rounds_done=0, server=server, clients=clients)
 
@@ -152,12 +167,17 @@ class RoundDriver:
         evaluates round ``t - 1`` when that round is due."""
         selected = sample_clients(self.seed, t, self.num_clients, self.join_ratio)
         evaluate = should_evaluate(t - 1, self.rounds, self.eval_every)
-        return self._scored(state, RoundPlan(t, self._jobs(state, selected, t, evaluate, True), evaluate, True))
+        plan = RoundPlan(t, self._jobs(state, selected, t, evaluate, True), evaluate, True)
+        if evaluate and self.evaluate_all:
+            others = sorted(set(range(self.num_clients)) - set(selected))
+            plan.eval_jobs = self._jobs(state, others, t, True, False)
+        return self._scored(state, plan)
 
     def plan_final(self, state: RunState) -> RoundPlan:
         """The evaluation of round T: local initialisation and evaluation, no training."""
         final = self.rounds + 1
-        selected = sample_clients(self.seed, final, self.num_clients, self.join_ratio)
+        selected = (list(range(self.num_clients)) if self.evaluate_all
+                    else sample_clients(self.seed, final, self.num_clients, self.join_ratio))
         return self._scored(state, RoundPlan(final, self._jobs(state, selected, final, True, False), True, False))
 
     def _scored(self, state: RunState, plan: RoundPlan) -> RoundPlan:
@@ -175,6 +195,8 @@ class RoundDriver:
         record of the evaluated round (``plan.round - 1``, or T for the final pass)."""
         results = sorted(results, key=lambda r: r.client_id)  # one aggregation order on every executor
         evaluated = list(results) if plan.evaluate else None
+        trained = {j.client_id for j in plan.jobs}
+        results = [r for r in results if r.client_id in trained]  # eval-only clients change nothing
         if not plan.train:
             record = self._record(state, self.rounds, evaluated, plan)
             state.pending = None
@@ -186,9 +208,12 @@ class RoundDriver:
                 state.clients[res.client_id] = res.state
         uploads: list[SentUpload] = [{**r.upload, "client_id": r.client_id}  # type: ignore[typeddict-item]
                                      for r in results if r.upload is not None]
+        variance = update_variance(self.algorithm, state.server, uploads)
         state.server = self.algorithm.aggregate(state.server, uploads, plan.round)
         record = self._record(state, plan.round - 1, evaluated, plan)
         state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        if variance is not None:
+            state.pending["update_variance"] = variance
         risks = [self.global_evaluation.local_risk(r.metrics["class_correct"]) for r in results
                  if self.global_evaluation is not None and "class_correct" in r.metrics]
         if risks:  # [metrics] adaptability: the trained local models' risk over the clients' distributions

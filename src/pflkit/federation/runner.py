@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..algorithms import ClientSummary, TrainSettings, build_algorithm
+from ..algorithms import ALGORITHMS, ClientSummary, TrainSettings, build_algorithm, parse_name
 from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
-from ..reporting import plot_accuracy, plot_partition, summarize
+from ..reporting import plot_accuracy, plot_partition, plot_simplex_clusters, summarize, time_to_accuracy
 from .checkpoint import Checkpointer, load_checkpoint
 from .driver import Callback, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
@@ -42,6 +42,16 @@ class SeedSetup:
     @property
     def counts(self) -> np.ndarray:
         return np.stack([s.label_counts for s in self.summaries])
+
+
+def tta_bases(algorithms: Sequence[str]) -> dict[str, str]:
+    """Methods of the run with a time-to-accuracy base (``Algorithm.tta_base``) also in the run."""
+    out = {}
+    for name in algorithms:
+        base = ALGORITHMS[parse_name(name)[0]].tta_base
+        if base is not None and base in algorithms and not parse_name(name)[1]:
+            out[name] = base
+    return out
 
 
 class Executor(Protocol):
@@ -91,7 +101,8 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                 driver = RoundDriver(algorithm, num_clients=config.num_clients, seed=seed, rounds=config.rounds,
                                      join_ratio=config.join_ratio, eval_every=config.eval_every,
                                      global_evaluation=setup.global_evaluation,
-                                     local_test=config.test_set == "official")
+                                     local_test=config.test_set == "official",
+                                     evaluate_all=config.eval_all_clients)
                 ckpt = results.checkpoint_path(name, seed)
                 state = load_checkpoint(ckpt, executor.device) if ckpt.is_file() else None
                 if state is None:
@@ -103,12 +114,22 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                         executor.run(driver, state, [Checkpointer(ckpt, config.checkpoint_every),
                                                      MetricsWriter(results), ProgressBar(bar), *callbacks])
                 histories[(name, seed)] = state.history
+                if seed == config.seeds[0] and "simplex" in state.server:
+                    simplex = state.server["simplex"]
+                    plot_simplex_clusters(simplex["points"].cpu().numpy(), simplex["assignment"].cpu().numpy(),
+                                          simplex["centers"].cpu().numpy(), simplex["pools"].cpu().numpy(),
+                                          results.plots / f"simplex-{name}.png",
+                                          f"{name}: clients' LDA points and cluster subregions (seed {seed})")
         summary = summarize(histories, config.algorithms, config.seeds)
+        for method, entries in time_to_accuracy(histories, tta_bases(config.algorithms), config.seeds).items():
+            summary[method].update(entries)
         title = f"{config.dataset}, {config.partition}, {config.num_clients} clients"
         plot_accuracy(histories, results.plots / "accuracy.png", title)
         if config.test_set == "official":
             plot_accuracy(histories, results.plots / "global_accuracy.png", f"{title}: global model",
                           metric="global_accuracy", label="global test accuracy (%)")
+            plot_accuracy(histories, results.plots / "local_accuracy.png", f"{title}: local models",
+                          metric="local_accuracy", label="local test accuracy (%)")
         results.write_summary(summary)
         results.set_status("complete")
     except BaseException as exc:

@@ -12,7 +12,7 @@ from ..config import BaseConfig
 from ..data import Dataset, PartitionSpec, load_dataset, load_pfllib
 from ..data.federated import FederatedData
 from ..functional import stream_seed
-from ..models import UnitModel, buffer_names, build_model
+from ..models import UnitModel, buffer_names, build_model, head_names, load_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ def initial_params(config: BaseConfig, data: FederatedData | tuple[Any, ...], se
     buffers = dict(model.named_buffers())
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
     init.update({k: buffers[k].detach().clone() for k in buffer_names(model)})
+    if config.pretrained:  # ImageNet weights in torchvision's layout; a head of another size stays fresh
+        loaded = load_pretrained(model, config.pretrained, head_names(model.units()))
+        init = {k: v.to(device) for k, v in loaded.items()}
     return model, init
 
 
@@ -60,7 +63,8 @@ def partition_spec(config: BaseConfig) -> PartitionSpec:
                          classes_per_client=config.classes_per_client, balanced=config.balanced,
                          min_samples_per_client=config.min_samples_per_client, balance_cap=config.balance_cap,
                          train_fraction=config.train_fraction, batch_size=config.batch_size,
-                         rng=config.partition_rng, test_set=config.test_set)
+                         rng=config.partition_rng, test_set=config.test_set, num_folds=config.num_folds,
+                         primary_fraction=config.primary_fraction)
 
 
 def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: torch.device | str) -> FederatedData:

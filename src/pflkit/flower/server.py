@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from ..algorithms import ClientSummary
-from ..config import BaseConfig, to_dict
+from ..config import BaseConfig, ConfigError, to_dict
 from ..data import load_dataset
 from ..data.federated import official_split
 from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RoundDriver, RunState, SeedSetup, initial_params,
@@ -66,6 +66,9 @@ class FlowerExecutor:
     keeps_client_states = False
 
     def __init__(self, config: BaseConfig, config_text: str, grid: Grid, timeout: float, wait_seconds: float) -> None:
+        if config.eval_all_clients:
+            raise ConfigError("eval_all_clients = true runs in the simulator only: on Flower only the sampled "
+                              "clients are reached each round; set eval_all_clients = false")
         self.config = config
         self.config_text = config_text
         self.grid = grid

@@ -2,10 +2,10 @@
 
 from .params import Params, clone, equal, scale, subset, to_device, weighted_average
 from .streams import numpy_generator, stream_seed, torch_generator
-from .training import (SGD, Batch, LossFn, Net, NonFiniteLossError, check_finite, classification_loss,
-                       cross_entropy, evaluate, forward, net_of, proximal_loss)
+from .training import (SGD, Batch, Ensemble, LossFn, Net, NonFiniteLossError, check_finite, classification_loss,
+                       cross_entropy, evaluate, forward, net_of, prediction_logits, proximal_loss)
 
 __all__ = ["Params", "clone", "equal", "scale", "subset", "to_device", "weighted_average",
-           "numpy_generator", "stream_seed", "torch_generator", "SGD", "Batch", "LossFn", "Net",
+           "numpy_generator", "stream_seed", "torch_generator", "SGD", "Batch", "Ensemble", "LossFn", "Net",
            "NonFiniteLossError", "check_finite", "classification_loss", "cross_entropy", "evaluate", "forward",
-           "net_of", "proximal_loss"]
+           "net_of", "prediction_logits", "proximal_loss"]

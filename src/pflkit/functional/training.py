@@ -205,6 +205,23 @@ def check_finite(loss_sum: Tensor | float, where: str) -> None:
             "or check the data for NaN/inf values")
 
 
+class Ensemble(list):
+    """Several parameter dicts scored as one model: the mean of their softmax outputs (SosicFL's
+    Omega_te > 1). ``eval_params`` may return one; evaluation then scores the ensemble."""
+
+
+def prediction_logits(model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor,
+                      run: Callable[..., Tensor] | None = None) -> Tensor:
+    """Evaluation-mode logits of ``params``; an :class:`Ensemble` gives the log of its members'
+    mean softmax (so argmax and cross-entropy score the ensemble). ``run(params, x)`` replaces
+    the forward (a vmapped one for batched clients)."""
+    run = run or (lambda p, inputs: forward(model, p, inputs, train=False))
+    if isinstance(params, Ensemble):
+        probs = torch.stack([torch.softmax(run(p, x), dim=-1) for p in params]).mean(0)
+        return probs.clamp_min(1e-30).log()
+    return run(params, x)
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor,
              batch_size: int = 1000) -> dict[str, float]:
@@ -213,7 +230,7 @@ def evaluate(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tenso
     correct = 0
     loss = 0.0
     for start in range(0, len(y), batch_size):
-        logits = forward(model, params, x[start:start + batch_size], train=False)
+        logits = prediction_logits(model, params, x[start:start + batch_size])
         target = y[start:start + batch_size]
         correct += int((logits.argmax(1) == target).sum())
         loss += float(F.cross_entropy(logits, target, reduction="sum"))
@@ -226,7 +243,7 @@ def probability_sums(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, 
     """[C, C]: row i sums the predicted probabilities (evaluation mode) over the samples of class i."""
     out = torch.zeros(num_classes, num_classes, device=x.device)
     for start in range(0, len(y), batch_size):
-        probs = torch.softmax(forward(model, params, x[start:start + batch_size], train=False), dim=-1)
+        probs = torch.softmax(prediction_logits(model, params, x[start:start + batch_size]), dim=-1)
         out.index_add_(0, y[start:start + batch_size], probs)
     return out
 

@@ -6,7 +6,8 @@ from typing import Callable
 
 from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, num_outputs,
                    parameter_names, reference_layer_idx, top_unit_names)
-from .cnn import CifarCNN, DigitsCNN, FedAvgCNN
+from .cnn import CifarCNN, DigitsCNN, FedAvgCNN, SimpleCNN
+from .mobile import MobileNetV2, SqueezeNet, load_pretrained
 from .resnet import ResNet18
 from .text import FastText
 
@@ -14,7 +15,10 @@ MODELS: dict[str, Callable[..., UnitModel]] = {
     "fedavg_cnn": FedAvgCNN,
     "digits_cnn": DigitsCNN,
     "cifar_cnn": CifarCNN,
+    "simple_cnn": SimpleCNN,
     "resnet18": ResNet18,
+    "mobilenet_v2": MobileNetV2,
+    "squeezenet1_1": SqueezeNet,
     "fasttext": FastText,
 }
 
@@ -51,5 +55,5 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
 
 
 __all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN", "CifarCNN",
-           "ResNet18", "FastText", "buffer_names", "num_outputs", "parameter_names",
-           "top_unit_names", "head_names", "count_parameters", "reference_layer_idx"]
+           "SimpleCNN", "ResNet18", "MobileNetV2", "SqueezeNet", "load_pretrained", "FastText", "buffer_names",
+           "num_outputs", "parameter_names", "top_unit_names", "head_names", "count_parameters", "reference_layer_idx"]

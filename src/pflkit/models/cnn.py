@@ -100,3 +100,35 @@ class CifarCNN(UnitModel):
         if index == 3:
             return F.relu(F.linear(x, p["fc2.weight"], p["fc2.bias"]))
         return F.linear(x, p["fc.weight"], p["fc.bias"])
+
+
+class SimpleCNN(UnitModel):
+    """SosicFL's SimpleCNN (SuPerFed's "TwoCNN", spec §7.4): conv(5x5, 32, pad 1, no bias) ->
+    pool(2, pad 1) -> conv(5x5, 64, pad 1, no bias) -> pool(2, pad 1) -> fc1(200) -> classifier(C).
+    The flattened size follows the input (4096 for 32x32, 3136 for 28x28). Units: conv1, conv2,
+    fc1, classifier (the head SosicFL makes a simplex)."""
+
+    unit_modules = ("conv1", "conv2", "fc1", "classifier")
+    linear_head = True
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> None:
+        super().__init__()
+        side = image_size
+        for _ in range(2):
+            side = (side + 2 - 4) // 2 + 1  # conv 5x5 pad 1, then max-pool 2 with pad 1
+        if side < 1:
+            raise ValueError(f"SimpleCNN needs images of at least 8x8 pixels, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=1, bias=False)
+        self.fc1 = nn.Linear(64 * side * side, 200)
+        self.classifier = nn.Linear(200, num_classes)
+
+    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        p = params
+        if index == 0:
+            return F.max_pool2d(F.relu(F.conv2d(x, p["conv1.weight"], padding=1)), 2, padding=1)
+        if index == 1:
+            return F.max_pool2d(F.relu(F.conv2d(x, p["conv2.weight"], padding=1)), 2, padding=1)
+        if index == 2:
+            return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"], p["fc1.bias"]))
+        return F.linear(x, p["classifier.weight"], p["classifier.bias"])

@@ -259,8 +259,8 @@ class WithALA(Algorithm):
     def init_server(self, init_params: Params) -> State:
         return self.base.init_server(init_params)
 
-    def prepare(self, server: State, clients: list[ClientSummary]) -> State:
-        return self.base.prepare(server, clients)
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
+        return self.base.prepare(server, clients, seed)
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         return self.base.downlink(server, client_id, round)

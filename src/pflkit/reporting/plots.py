@@ -58,3 +58,75 @@ def plot_partition(counts: np.ndarray, path: Path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _simplex_xy(points: np.ndarray) -> np.ndarray:
+    """2-d coordinates of simplex points: the 1-simplex as a segment, the 2-simplex as an
+    equilateral triangle with corners e1 (0, 0), e2 (1, 0), e3 (1/2, sqrt(3)/2)."""
+    points = np.asarray(points, dtype=np.float64)
+    if points.shape[1] == 2:
+        return np.stack([points[:, 1], np.zeros(len(points))], 1)
+    return np.stack([points[:, 1] + points[:, 2] / 2, points[:, 2] * np.sqrt(3) / 2], 1)
+
+
+def _simplex_frame(ax: Any, dims: int) -> None:
+    corners = np.eye(dims)
+    xy = _simplex_xy(corners)
+    ax.plot(*np.vstack([xy, xy[:1]]).T, color="black", lw=1)
+    for m, (x, y) in enumerate(xy):
+        ax.annotate(f"θ{m + 1}", (x, y), textcoords="offset points", xytext=(0, 6 if y > 0 else -14), ha="center")
+    ax.set_aspect("equal")
+    ax.axis("off")
+
+
+def plot_simplex_clusters(points: np.ndarray, assignment: np.ndarray, centers: np.ndarray, pools: np.ndarray,
+                          path: Path, title: str = "", region_points: int = 400) -> bool:
+    """The clients' LDA points on the simplex coloured by cluster, each cluster's centre (star) and
+    a sample of its subregion (light dots) (SosicFL Figs. 1-3). Drawn for 2 or 3 endpoints;
+    returns False (and draws nothing) for larger simplices."""
+    dims = np.asarray(points).shape[1]
+    if dims not in (2, 3):
+        return False
+    fig, ax = plt.subplots(figsize=(6, 5.4))
+    colors = plt.get_cmap("tab10" if len(centers) <= 10 else "tab20")
+    for c in range(len(centers)):
+        region = _simplex_xy(np.asarray(pools[c])[:region_points])
+        ax.scatter(*region.T, s=3, color=colors(c % colors.N), alpha=0.15, linewidths=0)
+    xy = _simplex_xy(points)
+    for c in range(len(centers)):
+        members = np.asarray(assignment) == c
+        ax.scatter(*xy[members].T, s=28, color=colors(c % colors.N), edgecolors="black", linewidths=0.4,
+                   label=f"cluster {c} ({int(members.sum())} clients)")
+    ax.scatter(*_simplex_xy(centers).T, marker="*", s=220, color="gold", edgecolors="black", zorder=5,
+               label="cluster centres")
+    _simplex_frame(ax, dims)
+    ax.set_title(title or "clients on the simplex")
+    ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.05, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray], centers: Mapping[str, np.ndarray],
+                           path: Path, title: str = "") -> bool:
+    """Accuracy over simplex points, one panel per client (SosicFL Fig. 5); ``centers`` marks
+    each client's cluster centre. Drawn for 2 or 3 endpoints (returns False otherwise)."""
+    dims = np.asarray(alphas).shape[1]
+    if dims not in (2, 3) or not accuracy:
+        return False
+    fig, axes = plt.subplots(1, len(accuracy), figsize=(4.6 * len(accuracy), 4.4), squeeze=False)
+    xy = _simplex_xy(alphas)
+    for ax, (label, acc) in zip(axes[0], accuracy.items()):
+        sc = ax.scatter(*xy.T, c=100 * np.asarray(acc), s=6, cmap="viridis", vmin=0, vmax=100)
+        ax.scatter(*_simplex_xy(np.asarray(centers[label])[None]).T, marker="*", s=200, color="red",
+                   edgecolors="white", zorder=5)
+        _simplex_frame(ax, dims)
+        ax.set_title(label, fontsize=9)
+        fig.colorbar(sc, ax=ax, fraction=0.046, label="local test accuracy (%)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

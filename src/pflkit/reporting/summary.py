@@ -67,6 +67,40 @@ def summarize(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
     return out
 
 
+def first_round_reaching(history: Sequence[Mapping[str, Any]], metric: str, target: float) -> int | None:
+    """TTA(a) = min{t : acc(t) >= a} on the evaluation grid; None if never reached."""
+    return next((r["round"] for r in history if metric in r and r[metric] >= target), None)
+
+
+def time_to_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], bases: Mapping[str, str],
+                     seeds: Sequence[int], metrics: Sequence[str] = ("global_accuracy", "local_accuracy")
+                     ) -> dict[str, dict[str, Any]]:
+    """Time-to-accuracy of each method against its base method of the same run (SosicFL §4.13):
+    the target is the base's best value of the metric, TTA_base the round where the base first
+    reaches it, and the improvement TTA_base / TTA_method ("x1.7"), per seed and averaged over
+    the seeds where the method reached it; "not reached" where it never did."""
+    out: dict[str, dict[str, Any]] = {}
+    for method, base in bases.items():
+        for metric in metrics:
+            per_seed: dict[str, Any] = {}
+            for seed in seeds:
+                h, b = histories.get((method, seed)), histories.get((base, seed))
+                if not h or not b or not any(metric in r for r in b) or not any(metric in r for r in h):
+                    continue
+                target = max(r[metric] for r in b if metric in r)
+                base_round = first_round_reaching(b, metric, target)
+                own = first_round_reaching(h, metric, target)
+                per_seed[str(seed)] = {"target": target, "base_round": base_round, "round": own,
+                                       "improvement": (base_round / own) if own and base_round else None}
+            if not per_seed:
+                continue
+            reached = [v["improvement"] for v in per_seed.values() if v["improvement"] is not None]
+            out.setdefault(method, {})[f"tta_{metric}_vs_{base}"] = {
+                "improvement": float(np.mean(reached)) if reached else "not reached",
+                "reached_seeds": len(reached), "seeds": per_seed}
+    return out
+
+
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """A plain-text table of the summary (accuracies in %); global-model and local-test columns
     appear when a run recorded them."""

@@ -67,7 +67,10 @@ def simulate(setup: RoundSetup, engine: Engine, driver: RoundDriver, state: RunS
              callbacks: Sequence[Callback] = ()) -> RunState:
     """The driver's rounds on ``engine`` until ``state`` is done (the final evaluation included)."""
     while (plan := driver.next_plan(state)) is not None:
-        record = driver.finish(state, plan, engine.run(setup, plan.jobs, plan.round))
+        results = engine.run(setup, plan.jobs, plan.round)
+        if plan.eval_jobs:
+            results = [*results, *engine.run(setup, plan.eval_jobs, plan.round)]
+        record = driver.finish(state, plan, results)
         for callback in callbacks:
             callback.on_record(state, record)
     return state

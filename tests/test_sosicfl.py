@@ -1,0 +1,279 @@
+"""SosicFL: the simplex parametrisation, the preparation stage (LDA, clustering, subregions and
+their sampler), the k-Fold and label-Dirichlet partitions, and runs of the three variants."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from pflkit.algorithms import build_algorithm
+from pflkit.algorithms.simplex import (SimplexError, cluster, distances, lda_points, make_endpoints,
+                                       mean_distance_to_simplex, prepare_simplex, realise, sample_region)
+from pflkit.algorithms.sosicfl import ALPHAS, STEP, simplex_loss
+from pflkit.config import ConfigError, load_config
+from pflkit.data.partition import PartitionError, partition_kfold, partition_label_dirichlet
+from pflkit.run.experiment import run_experiment
+
+from helpers import params_of, tiny_context
+
+
+def test_lda_points_of_identical_label_distributions_coincide() -> None:
+    counts = np.array([[80, 80, 20, 20, 0, 0]] * 4 + [[0, 0, 20, 20, 80, 80]] * 3 + [[10, 50, 0, 30, 30, 0]])
+    points = lda_points(counts, 3, seed=0)
+    assert points.shape == (8, 3)
+    assert np.allclose(points.sum(1), 1)
+    assert np.allclose(points[:4], points[0], atol=1e-9) and np.allclose(points[4:7], points[4], atol=1e-9)
+    assert np.abs(points[0] - points[4]).sum() > 0.1
+
+
+def test_lda_needs_fewer_endpoints_than_labels() -> None:
+    with pytest.raises(SimplexError, match=r"num_endpoints=4 .* 4 labels"):
+        lda_points(np.ones((5, 4)), 4, seed=0)
+
+
+def test_hilbert_distance_by_hand_and_at_the_boundary() -> None:
+    p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.3, 0.5])
+    # log(max_i p_i/q_i / min_j p_j/q_j) = log(2.5 / 0.4)
+    assert distances(p, q, "hilbert", eps=0)[0, 0] == pytest.approx(math.log(6.25))
+    assert distances(p, p, "hilbert")[0, 0] == pytest.approx(0, abs=1e-12)
+    assert distances(p, q, "l1")[0, 0] == pytest.approx(0.6)
+    corner = np.array([1.0, 0.0, 0.0])
+    with np.errstate(divide="ignore"):
+        assert np.isinf(distances(corner, p, "hilbert", eps=0)[0, 0])  # the metric is infinite at the boundary
+    smoothed = distances(corner, p, "hilbert")[0, 0]  # eps = 1e-6: finite but very far
+    assert math.isfinite(smoothed) and smoothed > math.log(1e5)
+
+
+@pytest.mark.parametrize("metric,algo", [("l1", "kmeans"), ("hilbert", "kmeans"), ("l1", "kcenter"),
+                                         ("hilbert", "kcenter")])
+def test_clustering_recovers_planted_groups(metric: str, algo: str) -> None:
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
+    truth = np.repeat(np.arange(3), 20)
+    points = np.array([rng.dirichlet(200 * centres[c]) for c in truth])
+    found = cluster(points, 3, metric, algo, n_init=5, seed=1)
+    # the same partition up to a renaming of the clusters
+    pairs = {(int(t), int(f)) for t, f in zip(truth, found.assignment)}
+    assert len(pairs) == 3 and len({f for _, f in pairs}) == 3
+    for c in range(3):
+        assert np.abs(found.centers[found.assignment[truth == c][0]] - centres[c]).sum() < 0.1
+
+
+def test_fewer_distinct_points_than_clusters_warns_and_reduces(caplog: pytest.LogCaptureFixture) -> None:
+    points = np.array([[0.6, 0.2, 0.2]] * 5 + [[0.2, 0.2, 0.6]] * 5)
+    with caplog.at_level(logging.WARNING):
+        found = cluster(points, 4, seed=0)
+    assert len(found.centers) == 2 and "only 2 distinct" in caplog.text
+
+
+@pytest.mark.parametrize("center", [[1 / 3, 1 / 3, 1 / 3], [0.7, 0.2, 0.1], [0.05, 0.05, 0.9]])
+def test_sampler_points_lie_in_the_subregion_and_are_uniform(center: list[float]) -> None:
+    mu, eta = np.array(center), 0.5
+    points = sample_region(mu, eta, 20_000, np.random.default_rng(0))
+    assert points.shape == (20_000, 3)
+    assert np.all(points >= -1e-12) and np.allclose(points.sum(1), 1)
+    assert np.all(np.abs(points - mu).sum(1) <= eta + 1e-12)
+    # reference: uniform simplex points that fall in the region are uniform on it
+    ref = np.random.default_rng(1).dirichlet(np.ones(3), size=400_000)
+    ref = ref[np.abs(ref - mu).sum(1) <= eta][:20_000]
+    for stat in (lambda a: a[:, 0], lambda a: a[:, 1], lambda a: np.abs(a - mu).sum(1)):
+        assert stats.ks_2samp(stat(points), stat(ref)).pvalue > 0.01
+
+
+def test_sampler_refuses_a_non_positive_radius() -> None:
+    with pytest.raises(SimplexError, match="rho > 0"):
+        sample_region(np.array([0.5, 0.5]), 0.0, 10, np.random.default_rng(0))
+    with pytest.raises(SimplexError, match="sosicfl.rho must be > 0"):
+        prepare_simplex(np.ones((4, 5)), num_endpoints=3, num_clusters=2, rho=0.0, metric="l1", algo="kmeans",
+                        n_init=1, pool_size=10, seed=0)
+
+
+def test_mean_distance_to_the_simplex_by_monte_carlo() -> None:
+    # centroid of the 1-simplex: E|1/2 - u| * 2 = 1/2 for u ~ U(0, 1)
+    assert mean_distance_to_simplex(np.array([[0.5, 0.5]]), seed=0) == pytest.approx(0.5, abs=0.01)
+
+
+def test_endpoint_gradient_is_alpha_times_the_realised_gradient() -> None:
+    ctx = tiny_context()
+    base = params_of(ctx, 0)
+    head = ["fc.weight", "fc.bias"]
+    endpoints = make_endpoints(base, head, 3)
+    assert all(f"fc.weight@{m}" in endpoints for m in range(3)) and "fc.weight" not in endpoints
+    assert not torch.equal(endpoints["fc.weight@1"], endpoints["fc.weight@2"])  # independent initialisations
+    alpha = torch.tensor([0.2, 0.5, 0.3])
+    x, y = ctx.data.train_x[:10], ctx.data.train_y[:10]
+    leaves = {k: v.clone().requires_grad_(True) for k, v in endpoints.items()}
+    realised = realise(leaves, head, 3, alpha)
+    loss = torch.nn.functional.cross_entropy(ctx.net(realised, x), y)
+    grads = torch.autograd.grad(loss, [leaves[f"fc.weight@{m}"] for m in range(3)])
+    plain = {k: v.detach().clone().requires_grad_(True) for k, v in realise(endpoints, head, 3, alpha).items()}
+    g_plain = torch.autograd.grad(torch.nn.functional.cross_entropy(ctx.net(plain, x), y), plain["fc.weight"])[0]
+    for m in range(3):
+        assert torch.allclose(grads[m], alpha[m] * g_plain, atol=1e-6)
+
+
+def test_simplex_loss_cycles_over_the_client_draws() -> None:
+    ctx = tiny_context()
+    params = make_endpoints(params_of(ctx, 0), ["fc.weight", "fc.bias"], 2)
+    alphas = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    loss = simplex_loss(["fc.weight", "fc.bias"], 2)
+    x, y = ctx.data.train_x[:10], ctx.data.train_y[:10]
+    from pflkit.functional.training import Batch
+    for step, m in [(0, 0), (1, 1), (2, 0)]:
+        value, carried = loss(ctx.net, {**params, ALPHAS: alphas, STEP: torch.tensor(float(step))}, Batch(x, y), None)
+        corner = {**{k: v for k, v in params.items() if "@" not in k},
+                  "fc.weight": params[f"fc.weight@{m}"], "fc.bias": params[f"fc.bias@{m}"]}
+        assert value == pytest.approx(float(torch.nn.functional.cross_entropy(ctx.net(corner, x), y)), rel=1e-6)
+        assert float(carried[STEP]) == step + 1
+
+
+def test_kfold_clients_of_a_group_have_identical_counts() -> None:
+    labels = np.repeat(np.arange(10), 5000)  # CIFAR-10's training split shape
+    parts = partition_kfold(labels, 100, 2, np.random.default_rng(0))
+    counts = np.stack([np.bincount(labels[p], minlength=10) for p in parts])
+    assert np.all(counts[:50] == counts[0]) and np.all(counts[50:] == counts[50])
+    assert counts[0].tolist() == [80] * 5 + [20] * 5 and counts[50].tolist() == [20] * 5 + [80] * 5  # spec §5.3
+    assert len(np.unique(np.concatenate(parts))) == 50_000  # disjoint, the whole set
+    with pytest.raises(PartitionError, match="num_folds=11"):
+        partition_kfold(labels, 100, 11, np.random.default_rng(0))
+
+
+def test_kfold_shrinks_clients_when_a_class_runs_dry(caplog: pytest.LogCaptureFixture) -> None:
+    labels = np.concatenate([np.repeat(np.arange(10), 100), np.zeros(500, dtype=np.int64)])  # class 0 large
+    with caplog.at_level(logging.WARNING):
+        parts = partition_kfold(labels, 10, 2, np.random.default_rng(0))
+    sizes = {len(p) for p in parts}
+    assert len(sizes) == 1 and sizes.pop() < 150 and "every client gets" in caplog.text
+
+
+def test_label_dirichlet_gives_equal_sizes_and_disjoint_clients() -> None:
+    labels = np.repeat(np.arange(10), 600)
+    parts = partition_label_dirichlet(labels, 100, 0.1, np.random.default_rng(0))
+    assert {len(p) for p in parts} == {60}
+    assert len(np.unique(np.concatenate(parts))) == 6000
+    counts = np.stack([np.bincount(labels[p], minlength=10) for p in parts])
+    assert (counts > 0).sum(1).mean() < 5  # concentrated label distributions
+
+
+def _config(tmp_path, *overrides: str):
+    return load_config(None, ["dataset=digits", "num_clients=12", "rounds=2", "batch_size=20",
+                              "sosicfl.num_clusters=3", "sosicfl.pool_size=500", "sosicfl.n_init=2", *overrides])
+
+
+def test_sosicfl_runs_prepare_clusters_and_record_the_total_variance(tmp_path) -> None:
+    config = _config(tmp_path, 'algorithms=["sosicfl", "sosicfl_all", "sosicfl_plus", "fedavg"]',
+                     "test_set=official", "join_ratio=0.5", "eval_all_clients=true", "partition=kfold",
+                     "num_folds=3")
+    summary = run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for name in ("sosicfl", "sosicfl_all", "sosicfl_plus", "fedavg"):
+        evaluated = [r for r in records if r["algorithm"] == name and "accuracy" in r]
+        assert all(r["evaluated_clients"] == 12 for r in evaluated)  # everyone, with 6 participants
+        trained = [r for r in records if r["algorithm"] == name and "update_variance" in r]
+        assert len(trained) == 2 and all(r["update_variance"] > 0 for r in trained)
+        assert "best_global_accuracy" in summary[name] and "best_local_accuracy" in summary[name]
+    plus = [r for r in records if r["algorithm"] == "sosicfl_plus" and "personal_loss" in r]
+    assert plus
+
+
+def test_sosicfl_server_state_is_the_preparation_and_literal_weights_shrink_the_step() -> None:
+    ctx = tiny_context()
+    units = ctx.units
+    config = load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=100", "sosicfl.n_init=1"])
+    alg = build_algorithm("sosicfl", config.algorithm_sections(), ctx.train, units)
+    from pflkit.algorithms import ClientSummary
+    counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 3 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 3
+    clients = [ClientSummary(i, int(c.sum()), c) for i, c in enumerate(counts)]
+    server = alg.prepare(alg.init_server(params_of(ctx, 0)), clients, seed=0)
+    simplex = server["simplex"]
+    assignment = simplex["assignment"].tolist()
+    assert len(set(assignment[:3])) == 1 and len(set(assignment[3:])) == 1 and assignment[0] != assignment[3]
+    payload = alg.downlink(server, 0, 1)
+    assert payload["alphas"].shape == (1, 3)
+    assert float(torch.abs(payload["alphas"][0] - payload["center"]).sum()) <= simplex["eta"] + 1e-6
+    late = build_algorithm("sosicfl", load_config(None, ["sosicfl.late_start=0", "sosicfl.pool_size=100"])
+                           .algorithm_sections(), ctx.train, units)
+    assert torch.allclose(late.downlink(server, 0, 5)["center"], torch.full((3,), 1 / 3))  # t~ = infinity
+    moved = {k: v + 1.0 for k, v in server["global"].items()}
+    literal = build_algorithm("sosicfl", load_config(None, ["sosicfl.server_weights=literal"]).algorithm_sections(),
+                              ctx.train, units)
+    upload = [{"params": moved, "num_samples": 70, "client_id": 0}]
+    new = literal.aggregate(server, upload, 1)["global"]
+    assert torch.allclose(new["fc.weight@0"], server["global"]["fc.weight@0"] + 70 / 420)  # N over all clients
+    assert torch.allclose(alg.aggregate(server, upload, 1)["global"]["fc.weight@0"], moved["fc.weight@0"])
+
+
+def test_bad_sosicfl_settings_are_named() -> None:
+    with pytest.raises(ConfigError, match="sosicfl.rho"):
+        load_config(None, ["sosicfl.rho=0"])
+    with pytest.raises(ConfigError, match="sosicfl.num_endpoints"):
+        load_config(None, ["sosicfl.num_endpoints=1"])
+
+
+@pytest.mark.parametrize("name,shape,params,units", [("simple_cnn", (3, 32, 32), 875_010, 4),
+                                                      ("mobilenet_v2", (3, 64, 64), 2_480_072, 20),
+                                                      ("squeezenet1_1", (3, 32, 32), 825_096, 10)])
+def test_sosicfl_models_have_torchvision_sizes_and_a_declared_head(name, shape, params, units) -> None:
+    from pflkit.models import build_model, head_names
+    model = build_model(name, shape, 200 if name != "simple_cnn" else 10)
+    # torchvision's counts for 200 classes; SimpleCNN: 2,400 + 51,200 + 4,096 x 200 + 200 + 2,010
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert len(model.units()) == units
+    assert head_names(model.units())[0].endswith("weight") and model(torch.randn(2, *shape)).shape[1] in (10, 200)
+
+
+def test_pretrained_weights_load_by_torchvision_keys_and_bad_files_are_named(tmp_path) -> None:
+    from pflkit.models import build_model, head_names, load_pretrained
+    source = build_model("squeezenet1_1", (3, 32, 32), 1000)  # "ImageNet": 1000 classes
+    torch.save(source.state_dict(), tmp_path / "imagenet.pt")
+    target = build_model("squeezenet1_1", (3, 32, 32), 10)
+    head = head_names(target.units())
+    loaded = load_pretrained(target, str(tmp_path / "imagenet.pt"), head)
+    assert torch.equal(loaded["features.3.squeeze.weight"], source.state_dict()["features.3.squeeze.weight"])
+    assert loaded["classifier.1.weight"].shape == (10, 512, 1, 1)  # the head of another size stays fresh
+    with pytest.raises(ValueError, match="no such file"):
+        load_pretrained(target, str(tmp_path / "nope.pt"), head)
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable PyTorch state dict"):
+        load_pretrained(target, str(tmp_path / "junk.pt"), head)
+    with pytest.raises(ValueError, match="missing .* keys"):
+        load_pretrained(build_model("mobilenet_v2", (3, 64, 64), 10), str(tmp_path / "imagenet.pt"), head)
+    state = source.state_dict()
+    state["features.3.squeeze.weight"] = torch.zeros(1)
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match=r"features.3.squeeze.weight has shape \(1,\)"):
+        load_pretrained(target, str(tmp_path / "bad.pt"), head)
+
+
+def test_an_ensemble_is_scored_by_its_mean_softmax() -> None:
+    from pflkit.functional import Ensemble, evaluate, forward
+    ctx = tiny_context()
+    a, b = params_of(ctx, 0), params_of(ctx, 1)
+    x, y = ctx.data.test_x, ctx.data.test_y
+    probs = (torch.softmax(forward(ctx.model, a, x), -1) + torch.softmax(forward(ctx.model, b, x), -1)) / 2
+    out = evaluate(ctx.model, Ensemble([a, b]), x, y)
+    assert out["correct"] == int((probs.argmax(1) == y).sum())
+    assert out["loss_sum"] == pytest.approx(float(torch.nn.functional.nll_loss(probs.log(), y, reduction="sum")),
+                                            rel=1e-5)
+
+
+def test_sosicfl_scores_the_subregion_ensemble_with_eval_samples() -> None:
+    ctx = tiny_context()
+    config = load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=100", "sosicfl.eval_samples=4"])
+    alg = build_algorithm("sosicfl", config.algorithm_sections(), ctx.train, ctx.units)
+    from pflkit.algorithms import ClientSummary
+    from pflkit.functional import Ensemble
+    counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 2 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 2
+    server = alg.prepare(alg.init_server(params_of(ctx, 0)), [ClientSummary(i, 70, c) for i, c in enumerate(counts)])
+    state, _ = alg.local_init(alg.downlink(server, 0, 1), alg.init_client(params_of(ctx, 0), 0), ctx)
+    members = alg.eval_params(state)
+    assert isinstance(members, Ensemble) and len(members) == 4
+    first = state["eval_alphas"][0]
+    expected = sum(first[m] * server["global"][f"fc.weight@{m}"] for m in range(3))
+    assert torch.allclose(members[0]["fc.weight"], expected)
