@@ -110,11 +110,11 @@ def distances(a: np.ndarray, b: np.ndarray, metric: Metric, eps: float = 1e-6) -
     raise SimplexError(f"sosicfl.metric must be 'l1' or 'hilbert', got {metric!r}")
 
 
-def one_center(points: np.ndarray, metric: Metric, steps: int = 100) -> np.ndarray:
+def one_center(points: np.ndarray, metric: Metric, steps: int = 100, eps: float = 1e-6) -> np.ndarray:
     """Bădoiu-Clarkson walk toward the farthest member, from the mean (stays in the simplex)."""
     c = points.mean(0)
     for j in range(1, steps + 1):
-        far = points[int(np.argmax(distances(c, points, metric)[0]))]
+        far = points[int(np.argmax(distances(c, points, metric, eps)[0]))]
         c = c + (far - c) / (j + 1)
     return c
 
@@ -127,10 +127,11 @@ class Clustering:
 
 
 def cluster(points: np.ndarray, num_clusters: int, metric: Metric = "l1", algo: str = "kmeans",
-            n_init: int = 10, max_iter: int = 100, seed: int = 0) -> Clustering:
+            n_init: int = 10, max_iter: int = 100, seed: int = 0, eps: float = 1e-6) -> Clustering:
     """Center-based clustering of simplex points (spec §4.4): k-means++ or k-center
     (farthest-first) seeding, Lloyd iterations with the metric's center, ``n_init`` restarts,
-    the lowest cost kept. Fewer distinct points than ``num_clusters`` reduce it (warned)."""
+    the lowest cost kept. Fewer distinct points than ``num_clusters`` reduce it (warned).
+    ``eps``: the Hilbert metric's boundary smoothing."""
     if num_clusters < 1:
         raise SimplexError(f"sosicfl.num_clusters must be >= 1, got {num_clusters}")
     if algo not in ("kmeans", "kcenter"):
@@ -143,23 +144,23 @@ def cluster(points: np.ndarray, num_clusters: int, metric: Metric = "l1", algo: 
     rng = np.random.default_rng(seed)
     best: Clustering | None = None
     for _ in range(max(1, n_init)):
-        centers = _seed_centers(points, num_clusters, metric, algo, rng)
+        centers = _seed_centers(points, num_clusters, metric, algo, rng, eps)
         assignment = np.full(len(points), -1)
         for _ in range(max_iter):
-            new = np.argmin(distances(points, centers, metric), axis=1)
+            new = np.argmin(distances(points, centers, metric, eps), axis=1)
             if np.array_equal(new, assignment):
                 break
             assignment = new
             for c in range(num_clusters):
                 members = points[assignment == c]
                 if len(members) == 0:  # re-seed at the point farthest from its own center
-                    own = distances(points, centers, metric)[np.arange(len(points)), assignment]
+                    own = distances(points, centers, metric, eps)[np.arange(len(points)), assignment]
                     centers[c] = points[int(np.argmax(own))]
                 elif algo == "kmeans" and metric == "l1":
                     centers[c] = members.mean(0)
                 else:
-                    centers[c] = one_center(members, metric)
-        d = distances(points, centers, metric)[np.arange(len(points)), assignment]
+                    centers[c] = one_center(members, metric, eps=eps)
+        d = distances(points, centers, metric, eps)[np.arange(len(points)), assignment]
         cost = float(d.max() if algo == "kcenter" else (d ** 2).sum())
         if best is None or cost < best.cost - 1e-12:
             best = Clustering(assignment.copy(), centers.copy(), cost)
@@ -167,10 +168,11 @@ def cluster(points: np.ndarray, num_clusters: int, metric: Metric = "l1", algo: 
     return best
 
 
-def _seed_centers(points: np.ndarray, k: int, metric: Metric, algo: str, rng: np.random.Generator) -> np.ndarray:
+def _seed_centers(points: np.ndarray, k: int, metric: Metric, algo: str, rng: np.random.Generator,
+                  eps: float = 1e-6) -> np.ndarray:
     centers = [points[int(rng.integers(len(points)))]]
     for _ in range(1, k):
-        d = distances(points, np.array(centers), metric).min(1)
+        d = distances(points, np.array(centers), metric, eps).min(1)
         if algo == "kcenter":
             centers.append(points[int(np.argmax(d))])
         else:
@@ -225,12 +227,12 @@ class SimplexPlan:
 
 
 def prepare_simplex(counts: np.ndarray, *, num_endpoints: int, num_clusters: int, rho: float, metric: Metric,
-                    algo: str, n_init: int, pool_size: int, seed: int) -> SimplexPlan:
+                    algo: str, n_init: int, pool_size: int, seed: int, eps: float = 1e-6) -> SimplexPlan:
     """Stages 1-3 of spec §4.3-4.5 from the clients' label counts [K, L]."""
     if not rho > 0:
         raise SimplexError(f"sosicfl.rho must be > 0, got {rho}")
     points = lda_points(counts, num_endpoints, seed)
-    clusters = cluster(points, num_clusters, metric, algo, n_init, seed=seed)
+    clusters = cluster(points, num_clusters, metric, algo, n_init, seed=seed, eps=eps)
     eta = rho * mean_distance_to_simplex(clusters.centers, seed=seed)
     rng = np.random.default_rng(seed)
     pools = np.stack([sample_region(c, eta, pool_size, rng) for c in clusters.centers])

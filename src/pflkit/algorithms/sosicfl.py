@@ -46,6 +46,8 @@ class SosicFLSettings(Settings):
     cluster_algo: Literal["kmeans", "kcenter"] = Field("kmeans", description="k-means++ (Lloyd) or k-center "
                                                        "(farthest-first) clustering")
     n_init: int = Field(10, ge=1, description="clustering restarts; the lowest cost is kept")
+    hilbert_eps: float = Field(1e-6, gt=0, lt=1, description="the Hilbert metric's smoothing of boundary points: "
+                               "p <- (p + eps) / (1 + (M+1) eps)")
     pool_size: int = Field(10_000, ge=1, description="uniform points pre-sampled per cluster subregion")
     late_start: int = Field(1, ge=0, description="t~: round from which clients sample their subregion "
                             "(before: the whole simplex, scored at the centroid); 0 = never (t~ = infinity)")
@@ -118,7 +120,7 @@ class SosicFL(Algorithm):
         counts = np.stack([np.asarray(c.label_counts, dtype=np.float64) for c in clients])
         plan = prepare_simplex(counts, num_endpoints=self.M1, num_clusters=s.num_clusters, rho=s.rho,
                                metric=s.metric, algo=s.cluster_algo, n_init=s.n_init, pool_size=s.pool_size,
-                               seed=seed)
+                               seed=seed, eps=s.hilbert_eps)
         b, E = self.train.batch_size, self.train.local_epochs
         steps = max(E * max(1, c.num_train // b) for c in clients)  # the most local steps of any client
         return {**server, "simplex": {
