@@ -277,3 +277,21 @@ def test_sosicfl_scores_the_subregion_ensemble_with_eval_samples() -> None:
     first = state["eval_alphas"][0]
     expected = sum(first[m] * server["global"][f"fc.weight@{m}"] for m in range(3))
     assert torch.allclose(members[0]["fc.weight"], expected)
+
+
+def test_clients_receive_the_servers_endpoints_and_upload_trained_ones() -> None:
+    ctx = tiny_context()
+    config = load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=100"])
+    alg = build_algorithm("sosicfl", config.algorithm_sections(), ctx.train, ctx.units)
+    from pflkit.algorithms import ClientSummary
+    counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 2 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 2
+    server = alg.prepare(alg.init_server(params_of(ctx, 0)), [ClientSummary(i, 70, c) for i, c in enumerate(counts)])
+    server = {**server, "global": {k: v + 0.5 for k, v in server["global"].items()}}  # a later round's model
+    payload = alg.downlink(server, 0, 3)
+    assert set(payload["global"]) == set(alg.trainable)  # every endpoint travels, not just the shared layers
+    stale = alg.init_client(params_of(ctx, 0), 0)
+    state, _ = alg.local_init(payload, stale, ctx)
+    assert all(torch.equal(state["model"][k], server["global"][k]) for k in alg.trainable)
+    _, upload, _ = alg.local_train(payload, state, ctx)
+    assert set(upload["params"]) == set(alg.trainable)
+    assert not torch.equal(upload["params"]["fc.weight@0"], server["global"]["fc.weight@0"])

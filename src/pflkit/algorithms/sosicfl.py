@@ -112,6 +112,13 @@ class SosicFL(Algorithm):
         return shared + [f"{n}{ENDPOINT}{m}" for n in self.simplex for m in range(self.M1)]
 
     # ---- server ---------------------------------------------------------------------------
+    def downloaded_names(self, names: list[str]) -> list[str]:
+        """The endpoints and the shared parameters (batch-norm statistics with bn_buffers = global)."""
+        if self.train.bn_buffers == "global":
+            return names
+        keep = set(self.trainable)
+        return [n for n in names if n in keep]
+
     def init_server(self, init_params: Params) -> State:
         return {"global": make_endpoints(init_params, self.simplex, self.M1)}
 
