@@ -26,7 +26,7 @@ import torch
 
 from ..algorithms.base import Algorithm, ClientSummary, SentUpload, State
 from ..engines.base import ClientJob, ClientResult
-from ..functional import Params, numpy_generator
+from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
 
 
@@ -113,6 +113,21 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
         out[key] = float(values.sum() if key.endswith("_seconds") else values.mean())
         if key == "ala_epochs":
             out["ala_epochs_max"] = float(values.max())
+    return out
+
+
+def communication(jobs: Sequence[ClientJob], results: Sequence[ClientResult]) -> dict[str, float]:
+    """Values and bytes of the round's payloads and uploads, counted from the real messages
+    (the sample count every upload carries is left out): per participating client (mean) and for
+    the round (sum)."""
+    down = [message_size(j.payload) for j in jobs]
+    up = [message_size({k: v for k, v in r.upload.items() if k != "num_samples"}) for r in results
+          if r.upload is not None]
+    out: dict[str, float] = {}
+    for name, sizes in (("down", down), ("up", up)):
+        if sizes:
+            out[f"{name}_floats_per_client"] = float(np.mean([s[0] for s in sizes]))
+            out[f"{name}_bytes"] = float(sum(s[1] for s in sizes))
     return out
 
 
@@ -212,6 +227,7 @@ class RoundDriver:
         state.server = self.algorithm.aggregate(state.server, uploads, plan.round)
         record = self._record(state, plan.round - 1, evaluated, plan)
         state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        state.pending.update(communication(plan.jobs, results))
         if variance is not None:
             state.pending["update_variance"] = variance
         risks = [self.global_evaluation.local_risk(r.metrics["class_correct"]) for r in results

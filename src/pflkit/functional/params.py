@@ -54,3 +54,19 @@ def scale(coefficient: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
     dims: one formula for one client and for a leading client dimension."""
     c = torch.as_tensor(coefficient, dtype=tensor.dtype, device=tensor.device)
     return c.reshape(c.shape + (1,) * (tensor.dim() - c.dim())) * tensor
+
+
+def message_size(obj: Any) -> tuple[int, int]:
+    """(values, bytes) of every tensor in a payload or an upload (nested dicts, lists, tuples):
+    what travels between server and client (FedALA Table 3's units of Sigma are its values).
+    A plain number counts as one 4-byte value (a 0-d tensor as its own size)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel(), obj.numel() * obj.element_size()
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        return 1, 4
+    if isinstance(obj, Mapping):
+        obj = list(obj.values())
+    if isinstance(obj, (list, tuple)):
+        sizes = [message_size(v) for v in obj]
+        return sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+    return 0, 0

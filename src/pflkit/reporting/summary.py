@@ -21,6 +21,9 @@ HIGHER_IS_BETTER = ("accuracy", "mean_client_accuracy", "local_accuracy", "globa
                     "global_client_accuracy")
 #: Training-round metrics whose best is the minimum ([metrics] adaptability).
 LOWER_IS_BETTER = ("local_risk", "local_kl")
+#: Training-round costs whose mean over rounds the summary keeps (communication, time split).
+PER_ROUND_COSTS = ("down_floats_per_client", "up_floats_per_client", "down_bytes", "up_bytes", "init_seconds",
+                   "train_seconds", "eval_seconds", "global_eval_seconds")
 RUN_METRICS = ("best_accuracy", "final_accuracy", "best_mean_client_accuracy", "final_mean_client_accuracy",
                "mean_seconds_per_round")
 
@@ -44,6 +47,10 @@ def run_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in history if key in r]
         if values:
             out[f"best_{key}"], out[f"final_{key}"] = min(values), values[-1]
+    for key in PER_ROUND_COSTS:
+        values = [r[key] for r in history if key in r]
+        if values:
+            out[f"mean_{key}"] = float(np.mean(values))
     return out
 
 
