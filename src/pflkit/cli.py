@@ -139,6 +139,29 @@ def download(name: str, data_dir: Path) -> None:
     click.echo(f"{name}: ready in {folder} (use dataset={name} data_dir={folder})")
 
 
+@main.command(epilog="""Examples:
+
+\b
+    pflkit sweep 'fedala.p=[1,2]' 'fedala.sample_fraction=[0.05,0.1]' 'algorithms=["fedala"]' --out results/sp
+    pflkit sweep configs/mnist.toml data_dir=DIR 'alpha=[0.1,0.5]' --metric best_accuracy --out results/alpha
+""")
+@click.argument("args", nargs=-1)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="parent folder: one results folder per cell, named by its values")
+@click.option("--metric", default="best_accuracy", show_default=True, help="summary metric of the table and plot")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
+    """Run CONFIG (optional) over every combination of the KEY=[v1,v2,...] overrides; finished
+    cells are skipped and an interrupted one resumes when the same command runs again."""
+    from .run.sweep import run_sweep
+
+    config, overrides = _split(args)
+    try:
+        run_sweep(config, overrides, out, metric=metric, progress=not quiet, echo=click.echo)
+    except USER_ERRORS as exc:
+        fail(exc)
+
+
 @main.group()
 def plot() -> None:
     """Pictures of a finished run."""

@@ -7,6 +7,8 @@ adding an algorithm adds its section here without editing this file.
 
 from __future__ import annotations
 
+import copy
+
 import difflib
 import tomllib
 from pathlib import Path
@@ -291,19 +293,26 @@ def build_config(data: Mapping[str, Any], source: str = "config") -> BaseConfig:
         raise ConfigError(format_errors(exc, source)) from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> BaseConfig:
-    """Read a TOML file (none: all defaults, the digits demo) and apply dotted overrides."""
-    data: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = tomllib.loads(path.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-        source = str(path)
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """A config file's table, with errors naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), *,
+                data: Mapping[str, Any] | None = None) -> BaseConfig:
+    """Read a TOML file (none: all defaults, the digits demo), or take its already read ``data``,
+    and apply dotted overrides."""
+    source = "defaults" if path is None else str(path)
+    data = dict(data) if data is not None else (read_toml(path) if path is not None else {})
+    if "sweep" in data:
+        raise ConfigError(f"{source} has a [sweep] table: it is a sweep file; run it with pflkit sweep")
+    data = copy.deepcopy(data)
     for item in overrides:
         merge(data, *parse_override(item))
     if overrides:

@@ -130,3 +130,38 @@ def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def plot_sweep(x_key: str, other_keys: Sequence[str], cells: Sequence[Mapping[str, Any]], metric: str,
+               path: Path) -> None:
+    """``metric`` of each sweep cell against the values of ``x_key``: one line per algorithm and
+    combination of the other swept keys, error bars = std over seeds (FedALA Tables 1, 6 as plots)."""
+    xs = list(dict.fromkeys(repr(c["values"][x_key]) for c in cells))
+    raw = {repr(c["values"][x_key]): c["values"][x_key] for c in cells}
+    numeric = all(isinstance(raw[x], (int, float)) and not isinstance(raw[x], bool) for x in xs)
+    position = {x: (raw[x] if numeric else i) for i, x in enumerate(xs)}
+    scale = 100 if "accuracy" in metric else 1
+    lines: dict[str, list[tuple[float, float, float]]] = {}
+    for cell in cells:
+        rest = ", ".join(f"{k}={cell['values'][k]}" for k in other_keys)
+        for algorithm, entry in cell["summary"].items():
+            if metric not in entry:
+                continue
+            label = algorithm + (f" ({rest})" if rest else "")
+            lines.setdefault(label, []).append((position[repr(cell["values"][x_key])], scale * entry[metric],
+                                                scale * entry.get(metric + "_std", 0.0)))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in lines.items():
+        points.sort()
+        x, y, err = (np.array(v) for v in zip(*points))
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+    ax.set_xticks([position[x] for x in xs])
+    ax.set_xticklabels([str(raw[x]) for x in xs])
+    ax.set_xlabel(x_key)
+    ax.set_ylabel(metric + (" (%)" if scale == 100 else ""))
+    ax.grid(alpha=0.3)
+    if lines:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
