@@ -180,3 +180,57 @@ def test_with_ala_replaces_only_local_init_for_fedprox_and_ditto_targets():
     assert all(torch.equal(state["model"][k], glob[k]) for k in glob)  # global track overwritten
     top = top_unit_names(ctx.units, 1)
     assert not all(torch.equal(state["personal"][k], glob[k]) for k in top)  # personal blended
+
+
+def test_weight_statistics_of_a_hand_set_w() -> None:
+    from pflkit.personalize.ala import weight_statistics
+    units = [("fc1", ["fc1.weight"]), ("fc", ["fc.weight", "fc.bias"])]
+    w = {"fc.weight": torch.tensor([[0.0, 1.0], [0.5, 0.5]]), "fc.bias": torch.tensor([1.0, 1.0])}
+    stats = weight_statistics(w, units)
+    values = torch.tensor([0.0, 1.0, 0.5, 0.5, 1.0, 1.0])
+    assert set(stats) == {"ala_w_mean.fc", "ala_w_std.fc", "ala_w_zero.fc", "ala_w_one.fc"}  # fc1 not blended
+    assert stats["ala_w_mean.fc"] == pytest.approx(4 / 6) and stats["ala_w_zero.fc"] == pytest.approx(1 / 6)
+    assert stats["ala_w_one.fc"] == pytest.approx(3 / 6)
+    assert stats["ala_w_std.fc"] == pytest.approx(float(values.std(unbiased=False)))
+    batched = weight_statistics({k: torch.stack([v, torch.ones_like(v)]) for k, v in w.items()}, units, batched=True)
+    assert batched["ala_w_mean.fc"].tolist() == pytest.approx([4 / 6, 1.0])
+    assert batched["ala_w_one.fc"].tolist() == pytest.approx([0.5, 1.0])
+
+
+def test_start_round_and_freeze_after_start(tmp_path) -> None:
+    import json
+
+    from pflkit.config import load_config
+    from pflkit.run.experiment import run_experiment
+
+    def rows(*overrides: str) -> list[dict]:
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        config = load_config(None, ["num_clients=4", "rounds=4", 'algorithms=["fedala"]', "fedala.max_start_epochs=3",
+                                    *overrides])
+        run_experiment(config, out, progress=False, echo=lambda s: None)
+        return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "train_round" in r]
+
+    late = rows("fedala.start_round=3")
+    assert [r["ala_epochs"] for r in late][:2] == [0, 0] and late[2]["ala_epochs"] > 0  # off, off, start phase
+    frozen = rows("fedala.freeze_after_start=true")
+    assert frozen[1]["ala_epochs"] > 0 and frozen[2]["ala_epochs"] == 0 and frozen[3]["ala_epochs"] == 0
+    assert frozen[2]["ala_w_mean.fc"] == frozen[3]["ala_w_mean.fc"] == frozen[1]["ala_w_mean.fc"]  # W reused
+    learning = rows()
+    assert learning[2]["ala_epochs"] > 0 and learning[2]["ala_w_mean.fc"] != learning[1]["ala_w_mean.fc"]
+
+
+def test_plot_ala_draws_the_weights_and_refuses_runs_without_ala(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from pflkit.cli import main
+    from pflkit.config import load_config
+    from pflkit.run.experiment import run_experiment
+
+    config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedavg", "fedala"]'])
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    result = CliRunner().invoke(main, ["plot", "ala", str(tmp_path / "run")])
+    assert result.exit_code == 0 and (tmp_path / "run" / "plots" / "ala.png").is_file()
+    config = load_config(None, ["num_clients=4", "rounds=1", 'algorithms=["fedavg"]'])
+    run_experiment(config, tmp_path / "plain", progress=False, echo=lambda s: None)
+    result = CliRunner().invoke(main, ["plot", "ala", str(tmp_path / "plain")])
+    assert result.exit_code == 2 and "has no ALA method" in result.output

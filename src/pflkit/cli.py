@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import sys
 from pathlib import Path
@@ -165,6 +166,32 @@ def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
 @main.group()
 def plot() -> None:
     """Pictures of a finished run."""
+
+
+@plot.command("ala")
+@click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--seed", type=int, default=None, help="run seed (default: the first)")
+def plot_ala_command(run: Path, seed: int | None) -> None:
+    """ALA's learned weights per unit over rounds (mean, shares at 0 and 1) and its loss."""
+    from .federation import ResultsFolder
+    from .reporting import plot_ala
+
+    try:
+        results = ResultsFolder(run)
+        if not results.metrics_path.is_file():
+            raise ValueError(f"{run} is not a results folder (no metrics.jsonl)")
+        records = [json.loads(line) for line in results.metrics_path.read_text().splitlines()]
+        chosen = seed if seed is not None else (records[0]["seed"] if records else 0)
+        histories: dict[str, list] = {}
+        for record in records:
+            if record["seed"] == chosen:
+                histories.setdefault(record["algorithm"], []).append(record)
+        path = results.plots / "ala.png"
+        if not plot_ala(histories, path, f"{run.name} (seed {chosen})"):
+            raise ValueError(f"{run} has no ALA method with recorded weights (fedala or X+ala)")
+    except USER_ERRORS as exc:
+        fail(exc)
+    click.echo(f"wrote {path}")
 
 
 @plot.command("simplex")

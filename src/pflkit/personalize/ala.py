@@ -61,6 +61,10 @@ class ALASettings(Settings):
     closed_form_head: bool = Field(
         True, description="with p=1 and a linear head, use the closed-form cross-entropy gradient "
         "instead of autograd (same maths, less per-step overhead)")
+    start_round: int = Field(1, ge=1, description="ALA is off (plain overwrite, W kept) before this round "
+                             "(FedALA Fig. 4 starts it late)")
+    freeze_after_start: bool = Field(False, description="the paper's ablation: after its start phase a client "
+                                     "reuses its W without further learning")
 
 
 class ALAState(TypedDict):
@@ -123,6 +127,25 @@ def closed_form_step(eta: float, num_classes: int) -> StepFn:
         return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
     step.batch_polymorphic = True  # type: ignore[attr-defined]
     return step
+
+
+def weight_statistics(weights: Params, units: Units, batched: bool = False) -> Metrics:
+    """Per ALA unit, the mean and std of the client's learned W and the shares of its elements at
+    0 and at 1 (``ala_w_mean.<unit>``, ``ala_w_std.<unit>``, ``ala_w_zero.<unit>``,
+    ``ala_w_one.<unit>``); per client (batched: [K] tensors)."""
+    out: Metrics = {}
+    start = 1 if batched else 0
+    for unit, members in units:
+        present = [weights[k] for k in members if k in weights]
+        if not present:
+            continue
+        w = torch.cat([t.flatten(start) for t in present], dim=-1)
+        out[f"ala_w_mean.{unit}"] = w.mean(-1) if batched else float(w.mean())
+        out[f"ala_w_std.{unit}"] = w.std(-1, unbiased=False) if batched else float(w.std(unbiased=False))
+        zero, one = (w == 0).to(w.dtype).mean(-1), (w == 1).to(w.dtype).mean(-1)
+        out[f"ala_w_zero.{unit}"] = zero if batched else float(zero)
+        out[f"ala_w_one.{unit}"] = one if batched else float(one)
+    return out
 
 
 def as_list(value: PerClient) -> list[Any]:
@@ -208,7 +231,12 @@ class AdaptiveLocalAggregation:
                  ctx: ClientContext) -> tuple[Params, State, Metrics]:
         """Return the initialised local model, the new ALA state and diagnostics."""
         lowest_top, top = self.top_units(received)
+        if ctx.round < self.settings.start_round:  # not yet: the overwrite ALA replaces
+            return {k: received.get(k, v) for k, v in local.items()}, state, {"ala_epochs": 0}  # type: ignore
         active = ctx.differs(received, local)
+        if self.settings.freeze_after_start:  # started clients keep their W: no learning, blend only
+            active = active & ~state["started"] if isinstance(active, torch.Tensor) else \
+                bool(active) and not bool(state["started"])
         fixed = {**local, **{k: v for k, v in received.items() if k not in top}}
         # training-mode forwards update running statistics in place: give them throwaway copies
         scratch = {**fixed, **{k: fixed[k].detach().clone() for k in buffer_names(ctx.model) if k in fixed}}
@@ -235,7 +263,8 @@ class AdaptiveLocalAggregation:
         with torch.no_grad():
             initialised = {**fixed, **{k: torch.addcmul(local_top[k], delta[k], weights[k]) for k in top}}
         started = state["started"] | active
-        metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss}
+        metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss,
+                            **weight_statistics(weights, self.units, ctx.batched)}
         return {k: initialised[k] for k in local}, ALAState(weights=weights, started=started), metrics  # type: ignore
 
 

@@ -12,6 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _save(fig: Any, path: Path, title: str = "") -> None:
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], path: Path,
                   title: str = "", *, metric: str = "accuracy", label: str = "test accuracy (%)") -> None:
     """``metric`` per evaluated round, one line per algorithm (mean ± std band over seeds);
@@ -35,9 +43,7 @@ def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_partition(counts: np.ndarray, path: Path, title: str = "") -> None:
@@ -55,9 +61,7 @@ def plot_partition(counts: np.ndarray, path: Path, title: str = "") -> None:
     ax.set_ylim(-1, counts.shape[1])
     ax.set_title(title or "data distribution")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _simplex_xy(points: np.ndarray) -> np.ndarray:
@@ -102,9 +106,7 @@ def plot_simplex_clusters(points: np.ndarray, assignment: np.ndarray, centers: n
     _simplex_frame(ax, dims)
     ax.set_title(title or "clients on the simplex")
     ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.05, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -124,11 +126,7 @@ def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray
         _simplex_frame(ax, dims)
         ax.set_title(label, fontsize=9)
         fig.colorbar(sc, ax=ax, fraction=0.046, label="local test accuracy (%)")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path, title)
     return True
 
 
@@ -162,6 +160,43 @@ def plot_sweep(x_key: str, other_keys: Sequence[str], cells: Sequence[Mapping[st
     ax.grid(alpha=0.3)
     if lines:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, path)
+
+
+def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str = "") -> bool:
+    """ALA's learned weights over rounds (client means of each unit's W mean, share at 0 and at 1)
+    and its weight-learning loss, one column per method; False when no run recorded them."""
+    runs = {alg: h for alg, h in histories.items() if any(k.startswith("ala_w_mean.") for r in h for k in r)}
+    if not runs:
+        return False
+    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 7), squeeze=False)
+    for col, (alg, history) in enumerate(runs.items()):
+        rows = [r for r in history if "train_round" in r]
+        units = sorted({k.split(".", 1)[1] for r in rows for k in r if k.startswith("ala_w_mean.")})
+        ax = axes[0][col]
+        for unit in units:
+            x = [r["train_round"] for r in rows if f"ala_w_mean.{unit}" in r]
+            for stat, style, name in (("mean", "-", "mean W"), ("zero", ":", "share of W at 0"),
+                                      ("one", "--", "share of W at 1")):
+                ax.plot(x, [r[f"ala_w_{stat}.{unit}"] for r in rows if f"ala_w_mean.{unit}" in r], style,
+                        label=f"{unit}: {name}")
+        ax.set_title(f"{alg}: learned ALA weights (client means)")
+        ax.set_xlabel("round")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax = axes[1][col]
+        losses = [(r["train_round"], r["ala_loss"]) for r in rows if "ala_loss" in r]
+        if losses:
+            ax.plot(*zip(*losses), marker=".", label="ALA loss (last weight-learning step)")
+        epochs = [(r["train_round"], r["ala_epochs"]) for r in rows if "ala_epochs" in r]
+        if epochs:
+            twin = ax.twinx()
+            twin.plot(*zip(*epochs), color="tab:gray", alpha=0.6, label="ALA epochs (mean)")
+            twin.set_ylabel("epochs")
+        ax.set_xlabel("round")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    _save(fig, path, title)
+    return True
