@@ -163,6 +163,23 @@ def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
         fail(exc)
 
 
+@main.command()
+@click.argument("folders", nargs=-1, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("report"), show_default=True,
+              help="folder for report.md (figures beside it) and the self-contained report.html")
+def report(folders: tuple[Path, ...], out: Path) -> None:
+    """Collect results folders and sweep folders into one Markdown file and one HTML page: per
+    method mean ± std of the summary metrics, the paper's numbers where the config names its
+    table (paper_table), time to accuracy, cost per round and every figure."""
+    from .run.report import build_report
+
+    try:
+        md, page = build_report(folders, out)
+    except USER_ERRORS as exc:
+        fail(exc)
+    click.echo(f"wrote {md} and {page}")
+
+
 @main.group()
 def plot() -> None:
     """Pictures of a finished run."""

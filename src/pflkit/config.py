@@ -44,6 +44,8 @@ class BaseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
+    paper_table: str | None = Field(None, description="the paper's cell this config reproduces, \"<table>/<column>\" "
+                                    "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours")
     dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
     data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
                                  "and synthetic)")
@@ -106,6 +108,14 @@ class BaseConfig(BaseModel):
     bn_buffers: Literal["local", "global"] = Field(
         "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
         "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
+
+    @field_validator("paper_table")
+    @classmethod
+    def _known_paper_table(cls, name: str | None) -> str | None:
+        if name is not None:
+            from .reporting.paper import paper_cell
+            paper_cell(name)
+        return name
 
     @field_validator("algorithms")
     @classmethod

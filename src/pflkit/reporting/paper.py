@@ -1,0 +1,87 @@
+"""The papers' published numbers (best accuracy %, mean over their five runs), for reports that
+set ours beside them. A config names its cell with ``paper_table = "<table>/<column>"``.
+
+Sources: FedALA (AAAI 2023) Tables 1, 2, 6, 7 (spec §1.11 and the paper text); SosicFL
+(arXiv 2403.03333) Tables 2, 3 (spec §4.14; the Ditto/SosicFL+ column reading is the spec's) and
+Table 5 (time-to-accuracy improvements, global then local).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_FEDALA_T2_COLUMNS = ("mnist-pathological", "cifar10-pathological", "cifar100-pathological", "cifar10-dir0.1",
+                      "cifar100-dir0.1", "tiny-dir0.1", "tiny-resnet18-dir0.1", "agnews-dir0.1")
+_FEDALA_T2 = {
+    "fedavg": (97.93, 55.09, 25.98, 59.16, 31.89, 19.46, 19.45, 79.57),
+    "fedprox": (98.01, 55.06, 25.94, 59.21, 31.99, 19.37, 19.27, 79.35),
+    "fedavgc": (99.79, 92.13, 66.17, 90.34, 51.80, 30.67, 36.94, 95.89),
+    "fedproxc": (99.80, 92.12, 66.07, 90.33, 51.84, 30.77, 38.78, 96.10),
+    "perfedavg": (99.63, 89.63, 56.80, 87.74, 44.28, 25.07, 21.81, 93.27),
+    "fedrep": (99.77, 91.93, 67.56, 90.40, 52.39, 37.27, 39.95, 96.28),
+    "pfedme": (99.75, 90.11, 58.20, 88.09, 47.34, 26.93, 33.44, 91.41),
+    "ditto": (99.81, 92.39, 67.23, 90.59, 52.87, 32.15, 35.92, 95.45),
+    "fedamp": (99.76, 90.79, 64.34, 88.70, 47.69, 27.99, 29.11, 94.18),
+    "fedphp": (99.73, 90.01, 63.09, 88.92, 50.52, 35.69, 29.90, 94.38),
+    "fedfomo": (99.83, 91.85, 62.49, 88.06, 45.39, 26.33, 26.84, 95.84),
+    "apple": (99.75, 90.97, 65.80, 89.37, 53.22, 35.04, 39.93, 95.63),
+    "partialfed": (99.86, 89.60, 61.39, 87.38, 48.81, 35.26, 37.50, 85.20),
+    "fedala": (99.88, 92.44, 67.83, 90.67, 55.92, 40.54, 41.94, 96.52),
+}
+_FEDALA_T7_MNIST = {"fedavg": 98.81, "fedprox": 98.82, "fedavgc": 99.65, "fedproxc": 99.64, "perfedavg": 98.90,
+                    "fedrep": 99.48, "pfedme": 99.52, "ditto": 99.64, "fedamp": 99.47, "fedphp": 99.58,
+                    "fedfomo": 99.33, "apple": 99.66, "partialfed": 99.67, "fedala": 99.71}
+
+_SOSICFL_COLUMNS = {
+    "sosicfl-table2": ("cifar10-simplecnn-2fold", "cifar10-simplecnn-5fold", "cifar10-simplecnn-dir0.5",
+                       "tiny-mobilenetv2-2fold", "tiny-mobilenetv2-5fold", "tiny-mobilenetv2-dir0.3"),
+    "sosicfl-table3": ("cifar10-squeezenet-2fold", "cifar10-squeezenet-5fold", "cifar10-squeezenet-dir0.1",
+                       "tiny-resnet18-2fold", "tiny-resnet18-5fold", "tiny-resnet18-dir0.3"),
+}
+_NA = None
+_SOSICFL = {  # (global, local) per column; None: not run in the paper
+    "sosicfl-table2": {
+        "fedavg": ((68.97, 68.90), (66.76, 66.82), (68.75, 69.13), (10.10, 28.17), (9.51, 27.45), (19.02, 19.29)),
+        "fedprox": ((68.73, 68.84), (66.67, 66.70), (68.68, 69.14), (9.77, 28.06), (9.61, 27.49), (19.04, 19.39)),
+        "sosicfl": ((70.35, 75.74), (67.54, 71.37), (69.39, 71.24), (11.02, 32.39), (9.89, 31.16), (20.41, 21.31)),
+        "ditto": (_NA, (66.50, 79.95), (68.40, 74.87), _NA, (9.74, 30.94), (18.89, 22.69)),
+        "sosicfl_plus": (_NA, (67.83, 80.67), (69.83, 75.88), _NA, (10.01, 33.88), (21.18, 24.81)),
+    },
+    "sosicfl-table3": {
+        "fedavg": ((58.69, 58.56), (53.78, 52.51), (48.58, 48.46), (43.46, 54.69), (40.71, 51.68), (49.91, 49.92)),
+        "fedprox": ((59.76, 59.28), (29.81, 27.89), (50.08, 50.62), (43.14, 54.66), (40.34, 51.59), (50.04, 49.99)),
+        "sosicfl": ((63.32, 71.67), (60.34, 67.86), (54.63, 63.72), (44.05, 60.91), (41.68, 59.56), (50.95, 51.11)),
+        "ditto": (_NA, (55.70, 75.56), (50.54, 84.34), _NA, (40.71, 56.16), (49.92, 53.84)),
+        "sosicfl_plus": (_NA, (59.78, 78.00), (55.60, 85.42), _NA, (42.14, 61.58), (51.30, 54.42)),
+    },
+}
+
+
+def _tables() -> dict[str, dict[str, Any]]:
+    tables: dict[str, dict[str, Any]] = {}
+    for i, column in enumerate(_FEDALA_T2_COLUMNS):
+        tables[f"fedala-table2/{column}"] = {
+            "source": f"FedALA (AAAI 2023) Table 2, {column}", "metrics": ("best_accuracy",),
+            "values": {m: (v[i],) for m, v in _FEDALA_T2.items()}}
+    tables["fedala-table7/mnist-dir0.1"] = {
+        "source": "FedALA (AAAI 2023) Table 7 (Appendix E), MNIST Dir(0.1), 20 clients", "metrics": ("best_accuracy",),
+        "values": {m: (v,) for m, v in _FEDALA_T7_MNIST.items()}}
+    for table, columns in _SOSICFL_COLUMNS.items():
+        for i, column in enumerate(columns):
+            values = {m: cells[i] for m, cells in _SOSICFL[table].items() if cells[i] is not None}
+            tables[f"{table}/{column}"] = {
+                "source": f"SosicFL Table {table[-1]}, {column} (global / local)",
+                "metrics": ("best_global_accuracy", "best_local_accuracy"), "values": values}
+    return tables
+
+
+#: "<table>/<column>" -> {"source", "metrics" (our summary keys), "values" {method: (paper %, ...)}}
+PAPER_TABLES: dict[str, dict[str, Any]] = _tables()
+
+
+def paper_cell(name: str) -> dict[str, Any]:
+    """The published numbers of ``paper_table = name``, with a clear error for unknown names."""
+    if name not in PAPER_TABLES:
+        raise ValueError(f"paper_table = {name!r} is not a table pflkit ships; known: "
+                         f"{', '.join(sorted(PAPER_TABLES))}")
+    return PAPER_TABLES[name]

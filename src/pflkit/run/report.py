@@ -1,0 +1,161 @@
+"""``pflkit report``: runs and sweeps collected into one Markdown file and one self-contained
+HTML page (figures embedded), with the papers' numbers beside ours where a config names them."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..config import load_config
+from ..federation import ResultsFolder
+from ..reporting.paper import paper_cell
+
+#: Summary metrics of the main table (shown where a run recorded them), accuracies in %.
+MAIN_COLUMNS = (("best acc", "best_accuracy"), ("final acc", "final_accuracy"),
+                ("best local acc", "best_local_accuracy"), ("best global acc", "best_global_accuracy"),
+                ("best global client-dist acc", "best_global_client_accuracy"))
+
+
+@dataclass
+class Section:
+    """A report section: a title, lines of text, tables (header, rows) and figures."""
+
+    title: str
+    text: list[str] = field(default_factory=list)
+    tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
+    figures: list[tuple[Path, str]] = field(default_factory=list)
+
+
+def _pct(entry: dict[str, Any], key: str, multi: bool) -> str:
+    if key not in entry or entry[key] is None or (isinstance(entry[key], float) and math.isnan(entry[key])):
+        return "-"
+    text = f"{100 * entry[key]:.2f}"
+    return text + (f" ± {100 * entry.get(key + '_std', 0.0):.2f}" if multi else "")
+
+
+def run_section(folder: Path) -> Section:
+    """The section of one results folder: its setting, main table, paper comparison, time to
+    accuracy and figures."""
+    results = ResultsFolder(folder)
+    if not results.summary_path.is_file():
+        raise ValueError(f"{folder} is not a finished results folder (no summary.json; an unfinished run "
+                         "is continued with pflkit run --resume)")
+    config = load_config(results.config_path)
+    summary: dict[str, Any] = json.loads(results.summary_path.read_text())
+    multi = any(e.get("num_seeds", 1) > 1 for e in summary.values())
+    section = Section(f"{config.name} ({folder.name})")
+    section.text.append(
+        f"{config.dataset}, model {config.model}, partition {config.partition}, {config.num_clients} clients, "
+        f"join ratio {config.join_ratio}, {config.rounds} rounds, seeds {config.seeds}, test set {config.test_set}; "
+        f"metrics in %{' (mean ± std over seeds)' if multi else ''}.")
+    columns = [(name, key) for name, key in MAIN_COLUMNS if any(key in e for e in summary.values())]
+    header = ["method", *(n for n, _ in columns), "s/round", "values down+up / client / round", "MB / round"]
+    rows = []
+    for method, entry in summary.items():
+        floats = entry.get("mean_down_floats_per_client", math.nan) + entry.get("mean_up_floats_per_client", math.nan)
+        megabytes = (entry.get("mean_down_bytes", math.nan) + entry.get("mean_up_bytes", math.nan)) / 1e6
+        rows.append([method, *(_pct(entry, key, multi) for _, key in columns),
+                     f"{entry.get('mean_seconds_per_round', math.nan):.3f}",
+                     "-" if math.isnan(floats) else f"{floats:,.0f}",
+                     "-" if math.isnan(megabytes) else f"{megabytes:.2f}"])
+    section.tables.append(("results", header, rows))
+    if config.paper_table:
+        cell = paper_cell(config.paper_table)
+        prow = []
+        for method, entry in summary.items():
+            published = cell["values"].get(method)
+            if published is None:
+                continue
+            for metric, value in zip(cell["metrics"], published):
+                ours = entry.get(metric)
+                diff = "-" if ours is None else f"{100 * ours - value:+.2f}"
+                prow.append([method, metric, _pct(entry, metric, multi), f"{value:.2f}", diff])
+        section.tables.append((f"beside the paper: {cell['source']}", ["method", "metric", "pflkit", "paper",
+                                                                       "pflkit − paper"], prow))
+    tta = [[m, key[len("tta_"):], str(v["improvement"]) if isinstance(v["improvement"], str)
+            else f"x{v['improvement']:.2f}", f"{v['reached_seeds']}/{len(v['seeds'])}"]
+           for m, e in summary.items() for key, v in e.items() if key.startswith("tta_")]
+    if tta:
+        section.tables.append(("time to accuracy (SosicFL §4.13)", ["method", "metric vs base", "improvement",
+                                                                    "seeds reaching"], tta))
+    for png in sorted(results.plots.glob("*.png")):
+        section.figures.append((png, png.stem.replace("_", " ")))
+    return section
+
+
+def sweep_section(folder: Path) -> Section:
+    record = json.loads((folder / "sweep.json").read_text())
+    section = Section(f"sweep {folder.name}: {', '.join(a['key'] for a in record['axes'])}")
+    section.text.append(f"config {record['config'] or '(defaults)'}, fixed {' '.join(record['fixed']) or '-'}; "
+                        f"metric {record['metric']}.")
+    lines = (folder / "sweep.md").read_text().strip().splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    section.tables.append(("sweep", cells[0], cells[2:]))
+    if (folder / "sweep.png").is_file():
+        section.figures.append((folder / "sweep.png", f"{record['metric']} against {record['axes'][0]['key']}"))
+    return section
+
+
+def _markdown(sections: Sequence[Section], figures: Path) -> str:
+    out = ["# pflkit report", ""]
+    for i, s in enumerate(sections):
+        out += [f"## {s.title}", "", *s.text, ""]
+        for caption, header, rows in s.tables:
+            out += [f"**{caption}**", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            out += ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        for png, caption in s.figures:
+            name = f"{i}-{png.parent.parent.name if png.parent.name == 'plots' else png.parent.name}-{png.name}"
+            shutil.copyfile(png, figures / name)
+            out += [f"![{caption}](figures/{name})", ""]
+    return "\n".join(out)
+
+
+def _html(sections: Sequence[Section]) -> str:
+    esc = html.escape
+    body = ["<h1>pflkit report</h1>"]
+    for s in sections:
+        body.append(f"<h2>{esc(s.title)}</h2>")
+        body += [f"<p>{esc(t)}</p>" for t in s.text]
+        for caption, header, rows in s.tables:
+            body.append(f"<table><caption>{esc(caption)}</caption><tr>"
+                        + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
+            body += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows]
+            body.append("</table>")
+        for png, caption in s.figures:
+            data = base64.b64encode(png.read_bytes()).decode()
+            body.append(f'<figure><img alt="{esc(caption)}" src="data:image/png;base64,{data}">'
+                        f"<figcaption>{esc(caption)}</figcaption></figure>")
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 8px;"
+             "text-align:right}td:first-child,th:first-child{text-align:left}caption{font-weight:bold;"
+             "text-align:left;padding:4px 0}img{max-width:100%}figure{margin:1em 0}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>pflkit report</title><style>{style}</style>"
+            f"</head><body>{''.join(body)}</body></html>\n")
+
+
+def build_report(paths: Sequence[str | Path], out: str | Path) -> tuple[Path, Path]:
+    """Write ``report.md`` (figures copied next to it) and ``report.html`` (figures embedded)
+    into ``out`` for the given results folders and sweep folders."""
+    if not paths:
+        raise ValueError("pflkit report needs at least one results or sweep folder")
+    sections = []
+    for path in map(Path, paths):
+        if (path / "sweep.json").is_file():
+            sections.append(sweep_section(path))
+        elif path.is_dir():
+            sections.append(run_section(path))
+        else:
+            raise ValueError(f"{path} is neither a results folder nor a sweep folder")
+    out = Path(out)
+    figures = out / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    md, page = out / "report.md", out / "report.html"
+    md.write_text(_markdown(sections, figures) + "\n")
+    page.write_text(_html(sections))
+    return md, page

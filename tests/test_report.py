@@ -1,0 +1,61 @@
+"""pflkit report: runs and sweeps in one Markdown file and one self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+from pflkit.cli import main
+from pflkit.config import ConfigError, load_config
+from pflkit.reporting.paper import PAPER_TABLES
+from pflkit.run.experiment import run_experiment
+from pflkit.run.report import build_report
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "run"
+    config = load_config(None, ["num_clients=5", "rounds=2", "seeds=[0,1]", 'algorithms=["fedavg", "fedala"]',
+                                "paper_table=fedala-table2/mnist-pathological"])
+    run_experiment(config, out, progress=False, echo=lambda s: None)
+    return out
+
+
+def test_report_numbers_equal_the_summary_and_stand_beside_the_papers(run_folder, tmp_path) -> None:
+    md, page = build_report([run_folder], tmp_path / "out")
+    text = md.read_text()
+    summary = json.loads((run_folder / "summary.json").read_text())
+    for method, entry in summary.items():
+        best = f"{100 * entry['best_accuracy']:.2f} ± {100 * entry['best_accuracy_std']:.2f}"
+        assert f"| {method} | {best} |" in text
+        paper = PAPER_TABLES["fedala-table2/mnist-pathological"]["values"][method][0]
+        diff = f"{100 * entry['best_accuracy'] - paper:+.2f}"
+        assert f"| {method} | best_accuracy | {best} | {paper:.2f} | {diff} |" in text
+    assert "FedALA (AAAI 2023) Table 2, mnist-pathological" in text
+    assert (tmp_path / "out" / "figures").is_dir() and "](figures/" in text
+    html = page.read_text()
+    assert "data:image/png;base64," in html and "<table>" in html and "src=\"figures" not in html
+
+
+def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "is not a finished results folder" in result.output
+    with pytest.raises(ConfigError, match="paper_table = 'fedala-table9/x' is not a table pflkit ships"):
+        load_config(None, ["paper_table=fedala-table9/x"])
+
+
+def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> None:
+    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
+                   None)
+    if browser is None:
+        pytest.skip("no Chromium installed")
+    _, page = build_report([run_folder], tmp_path / "out")
+    shot = tmp_path / "shot.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
+                    "--window-size=1200,2000", page.as_uri()], check=True, timeout=120, capture_output=True)
+    assert shot.is_file() and shot.stat().st_size > 10_000
