@@ -41,14 +41,19 @@ SHAPES = {"digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3,
 def test_shipped_configs_load_and_every_algorithm_fits_their_model(path):
     from pflkit.algorithms import TrainSettings, build_algorithm
     from pflkit.models import build_model
+    from pflkit.run.sweep import plan_sweep
 
-    cfg = load_config(path, ["data_dir='/somewhere'"])
-    shape, classes = SHAPES[cfg.dataset]
-    model = build_model(cfg.model_for(shape), shape, classes, vocab_size=1000)
-    for name in cfg.algorithms:  # e.g. fedala.p beyond the model's units would fail here
-        build_algorithm(name, cfg.algorithm_sections(), TrainSettings.from_config(cfg), model.units())
-    if cfg.partition_seed == 1:  # the paper configs draw PFLlib's split
-        assert cfg.partition_rng == "pfllib"
+    if path.name.endswith("-sweep.toml"):  # a sweep file: every cell of its grid
+        configs = [cfg for _, cfg in plan_sweep(str(path), ["data_dir='/somewhere'"])[2]]
+    else:
+        configs = [load_config(path, ["data_dir='/somewhere'"])]
+    for cfg in configs:
+        shape, classes = SHAPES[cfg.dataset]
+        model = build_model(cfg.model_for(shape), shape, classes, vocab_size=1000)
+        for name in cfg.algorithms:  # e.g. fedala.p beyond the model's units would fail here
+            build_algorithm(name, cfg.algorithm_sections(), TrainSettings.from_config(cfg), model.units())
+        if cfg.partition_seed == 1:  # the paper configs draw PFLlib's split
+            assert cfg.partition_rng == "pfllib"
 
 
 PAPER_COLUMNS = {  # FedALA Table 2 / Table 4: dataset, model, partition, alpha or classes, lr, clients
