@@ -211,6 +211,22 @@ def plot_ala_command(run: Path, seed: int | None) -> None:
     click.echo(f"wrote {path}")
 
 
+@plot.command("trajectory")
+@click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--client", type=int, required=True, help="a client listed in the run's trace.clients")
+@click.option("--seed", type=int, default=None, help="run seed (default: the first)")
+@click.option("--grid", default=15, show_default=True, help="loss-surface lattice points per axis")
+def plot_trajectory_command(run: Path, client: int, seed: int | None, grid: int) -> None:
+    """A traced client's models over the rounds on their PCA plane, over its loss surface."""
+    from .run.trajectory import trajectory_picture
+
+    try:
+        path = trajectory_picture(run, client, seed, grid)
+    except USER_ERRORS as exc:
+        fail(exc)
+    click.echo(f"wrote {path}")
+
+
 @plot.command("simplex")
 @click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--algorithm", default="sosicfl", show_default=True, help="sosicfl, sosicfl_all or sosicfl_plus")

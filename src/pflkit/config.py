@@ -38,6 +38,16 @@ class MetricsSettings(BaseModel):
                                   "(spec §3.9 [UNCERTAIN])")
 
 
+class TraceSettings(BaseModel):
+    """The ``[trace]`` section: clients whose models are saved every round (FedALA Fig. 4)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    clients: list[int] = Field(default_factory=list, description="client ids whose scored model is saved after "
+                               "every round under trace/ in the results folder (pflkit plot trajectory; "
+                               "simulator only)")
+
+
 class BaseConfig(BaseModel):
     """Keys shared by every experiment (the per-algorithm sections are added below)."""
 
@@ -157,6 +167,14 @@ class BaseConfig(BaseModel):
 
     metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(),
                                      description="optional, costly metrics")
+    trace: TraceSettings = Field(default_factory=lambda: TraceSettings(), description="models saved per round")
+
+    @model_validator(mode="after")
+    def _traced_clients_exist(self) -> "BaseConfig":
+        wrong = [c for c in self.trace.clients if not 0 <= c < self.num_clients]
+        if wrong:
+            raise ValueError(f"trace.clients {wrong} are not clients of this run (ids 0..{self.num_clients - 1})")
+        return self
 
     @model_validator(mode="after")
     def _adaptability_needs_the_official_test_set(self) -> "BaseConfig":

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..functional import to_device
+from ..algorithms import Algorithm
 from .driver import RunState
 
 
@@ -42,3 +43,29 @@ class Checkpointer:
     def on_record(self, state: RunState, record: dict) -> None:
         if state.done or state.rounds_done % self.every == 0:
             save_checkpoint(self.path, state)
+
+
+class TraceWriter:
+    """Callback: after every training round, save the scored model (``eval_params`` of its stored
+    state) of each traced client that has a state, as ``<folder>/<algorithm>-seed<k>/client<i>-round<r>.pt``
+    (atomic writes; a resumed run rewrites the same files)."""
+
+    def __init__(self, folder: Path, algorithm: Algorithm, clients: list[int]) -> None:
+        self.folder = folder
+        self.algorithm = algorithm
+        self.clients = clients
+
+    def on_record(self, state: RunState, record: dict) -> None:
+        if state.done or not state.rounds_done:
+            return
+        folder = self.folder / f"{state.algorithm}-seed{state.seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for client in self.clients:
+            if client in state.clients:
+                params = self.algorithm.eval_params(state.clients[client])
+                if isinstance(params, list):  # an ensemble (SosicFL's eval_samples): its first member
+                    params = params[0]
+                path = folder / f"client{client}-round{state.rounds_done}.pt"
+                tmp = path.with_name(path.name + ".tmp")
+                torch.save({k: v.detach().cpu() for k, v in dict(params).items()}, tmp)
+                os.replace(tmp, path)

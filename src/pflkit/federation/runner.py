@@ -21,7 +21,7 @@ from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
 from ..reporting import plot_accuracy, plot_partition, plot_simplex_clusters, summarize, time_to_accuracy
-from .checkpoint import Checkpointer, load_checkpoint
+from .checkpoint import Checkpointer, TraceWriter, load_checkpoint
 from .driver import Callback, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder
@@ -111,8 +111,10 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                     bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
                                disable=not progress, leave=True, dynamic_ncols=True)
                     with bar if progress else nullcontext():
+                        tracers = [TraceWriter(results.root / "trace", algorithm, config.trace.clients)
+                                   ] if config.trace.clients and executor.keeps_client_states else []
                         executor.run(driver, state, [Checkpointer(ckpt, config.checkpoint_every),
-                                                     MetricsWriter(results), ProgressBar(bar), *callbacks])
+                                                     MetricsWriter(results), ProgressBar(bar), *tracers, *callbacks])
                 histories[(name, seed)] = state.history
                 if seed == config.seeds[0] and "simplex" in state.server:
                     simplex = state.server["simplex"]

@@ -200,3 +200,21 @@ def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, t
         ax.legend(fontsize=7, loc="upper right")
     _save(fig, path, title)
     return True
+
+
+def plot_trajectory(paths: Mapping[str, np.ndarray], rounds: Mapping[str, Sequence[int]], a_axis: np.ndarray,
+                    b_axis: np.ndarray, surface: np.ndarray, explained: Sequence[float], path: Path,
+                    title: str = "") -> None:
+    """Model paths on a PCA plane over a loss surface (FedALA Fig. 4): contours of ``surface``
+    [len(b_axis), len(a_axis)], one path per algorithm, its first and last round marked."""
+    fig, ax = plt.subplots(figsize=(7, 6))
+    contour = ax.contourf(a_axis, b_axis, surface, levels=20, cmap="Blues_r", alpha=0.8)
+    fig.colorbar(contour, ax=ax, label="training loss of the client")
+    for algorithm, points in paths.items():
+        (line,) = ax.plot(points[:, 0], points[:, 1], marker=".", label=algorithm)
+        ax.annotate(f"r{rounds[algorithm][0]}", points[0], color=line.get_color(), fontsize=8)
+        ax.annotate(f"r{rounds[algorithm][-1]}", points[-1], color=line.get_color(), fontsize=8)
+    ax.set_xlabel(f"PC 1 ({100 * explained[0]:.0f} % of variance)")
+    ax.set_ylabel(f"PC 2 ({100 * explained[1]:.0f} % of variance)")
+    ax.legend()
+    _save(fig, path, title)
