@@ -59,3 +59,17 @@ def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> Non
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--screenshot={shot}",
                     "--window-size=1200,2000", page.as_uri()], check=True, timeout=120, capture_output=True)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_tensorboard_tracker_writes_every_record(tmp_path) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedavg"]', "tracker=tensorboard"])
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    scalars = events.Scalars("fedavg/seed0/accuracy")
+    assert [s.step for s in scalars] == [r["round"] for r in records]
+    assert [s.value for s in scalars] == pytest.approx([r["accuracy"] for r in records])
+    assert "fedavg/seed0/train_loss" in events.Tags()["scalars"]

@@ -115,6 +115,9 @@ class BaseConfig(BaseModel):
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int = Field(1, ge=1, description="torch intra-op threads per worker (set explicitly; see docs)")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
+    tracker: Literal["none", "tensorboard"] = Field(
+        "none", description="also write every record to TensorBoard event files under tensorboard/ in the results "
+        "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')")
     bn_buffers: Literal["local", "global"] = Field(
         "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
         "or downloaded with the global model (global); the server averages them either way (spec §0.2)")

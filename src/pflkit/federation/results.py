@@ -149,3 +149,24 @@ class MetricsWriter:
 
     def on_record(self, state: Any, record: Mapping[str, Any]) -> None:
         self.results.append_record(record)
+
+
+class TensorBoardTracker:
+    """Callback: every numeric field of every record as a TensorBoard scalar
+    (``<algorithm>/seed<k>/<field>`` at step = the record's round) under ``<folder>``."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise RuntimeError("tracker = \"tensorboard\" needs the tensorboard package: pip install "
+                               "'pflkit[tensorboard]' (or set tracker = \"none\")") from None
+        self.writer = SummaryWriter(log_dir=str(folder))
+
+    def on_record(self, state: Any, record: Mapping[str, Any]) -> None:
+        prefix = f"{record['algorithm']}/seed{record['seed']}"
+        step = int(record.get("train_round", record["round"]))
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("round", "seed"):
+                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+        self.writer.flush()

@@ -24,7 +24,7 @@ from ..reporting import plot_accuracy, plot_partition, plot_simplex_clusters, su
 from .checkpoint import Checkpointer, TraceWriter, load_checkpoint
 from .driver import Callback, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
-from .results import MetricsWriter, ResultsFolder
+from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
 
 
 @dataclass
@@ -111,8 +111,10 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                     bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
                                disable=not progress, leave=True, dynamic_ncols=True)
                     with bar if progress else nullcontext():
-                        tracers = [TraceWriter(results.root / "trace", algorithm, config.trace.clients)
-                                   ] if config.trace.clients and executor.keeps_client_states else []
+                        tracers: list[Callback] = [TraceWriter(results.root / "trace", algorithm, config.trace.clients)
+                                                   ] if config.trace.clients and executor.keeps_client_states else []
+                        if config.tracker == "tensorboard":
+                            tracers.append(TensorBoardTracker(results.root / "tensorboard"))
                         executor.run(driver, state, [Checkpointer(ckpt, config.checkpoint_every),
                                                      MetricsWriter(results), ProgressBar(bar), *tracers, *callbacks])
                 histories[(name, seed)] = state.history
