@@ -120,7 +120,7 @@ def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray
     fig, axes = plt.subplots(1, len(accuracy), figsize=(4.6 * len(accuracy), 4.4), squeeze=False)
     xy = _simplex_xy(alphas)
     for ax, (label, acc) in zip(axes[0], accuracy.items()):
-        sc = ax.scatter(*xy.T, c=100 * np.asarray(acc), s=6, cmap="viridis", vmin=0, vmax=100)
+        sc = ax.scatter(*xy.T, c=100 * np.asarray(acc), s=6, cmap="viridis")  # scaled to the panel's range
         ax.scatter(*_simplex_xy(np.asarray(centers[label])[None]).T, marker="*", s=200, color="red",
                    edgecolors="white", zorder=5)
         _simplex_frame(ax, dims)

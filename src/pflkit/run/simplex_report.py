@@ -60,10 +60,16 @@ def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | No
         own = state.clients.get(cid, {})
         params = own["personal"] if alg.personal and "personal" in own else state.server["global"]
         test_x, test_y = data.clients[cid].test_x, data.clients[cid].test_y
+        head = len(alg.units) - 1
         hits = []
         with torch.no_grad():
+            if alg.simplex_layers == "head":  # the body is shared: its features once, the head per point
+                inputs, start = forward(model, realise(params, alg.simplex, alg.M1, alphas[0]), test_x,
+                                        stop=head, train=False), head
+            else:
+                inputs, start = test_x, 0
             for alpha in alphas:
-                logits = forward(model, realise(params, alg.simplex, alg.M1, alpha), test_x, train=False)
+                logits = forward(model, realise(params, alg.simplex, alg.M1, alpha), inputs, start=start, train=False)
                 hits.append(float((logits.argmax(1) == test_y).float().mean()))
         label = f"client {cid} (cluster {int(assignment[cid])})"
         accuracy[label] = np.array(hits)
