@@ -73,3 +73,9 @@ def test_tensorboard_tracker_writes_every_record(tmp_path) -> None:
     assert [s.step for s in scalars] == [r["round"] for r in records]
     assert [s.value for s in scalars] == pytest.approx([r["accuracy"] for r in records])
     assert "fedavg/seed0/train_loss" in events.Tags()["scalars"]
+
+
+def test_sosicfl_cells_carry_table_5_beside_tables_2_and_3() -> None:
+    cell = PAPER_TABLES["sosicfl-table3/cifar10-squeezenet-dir0.1"]
+    assert cell["values"]["sosicfl"] == (54.63, 63.72) and cell["tta"]["sosicfl"] == (1.6, 2.9)
+    assert "sosicfl_plus" not in PAPER_TABLES["sosicfl-table2/cifar10-simplecnn-2fold"]["tta"]  # not run on 2-Fold
