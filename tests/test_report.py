@@ -79,3 +79,15 @@ def test_sosicfl_cells_carry_table_5_beside_tables_2_and_3() -> None:
     cell = PAPER_TABLES["sosicfl-table3/cifar10-squeezenet-dir0.1"]
     assert cell["values"]["sosicfl"] == (54.63, 63.72) and cell["tta"]["sosicfl"] == (1.6, 2.9)
     assert "sosicfl_plus" not in PAPER_TABLES["sosicfl-table2/cifar10-simplecnn-2fold"]["tta"]  # not run on 2-Fold
+
+
+def test_cost_beside_the_papers_table_3_in_units_of_sigma(tmp_path) -> None:
+    config = load_config(None, ["num_clients=5", "rounds=1", 'algorithms=["fedavg", "fedrep", "fedfomo"]',
+                                "paper_table=fedala-table3/tiny-resnet18"])
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    text = build_report([tmp_path / "run"], tmp_path / "out")[0].read_text()
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "Σ" in line and "|" in line}
+    assert "| 2.00Σ | 2Σ |" in rows["fedavg"]
+    assert "| 1.91Σ | 2α_fΣ |" in rows["fedrep"]  # the digits CNN's body is 13,056 of 13,706 values
+    assert "| 5.00Σ | (1+M)Σ |" in rows["fedfomo"]  # 4 other models down, its own up (+ ids, weights)
+    assert "**beside the paper" not in text  # Table 3 has no accuracies

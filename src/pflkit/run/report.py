@@ -65,8 +65,10 @@ def run_section(folder: Path) -> Section:
                      "-" if math.isnan(floats) else f"{floats:,.0f}",
                      "-" if math.isnan(megabytes) else f"{megabytes:.2f}"])
     section.tables.append(("results", header, rows))
-    if config.paper_table:
-        cell = paper_cell(config.paper_table)
+    cell = paper_cell(config.paper_table) if config.paper_table else None
+    if cell and cell.get("cost"):
+        section.tables.append(cost_table(summary, cell))
+    if cell and cell["metrics"]:
         prow = []
         for method, entry in summary.items():
             published = cell["values"].get(method)
@@ -95,6 +97,21 @@ def run_section(folder: Path) -> Section:
     for png in sorted(results.plots.glob("*.png")):
         section.figures.append((png, png.stem.replace("_", " ")))
     return section
+
+
+def cost_table(summary: dict[str, Any], cell: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """Minutes per round and values sent per client and round in units of Σ (FedAvg's download,
+    which is the whole model), beside the paper's cost table."""
+    sigma = summary.get("fedavg", {}).get("mean_down_floats_per_client")
+    rows = []
+    for method, entry in summary.items():
+        floats = entry.get("mean_down_floats_per_client", math.nan) + entry.get("mean_up_floats_per_client", math.nan)
+        units = f"{floats / sigma:.2f}Σ" if sigma and not math.isnan(floats) else f"{floats:,.0f} values"
+        minutes, formula = cell["cost"].get(method, (math.nan, "-"))
+        rows.append([method, f"{entry.get('mean_seconds_per_round', math.nan) / 60:.2f}",
+                     "-" if math.isnan(minutes) else f"{minutes:.2f}", units, formula])
+    return (f"cost beside the paper: {cell['source']}",
+            ["method", "min/round", "paper min/iter", "sent per client and round", "paper"], rows)
 
 
 def sweep_section(folder: Path) -> Section:
