@@ -220,6 +220,8 @@ def test_start_round_and_freeze_after_start(tmp_path) -> None:
 
 
 def test_plot_ala_draws_the_weights_and_refuses_runs_without_ala(tmp_path) -> None:
+    import json
+
     from click.testing import CliRunner
 
     from pflkit.cli import main
@@ -228,8 +230,13 @@ def test_plot_ala_draws_the_weights_and_refuses_runs_without_ala(tmp_path) -> No
 
     config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedavg", "fedala"]'])
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
-    result = CliRunner().invoke(main, ["plot", "ala", str(tmp_path / "run")])
+    result = CliRunner().invoke(main, ["plot", "ala", str(tmp_path / "run"), "--client", "1"])
     assert result.exit_code == 0 and (tmp_path / "run" / "plots" / "ala.png").is_file()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    start = [r for r in records if r["algorithm"] == "fedala" and "ala_start_losses" in r]
+    assert [r["round"] for r in start] == [2]  # the start phase: the first round with a received model
+    curve = start[0]["ala_start_losses"]["1"]
+    assert len(curve) > 1 and curve[-1] < curve[0]  # weight learning lowers the loss
     config = load_config(None, ["num_clients=4", "rounds=1", 'algorithms=["fedavg"]'])
     run_experiment(config, tmp_path / "plain", progress=False, echo=lambda s: None)
     result = CliRunner().invoke(main, ["plot", "ala", str(tmp_path / "plain")])

@@ -188,8 +188,10 @@ def plot() -> None:
 @plot.command("ala")
 @click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--seed", type=int, default=None, help="run seed (default: the first)")
-def plot_ala_command(run: Path, seed: int | None) -> None:
-    """ALA's learned weights per unit over rounds (mean, shares at 0 and 1) and its loss."""
+@click.option("--client", type=int, default=None, help="also draw this client's start-phase loss per epoch")
+def plot_ala_command(run: Path, seed: int | None, client: int | None) -> None:
+    """ALA's learned weights per unit over rounds (mean, shares at 0 and 1), its loss, and with
+    --client that client's weight-learning loss per epoch in the start phase (paper Fig. 3)."""
     from .federation import ResultsFolder
     from .reporting import plot_ala
 
@@ -204,7 +206,7 @@ def plot_ala_command(run: Path, seed: int | None) -> None:
             if record["seed"] == chosen:
                 histories.setdefault(record["algorithm"], []).append(record)
         path = results.plots / "ala.png"
-        if not plot_ala(histories, path, f"{run.name} (seed {chosen})"):
+        if not plot_ala(histories, path, f"{run.name} (seed {chosen})", client):
             raise ValueError(f"{run} has no ALA method with recorded weights (fedala or X+ala)")
     except USER_ERRORS as exc:
         fail(exc)

@@ -155,13 +155,15 @@ class Fit:
     """The result of ``ctx.fit``: the parameters (every entry of the input dict; trained ones
     updated, batch-norm statistics updated by the training-mode forwards), the mean step loss,
     the number of epochs run, the loss of the last step (NaN where no step ran) and the number of
-    steps, per client."""
+    steps, per client; for open-ended fits (``until``) the last-step loss of every epoch (batched:
+    one list per client)."""
 
     params: Params
     loss: PerClient
     epochs: PerClient
     last_loss: PerClient
     steps: PerClient = 0
+    history: list[float] | list[list[float]] | None = None
 
 
 #: A custom training step: ``step(value_and_grad, trainable, frozen, batch, aux) -> (trainable, loss)``,

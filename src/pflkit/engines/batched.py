@@ -308,7 +308,7 @@ class BatchedClientContext:
             epoch += 1
         out = {**frozen, **carried, **train}
         return Fit({k: out[k] for k in params}, loss_sum / count.clamp(min=1), epochs.to(self.device), last,
-                   count.to(torch.long))
+                   count.to(torch.long), history if until is not None else None)
 
 
 def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:

@@ -202,7 +202,8 @@ class SingleClientContext:
         carried = {k: current[k] for k in carry} if step is None else carried
         out = {**frozen, **carried, **{k: v.detach() for k, v in train.items()}}
         return Fit({k: out[k] for k in params}, float(loss_sum) / max(count, 1), len(epoch_losses),
-                   epoch_losses[-1] if epoch_losses else float("nan"), count)
+                   epoch_losses[-1] if epoch_losses else float("nan"), count,
+                   epoch_losses if until is not None else None)
 
 
 @torch.no_grad()

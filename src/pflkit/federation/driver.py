@@ -113,6 +113,10 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
         out[key] = float(values.sum() if key.endswith("_seconds") else values.mean())
         if key == "ala_epochs":
             out["ala_epochs_max"] = float(values.max())
+    starts = {str(r.client_id): [float(v) for v in r.metrics["ala_epoch_losses"]] for r in results
+              if len(r.metrics.get("ala_epoch_losses") or []) > 1}
+    if starts:  # ALA's start phase: each client's weight-learning loss per epoch (paper Fig. 3)
+        out["ala_start_losses"] = starts
     return out
 
 

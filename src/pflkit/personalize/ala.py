@@ -265,6 +265,8 @@ class AdaptiveLocalAggregation:
         started = state["started"] | active
         metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss,
                             **weight_statistics(weights, self.units, ctx.batched)}
+        if fit.history is not None:  # per-epoch losses (the start phase's curve, paper Fig. 3)
+            metrics["ala_epoch_losses"] = fit.history  # type: ignore[assignment]
         return {k: initialised[k] for k in local}, ALAState(weights=weights, started=started), metrics  # type: ignore
 
 

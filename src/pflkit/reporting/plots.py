@@ -163,13 +163,16 @@ def plot_sweep(x_key: str, other_keys: Sequence[str], cells: Sequence[Mapping[st
     _save(fig, path)
 
 
-def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str = "") -> bool:
+def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str = "",
+             client: int | None = None) -> bool:
     """ALA's learned weights over rounds (client means of each unit's W mean, share at 0 and at 1)
-    and its weight-learning loss, one column per method; False when no run recorded them."""
+    and its weight-learning loss, one column per method, and with ``client`` that client's loss per
+    weight-learning epoch in its start phase (paper Fig. 3); False when no run recorded them."""
     runs = {alg: h for alg, h in histories.items() if any(k.startswith("ala_w_mean.") for r in h for k in r)}
     if not runs:
         return False
-    fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 7), squeeze=False)
+    rows_of_panels = 3 if client is not None else 2
+    fig, axes = plt.subplots(rows_of_panels, len(runs), figsize=(6 * len(runs), 3.5 * rows_of_panels), squeeze=False)
     for col, (alg, history) in enumerate(runs.items()):
         rows = [r for r in history if "train_round" in r]
         units = sorted({k.split(".", 1)[1] for r in rows for k in r if k.startswith("ala_w_mean.")})
@@ -198,6 +201,18 @@ def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, t
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
+        if client is not None:
+            ax = axes[2][col]
+            start = next(((r["train_round"], r["ala_start_losses"][str(client)]) for r in rows
+                          if str(client) in r.get("ala_start_losses", {})), None)
+            if start is not None:
+                ax.plot(range(1, len(start[1]) + 1), start[1], marker=".")
+                ax.set_title(f"client {client}: ALA start phase (round {start[0]})", fontsize=9)
+            else:
+                ax.set_title(f"client {client}: no start phase recorded", fontsize=9)
+            ax.set_xlabel("weight-learning epoch")
+            ax.set_ylabel("loss (last step of the epoch)")
+            ax.grid(alpha=0.3)
     _save(fig, path, title)
     return True
 
