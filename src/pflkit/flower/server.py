@@ -59,6 +59,16 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
     return nodes, sorted(summaries, key=lambda s: s.client_id), info
 
 
+def check_flower_config(config: BaseConfig) -> None:
+    """Refuse the simulator-only keys before anything is written."""
+    if config.eval_all_clients:
+        raise ConfigError("eval_all_clients = true runs in the simulator only: on Flower only the sampled "
+                          "clients are reached each round; set eval_all_clients = false")
+    if config.trace.clients:
+        raise ConfigError("trace.clients runs in the simulator only: on Flower the client models stay on the "
+                          "nodes; set trace.clients = []")
+
+
 class FlowerExecutor:
     """Executor: each seed's clients are discovered on the grid; rounds run through Flower's
     ``Strategy.start`` with the pflkit strategy. Client states stay on the nodes."""
@@ -66,9 +76,7 @@ class FlowerExecutor:
     keeps_client_states = False
 
     def __init__(self, config: BaseConfig, config_text: str, grid: Grid, timeout: float, wait_seconds: float) -> None:
-        if config.eval_all_clients:
-            raise ConfigError("eval_all_clients = true runs in the simulator only: on Flower only the sampled "
-                              "clients are reached each round; set eval_all_clients = false")
+        check_flower_config(config)
         self.config = config
         self.config_text = config_text
         self.grid = grid
@@ -117,6 +125,7 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     ``checkpoint_every`` aggregations; started again with the same config and ``out`` (a
     restarted ServerApp), the run continues where it stopped.
     """
+    check_flower_config(config)
     results = ResultsFolder(out)
     config_dict = to_dict(config)
     if results.start_or_resume(config_dict):
