@@ -91,3 +91,27 @@ def test_cost_beside_the_papers_table_3_in_units_of_sigma(tmp_path) -> None:
     assert "| 1.91Σ | 2α_fΣ |" in rows["fedrep"]  # the digits CNN's body is 13,056 of 13,706 values
     assert "| 5.00Σ | (1+M)Σ |" in rows["fedfomo"]  # 4 other models down, its own up (+ ids, weights)
     assert "**beside the paper" not in text  # Table 3 has no accuracies
+
+
+def test_fedala_table_4_columns_and_ala_applicability_cells() -> None:
+    assert PAPER_TABLES["fedala-table4/tiny-dir0.5"]["values"]["fedala"] == (27.85,)
+    assert PAPER_TABLES["fedala-table4/cifar100-100clients"]["values"]["apple"] == (52.81,)
+    ala = PAPER_TABLES["fedala-table4/ala-tiny"]["values"]
+    # X + ALA beside X (its Table 2 TINY cell): the paper's "Imps." column is their difference
+    assert ala["ditto+ala"] == (40.75,) and round(40.75 - ala["ditto"][0], 2) == 8.60
+    assert round(PAPER_TABLES["fedala-table4/ala-cifar100"]["values"]["fedphp+ala"][0]
+                 - PAPER_TABLES["fedala-table4/ala-cifar100"]["values"]["fedphp"][0], 2) == 3.76
+
+
+def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
+    from pflkit.run.sweep import run_sweep
+
+    record = run_sweep(None, ["num_clients=4", "rounds=1", 'algorithms=["fedala"]',
+                              "paper_table=fedala-table1/tiny-resnet18-s", "fedala.sample_fraction=[0.8,0.3]"],
+                       tmp_path / "sweep", progress=False, echo=lambda s: None)
+    text = build_report([tmp_path / "sweep"], tmp_path / "out")[0].read_text()
+    assert "beside the paper: FedALA (AAAI 2023) Table 1 (left)" in text
+    ours = {c["values"]["fedala.sample_fraction"]: c["summary"]["fedala"]["best_accuracy"] for c in record["cells"]}
+    assert f"| 0.8 | {100 * ours[0.8]:.2f} | 41.94 | {100 * ours[0.8] - 41.94:+.2f} |" in text
+    assert f"| 0.3 | {100 * ours[0.3]:.2f} | - | - |" in text  # the paper did not run s = 30 %
+    assert PAPER_TABLES["fedala-table6/tiny-cnn-p"]["sweep"]["values"] == {4: 39.75, 3: 39.89, 2: 39.94, 1: 40.54}

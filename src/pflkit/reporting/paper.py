@@ -2,7 +2,8 @@
 time-to-accuracy improvements with its Tables 2 and 3 cells), for reports that set ours beside
 them. A config names its cell with ``paper_table = "<table>/<column>"``.
 
-Sources: FedALA (AAAI 2023) Tables 2, 3 (cost) and 7 (spec §1.11 and the paper text); SosicFL
+Sources: FedALA (AAAI 2023) Tables 1 and 6 (s and p sweeps), 2, 3 (cost), 4 and 7 (spec §1.11
+and the paper text); SosicFL
 (arXiv 2403.03333) Tables 2, 3 (spec §4.14; the Ditto/SosicFL+ column reading is the spec's) and
 Table 5 (time-to-accuracy improvements, global then local, same column reading).
 """
@@ -42,6 +43,38 @@ _FEDALA_T3 = {"fedavg": (1.59, "2Σ"), "fedprox": (1.99, "2Σ"), "fedavgc": (24.
               "perfedavg": (3.56, "2Σ"), "fedrep": (4.09, "2α_fΣ"), "pfedme": (10.24, "2Σ"), "ditto": (11.78, "2Σ"),
               "fedamp": (1.53, "2Σ"), "fedphp": (4.06, "2Σ"), "fedfomo": (2.72, "(1+M)Σ"), "apple": (2.93, "(1+M)Σ"),
               "partialfed": (2.13, "2Σ"), "fedala": (1.93, "2Σ")}
+
+# FedALA Table 4: heterogeneity and scalability columns (a method absent from a column is absent there)
+_FEDALA_T4_COLUMNS = ("tiny-dir0.01", "tiny-dir0.5", "agnews-dir1", "cifar100-50clients", "cifar100-100clients")
+_FEDALA_T4 = {
+    "fedavg": (15.70, 21.14, 87.12, 31.90, 31.95), "fedprox": (15.66, 21.22, 87.21, 31.94, 31.97),
+    "fedavgc": (49.88, 16.21, 91.38, 49.82, 47.90), "fedproxc": (49.84, 16.36, 92.03, 49.79, 48.02),
+    "perfedavg": (39.39, 16.36, 87.08, 44.31, 36.07), "fedrep": (55.43, 16.74, 92.25, 47.41, 44.61),
+    "pfedme": (41.45, 17.48, 87.08, 48.36, 46.45), "ditto": (50.62, 18.98, 91.89, 54.22, 52.89),
+    "fedamp": (48.42, 12.48, 83.35, 44.39, 40.43), "fedphp": (48.63, 21.09, 90.52, 52.44, 49.70),
+    "fedfomo": (46.36, 11.59, 91.20, 42.56, 38.91), "apple": (48.04, 24.28, 84.10, 55.06, 52.81),
+    "partialfed": (49.38, 24.20, 91.01, 48.95, 39.31), "fedala": (55.75, 27.85, 92.45, 55.61, 54.68),
+}
+# FedALA Table 4, applicability of ALA: X + ALA accuracy on TINY and Cifar100 (Dir(0.1)); the paper's
+# "Imps." column is this minus X's Table 2 accuracy, which stands beside it as X's row.
+_FEDALA_T4_ALA = {"fedavg": (40.54, 55.92), "fedprox": (40.53, 56.18), "perfedavg": (30.90, 48.68),
+                  "fedrep": (37.89, 53.02), "pfedme": (27.30, 47.91), "ditto": (40.75, 56.33),
+                  "fedamp": (28.18, 48.03), "fedphp": (40.16, 54.28), "partialfed": (35.40, 48.99)}
+# FedALA's sweeps of ALA's settings (FedALA only): Table 1 on TINY* (ResNet-18), Table 6 on TINY
+# (4-layer CNN, s = 80 %) and AG News (fastText, s = 80 %); the value swept -> best accuracy %.
+_FEDALA_SWEEPS = {
+    "fedala-table1/tiny-resnet18-s": ("FedALA (AAAI 2023) Table 1 (left), TINY*, p = 1", "fedala.sample_fraction",
+                                      {0.05: 39.53, 0.1: 40.62, 0.2: 40.02, 0.4: 40.23, 0.6: 41.11, 0.8: 41.94,
+                                       1.0: 42.11}),
+    "fedala-table1/tiny-resnet18-p": ("FedALA (AAAI 2023) Table 1 (right), TINY*, s = 80 %", "fedala.p",
+                                      {6: 41.71, 5: 41.54, 4: 41.62, 3: 41.86, 2: 42.47, 1: 41.94}),
+    "fedala-table6/tiny-cnn-p": ("FedALA (AAAI 2023) Table 6 (left), TINY, 4-layer CNN, s = 80 % (learnable "
+                                 "weights: 582026, 581194, 529930, 5130 for p = 4..1)", "fedala.p",
+                                 {4: 39.75, 3: 39.89, 2: 39.94, 1: 40.54}),
+    "fedala-table6/agnews-fasttext-p": ("FedALA (AAAI 2023) Table 6 (right), AG News, fastText, s = 80 % "
+                                        "(learnable weights: 3157508, 1188, 132 for p = 3..1)", "fedala.p",
+                                        {3: 96.45, 2: 96.40, 1: 96.52}),
+}
 
 _SOSICFL_COLUMNS = {
     "sosicfl-table2": ("cifar10-simplecnn-2fold", "cifar10-simplecnn-5fold", "cifar10-simplecnn-dir0.5",
@@ -96,6 +129,21 @@ def _tables() -> dict[str, dict[str, Any]]:
         "source": "FedALA (AAAI 2023) Table 7 (Appendix F), Cifar100 Dir(0.1), 100 clients, rho = 0.5, joining "
                   "clients only", "metrics": ("best_accuracy",),
         "values": {m: (v,) for m, v in _FEDALA_T7_CIFAR100_HALF.items()}}
+    for i, column in enumerate(_FEDALA_T4_COLUMNS):
+        tables[f"fedala-table4/{column}"] = {
+            "source": f"FedALA (AAAI 2023) Table 4, {column}", "metrics": ("best_accuracy",),
+            "values": {m: (v[i],) for m, v in _FEDALA_T4.items()}}
+    for i, (column, t2_column) in enumerate((("ala-tiny", "tiny-dir0.1"), ("ala-cifar100", "cifar100-dir0.1"))):
+        values = {}
+        for m, v in _FEDALA_T4_ALA.items():
+            values[m] = (_FEDALA_T2[m][_FEDALA_T2_COLUMNS.index(t2_column)],)
+            values[f"{m}+ala"] = (v[i],)
+        tables[f"fedala-table4/{column}"] = {
+            "source": f"FedALA (AAAI 2023) Table 4, applicability of ALA, {column} (X: its Table 2 {t2_column} cell)",
+            "metrics": ("best_accuracy",), "values": values}
+    for name, (source, key, series) in _FEDALA_SWEEPS.items():
+        tables[name] = {"source": source, "metrics": (), "values": {},
+                        "sweep": {"key": key, "algorithm": "fedala", "metric": "best_accuracy", "values": series}}
     for table, columns in _SOSICFL_COLUMNS.items():
         for i, column in enumerate(columns):
             values = {m: cells[i] for m, cells in _SOSICFL[table].items() if cells[i] is not None}
@@ -107,7 +155,8 @@ def _tables() -> dict[str, dict[str, Any]]:
     return tables
 
 
-#: "<table>/<column>" -> {"source", "metrics" (our summary keys), "values" {method: (paper %, ...)}}
+#: "<table>/<column>" -> {"source", "metrics" (our summary keys), "values" {method: (paper %, ...)}};
+#: a sweep's cell has "sweep" {"key" (the swept config key), "algorithm", "metric", "values" {value: paper %}}
 PAPER_TABLES: dict[str, dict[str, Any]] = _tables()
 
 

@@ -124,7 +124,36 @@ def sweep_section(folder: Path) -> Section:
     section.tables.append(("sweep", cells[0], cells[2:]))
     if (folder / "sweep.png").is_file():
         section.figures.append((folder / "sweep.png", f"{record['metric']} against {record['axes'][0]['key']}"))
+    if record["cells"]:
+        config = load_config(folder / record["cells"][0]["folder"] / "config.toml")
+        if config.paper_table and paper_cell(config.paper_table).get("sweep"):
+            section.tables.append(sweep_paper_table(record, paper_cell(config.paper_table)))
     return section
+
+
+def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
+    """Each sweep cell's value of the paper's swept metric beside the paper's number for the same
+    setting (cells whose swept value the paper did not run show "-")."""
+    sweep = cell["sweep"]
+    key, metric = sweep["key"], sweep["metric"]
+    if key not in [a["key"] for a in record["axes"]]:
+        raise ValueError(f"paper_table {cell['source']!r} sweeps {key}, which this sweep does not "
+                         f"(its axes: {', '.join(a['key'] for a in record['axes'])})")
+    others = [a["key"] for a in record["axes"] if a["key"] != key]
+    rows = []
+    for c in record["cells"]:
+        entry = c["summary"].get(sweep["algorithm"])
+        if entry is None:
+            continue
+        value = c["values"][key]
+        paper = next((v for k, v in sweep["values"].items() if k == value), None)
+        multi = entry.get("num_seeds", 1) > 1
+        ours = entry.get(metric)
+        diff = "-" if ours is None or paper is None else f"{100 * ours - paper:+.2f}"
+        rows.append([str(value), *(str(c["values"][k]) for k in others), _pct(entry, metric, multi),
+                     "-" if paper is None else f"{paper:.2f}", diff])
+    return (f"beside the paper: {cell['source']}", [key, *others, f"pflkit {metric}", "paper", "pflkit − paper"],
+            rows)
 
 
 def _markdown(sections: Sequence[Section], figures: Path) -> str:
