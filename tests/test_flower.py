@@ -233,4 +233,7 @@ def test_sosicfl_on_flower_matches_the_simulator_and_refuses_evaluating_absent_c
     with pytest.raises(ValueError, match="trace.clients runs in the simulator only"):
         run_on_flower(load_config(None, overrides + ["trace.clients=[0]"]), grid, tmp_path / "traced",
                       wait_seconds=5)
+    with pytest.raises(ValueError, match="state_store = \"disk\" runs in the simulator only"):
+        run_on_flower(load_config(None, overrides + ["state_store=disk"]), grid, tmp_path / "disk", wait_seconds=5)
     assert not (tmp_path / "again").exists() and not (tmp_path / "traced").exists()  # nothing half-written
+    assert not (tmp_path / "disk").exists()

@@ -115,6 +115,12 @@ class BaseConfig(BaseModel):
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int = Field(1, ge=1, description="torch intra-op threads per worker (set explicitly; see docs)")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
+    state_store: Literal["memory", "disk"] = Field(
+        "memory", description="where clients' states live between rounds: memory, or disk (one file per client "
+        "under states/ in the results folder, read when sampled, written back after its round; checkpoints use "
+        "the same files), for many stateful clients")
+    state_cache: int | None = Field(None, ge=1, description="state_store = disk: client states kept in memory "
+                                    "(default: the clients of one round)")
     tracker: Literal["none", "tensorboard"] = Field(
         "none", description="also write every record to TensorBoard event files under tensorboard/ in the results "
         "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')")

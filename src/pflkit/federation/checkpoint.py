@@ -11,15 +11,25 @@ import torch
 from ..functional import to_device
 from ..algorithms import Algorithm
 from .driver import RunState
+from .state_store import DiskStateStore
 
 
 def save_checkpoint(path: Path, state: RunState) -> None:
+    """Write ``state`` atomically. With the disk store the clients stay in their files: they are
+    fsync'ed first, the checkpoint names their versions, and versions it no longer needs go."""
+    raw = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
+    store = state.clients if isinstance(state.clients, DiskStateStore) else None
+    if store is not None:
+        store.sync()
+        raw["clients"], raw["client_store"] = {}, store.snapshot()
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        torch.save({f.name: getattr(state, f.name) for f in dataclasses.fields(state)}, f)
+        torch.save(raw, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    if store is not None:
+        store.prune()
 
 
 def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> RunState:

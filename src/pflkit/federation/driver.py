@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections.abc import MutableMapping
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -39,10 +40,11 @@ class RunState:
     seed: int
     rounds_done: int
     server: State
-    clients: dict[int, State]
+    clients: MutableMapping[int, State]  # a dict, or a DiskStateStore (state_store = "disk")
     history: list[dict[str, Any]] = field(default_factory=list)
     pending: dict[str, Any] | None = None  # training stats of the last round, awaiting its evaluation
     done: bool = False
+    client_store: dict[str, Any] | None = None  # a checkpoint's DiskStateStore snapshot (its clients stay on disk)
 
 
 class Callback(Protocol):
@@ -165,12 +167,19 @@ class RoundDriver:
         self.local_test = local_test
         self.evaluate_all = evaluate_all
 
-    def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True) -> RunState:
+    def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True,
+              store: MutableMapping[int, State] | None = None) -> RunState:
         """Server (and, with ``client_states``, client) states from the common initial model,
-        then the algorithm's ``prepare`` from the clients' summaries."""
+        then the algorithm's ``prepare`` from the clients' summaries. A ``store`` (the disk store)
+        makes each client's state on first use instead."""
         alg = self.algorithm
         server = alg.prepare(alg.init_server(init_params), summaries, self.seed)
-        clients = {s.client_id: alg.init_client(init_params, s.client_id) for s in summaries} if client_states else {}
+        if store is not None:
+            clients = store
+        elif client_states:
+            clients = {s.client_id: alg.init_client(init_params, s.client_id) for s in summaries}
+        else:
+            clients = {}
         return RunState(algorithm=alg.name, seed=self.seed, rounds_done=0, server=server, clients=clients)
 
     def next_plan(self, state: RunState) -> RoundPlan | None:

@@ -58,6 +58,10 @@ class ResultsFolder:
     def checkpoint_path(self, algorithm: str, seed: int) -> Path:
         return self.root / "checkpoints" / f"{algorithm}-seed{seed}.pt"
 
+    def states_path(self, algorithm: str, seed: int) -> Path:
+        """The folder of one run's client state files (``state_store = "disk"``)."""
+        return self.root / "states" / f"{algorithm}-seed{seed}"
+
     def create(self, config: Mapping[str, Any]) -> None:
         """Start a new folder; refuse one that already holds files."""
         if self.root.exists() and any(self.root.iterdir()):

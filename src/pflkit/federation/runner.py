@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..algorithms import ALGORITHMS, ClientSummary, TrainSettings, build_algorithm, parse_name
+from ..algorithms import ALGORITHMS, Algorithm, ClientSummary, TrainSettings, build_algorithm, parse_name
 from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
@@ -25,6 +25,7 @@ from .checkpoint import Checkpointer, TraceWriter, load_checkpoint
 from .driver import Callback, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
+from .state_store import DiskStateStore
 
 
 @dataclass
@@ -80,6 +81,15 @@ class ProgressBar:
             self.bar.set_postfix(acc=f"{100 * record['accuracy']:.2f}%")
 
 
+def client_store(config: BaseConfig, results: ResultsFolder, algorithm: Algorithm, init: Params, seed: int,
+                 device: torch.device) -> DiskStateStore:
+    """The disk store of one (algorithm, seed) run; a client's first state is ``init_client``'s."""
+    per_round = max(1, int(config.join_ratio * config.num_clients))
+    return DiskStateStore(results.states_path(algorithm.name, seed), config.num_clients,
+                          lambda i: algorithm.init_client(init, i), cache=config.state_cache or per_round,
+                          device=device)
+
+
 def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, progress: bool = True,
             callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Every algorithm x seed of ``config`` (continuing from the folder's checkpoints); returns
@@ -104,9 +114,20 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                                      local_test=config.test_set == "official",
                                      evaluate_all=config.eval_all_clients)
                 ckpt = results.checkpoint_path(name, seed)
+                store = None
+                if config.state_store == "disk" and executor.keeps_client_states:
+                    store = client_store(config, results, algorithm, setup.init, seed, executor.device)
                 state = load_checkpoint(ckpt, executor.device) if ckpt.is_file() else None
                 if state is None:
-                    state = driver.start(setup.init, setup.summaries, client_states=executor.keeps_client_states)
+                    if store is not None:
+                        store.prune()  # files of a run killed before its first checkpoint
+                    state = driver.start(setup.init, setup.summaries, client_states=executor.keeps_client_states,
+                                         store=store)
+                elif state.client_store is not None:
+                    if store is None:
+                        raise RuntimeError(f"checkpoint {ckpt} keeps its clients on disk but this run does not "
+                                           "(state_store changed)")
+                    state.clients = store.restore(state.client_store)
                 if not state.done:
                     bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
                                disable=not progress, leave=True, dynamic_ncols=True)

@@ -67,6 +67,9 @@ def check_flower_config(config: BaseConfig) -> None:
     if config.trace.clients:
         raise ConfigError("trace.clients runs in the simulator only: on Flower the client models stay on the "
                           "nodes; set trace.clients = []")
+    if config.state_store == "disk":
+        raise ConfigError("state_store = \"disk\" runs in the simulator only: on Flower each node keeps its own "
+                          "client's state; set state_store = \"memory\"")
 
 
 class FlowerExecutor:
