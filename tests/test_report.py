@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -115,3 +116,11 @@ def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
     assert f"| 0.8 | {100 * ours[0.8]:.2f} | 41.94 | {100 * ours[0.8] - 41.94:+.2f} |" in text
     assert f"| 0.3 | {100 * ours[0.3]:.2f} | - | - |" in text  # the paper did not run s = 30 %
     assert PAPER_TABLES["fedala-table6/tiny-cnn-p"]["sweep"]["values"] == {4: 39.75, 3: 39.89, 2: 39.94, 1: 40.54}
+
+
+def test_partition_plot_of_thousands_of_clients_stays_small(tmp_path) -> None:
+    from pflkit.reporting import plot_partition
+
+    counts = np.random.default_rng(0).integers(0, 5, size=(5000, 10))
+    plot_partition(counts, tmp_path / "p.png")
+    assert 0 < (tmp_path / "p.png").stat().st_size < 500_000

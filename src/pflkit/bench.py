@@ -110,19 +110,19 @@ def _peak_memory_mb(device: torch.device) -> dict[str, float]:
     return out
 
 
-def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
-                    device: torch.device) -> dict[str, Any]:
-    """Alternate the engines round by round for each algorithm on one partition."""
-    # PFLlib's minimum (40) is infeasible for Dir(0.1) with hundreds of clients: halve it (down to
-    # 2, so every client keeps a training sample after the 75/25 split), then raise alpha; the
-    # values used are reported.
+def bench_data(dataset: Dataset, num_clients: int, test_set: str,
+               device: torch.device) -> tuple[FederatedData, float, int]:
+    """The benchmark partition of ``dataset`` over ``num_clients``: Dir(0.1) with PFLlib's minimum
+    of 40 samples where feasible; (data, alpha, minimum) as used.
+
+    PFLlib's minimum is infeasible for Dir(0.1) with hundreds of clients: it is halved (down to 2,
+    so every client keeps a training sample after the 75/25 split), then alpha is raised."""
     min_samples, alpha = min(40, len(dataset) // num_clients // 2), 0.1
     while True:
         try:
             spec = PartitionSpec(num_clients=num_clients, alpha=alpha, min_samples_per_client=min_samples,
-                                 test_set=settings.test_set)
-            data = FederatedData.build(dataset, spec, 1, device=device)
-            break
+                                 test_set=test_set)
+            return FederatedData.build(dataset, spec, 1, device=device), alpha, min_samples
         except PartitionError:
             if min_samples > 2:
                 min_samples = max(2, min_samples // 2)
@@ -130,6 +130,12 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 alpha *= 2
             else:
                 raise
+
+
+def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
+                    device: torch.device) -> dict[str, Any]:
+    """Alternate the engines round by round for each algorithm on one partition."""
+    data, alpha, min_samples = bench_data(dataset, num_clients, settings.test_set, device)
     cfg = load_config(None, [])
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]

@@ -105,15 +105,45 @@ def config(args: tuple[str, ...]) -> None:
               show_default=True, help="official: also time the global model's evaluation on the official test set")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("bench.json"),
               show_default=True, help="JSON report")
+@click.option("--scale", is_flag=True, help="client-count scaling at a fixed total of samples: s/round, per-client "
+              "overhead, peak memory and state bytes on disk per client count (defaults: --clients "
+              "100,1000,10000 --engines parallel,vmap --rounds 3)")
+@click.option("--participants", default=1000, show_default=True,
+              help="--scale: clients trained per round at most (more clients: that many sampled)")
 def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: int, workers: int | None,
-          device: str, test_set: str, out: Path) -> None:
-    """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1)."""
+          device: str, test_set: str, out: Path, scale: bool, participants: int) -> None:
+    """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1).
+
+    \b
+    GPU: pflkit bench --device cuda --engines loop,vmap --clients 20,1000 --data-dir DIR"""
     from .bench import BenchSettings, format_report, run_bench, save_report
 
+    source = click.get_current_context().get_parameter_source
+    default = click.core.ParameterSource.DEFAULT
     try:
         counts = [int(c) for c in clients.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+    unknown = sorted(set(engines.split(",")) - {"loop", "parallel", "vmap"})
+    if unknown:
+        raise click.BadParameter(f"unknown engine(s) {', '.join(unknown)}; choose from loop, parallel, vmap",
+                                 param_hint="--engines")
+    if scale:
+        from .bench_scale import ScaleSettings, format_scale_report, run_scale_bench
+
+        scale_settings = ScaleSettings(
+            data_dir=data_dir, algorithms=algos.split(","), participants=participants, workers=workers,
+            device=device, **({"clients": counts} if source("clients") != default else {}),
+            **({"engines": engines.split(",")} if source("engines") != default else {}),
+            **({"rounds": rounds} if source("rounds") != default else {}))
+        try:
+            report = run_scale_bench(scale_settings, echo=click.echo)
+        except USER_ERRORS as exc:
+            fail(exc)
+        save_report(report, out)
+        click.echo(format_scale_report(report))
+        click.echo(f"report: {out}")
+        return
     settings = BenchSettings(data_dir=data_dir, clients=counts, engines=engines.split(","),
                              algorithms=algos.split(","), rounds=rounds, workers=workers, device=device,
                              test_set=test_set)

@@ -47,8 +47,19 @@ def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]
 
 
 def plot_partition(counts: np.ndarray, path: Path, title: str = "") -> None:
-    """Clients x classes bubble chart; bubble area ~ sample count (FedALA Figs. 6-9)."""
+    """Clients x classes bubble chart; bubble area ~ sample count (FedALA Figs. 6-9). Above 100
+    clients, a heat map of fixed size instead (a bubble per client would need a canvas of
+    hundreds of megabytes at 10,000 clients)."""
     counts = np.asarray(counts)
+    if counts.shape[0] > 100:
+        fig, ax = plt.subplots(figsize=(12, max(3.5, 0.35 * counts.shape[1])))
+        image = ax.imshow(counts.T, aspect="auto", interpolation="nearest", cmap="Reds", origin="lower")
+        fig.colorbar(image, ax=ax, label="samples")
+        ax.set_xlabel("client id")
+        ax.set_ylabel("class label")
+        ax.set_title(title or "data distribution")
+        _save(fig, path)
+        return
     clients, classes = np.nonzero(counts)
     sizes = counts[clients, classes]
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * counts.shape[0]), max(3.5, 0.35 * counts.shape[1])))
