@@ -21,7 +21,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .algorithms import ClientSummary, TrainSettings, build_algorithm
+from torch import nn
+
+from .algorithms import Algorithm, ClientSummary, TrainSettings, build_algorithm
 from .config import load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
@@ -132,11 +134,21 @@ def bench_data(dataset: Dataset, num_clients: int, test_set: str,
                 raise
 
 
+def bench_model(data: FederatedData, algorithm: str, seed: int,
+                device: torch.device) -> tuple[nn.Module, dict[str, torch.Tensor], Algorithm]:
+    """The benchmark's FedAvgCNN, its seeded Theta^0 and ``algorithm`` with default settings."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(stream_seed(seed, "model-init"))
+        model = build_model("fedavg_cnn", data.input_shape, data.num_classes).to(device)
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
+    return model, init, build_algorithm(algorithm, load_config(None, []).algorithm_sections(), train, model.units())
+
+
 def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                     device: torch.device) -> dict[str, Any]:
     """Alternate the engines round by round for each algorithm on one partition."""
     data, alpha, min_samples = bench_data(dataset, num_clients, settings.test_set, device)
-    cfg = load_config(None, [])
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     train_samples = sum(c.num_train for c in data.clients)
@@ -147,11 +159,7 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
     for name in settings.algorithms:
         runs = {}
         for engine_name in settings.engines:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(stream_seed(settings.seed, "model-init"))
-                model = build_model("fedavg_cnn", data.input_shape, data.num_classes).to(device)
-            init = {k: v.detach().clone() for k, v in model.named_parameters()}
-            alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
+            model, init, alg = bench_model(data, name, settings.seed, device)
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
             test = data.global_test

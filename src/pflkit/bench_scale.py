@@ -27,17 +27,14 @@ from typing import Any, Callable
 
 import torch
 
-from .algorithms import ClientSummary, TrainSettings, build_algorithm
-from .bench import _peak_memory_mb, _sync, mnist_like, single_model_limits
-from .config import load_config
+from .algorithms import ClientSummary, TrainSettings
+from .bench import _peak_memory_mb, _sync, bench_model, mnist_like, single_model_limits
 from .data import PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine
 from .federation.checkpoint import save_checkpoint
 from .federation.driver import RoundDriver
 from .federation.state_store import DiskStateStore
-from .functional import stream_seed
-from .models import build_model
 
 
 @dataclass
@@ -71,16 +68,11 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
     del dataset
     join = min(1.0, settings.participants / num_clients)
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
-    cfg = load_config(None, [])
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     runs: dict[tuple[str, str], Any] = {}
     for name in settings.algorithms:
         for engine_name in settings.engines:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(stream_seed(settings.seed, "model-init"))
-                model = build_model("fedavg_cnn", data.input_shape, data.num_classes).to(device)
-            init = {k: v.detach().clone() for k, v in model.named_parameters()}
-            alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
+            model, init, alg = bench_model(data, name, settings.seed, device)
             folder = state_dir / f"{name}-{engine_name}"
             store = DiskStateStore(folder / "states", num_clients, lambda i, a=alg, p=init: a.init_client(p, i),
                                    cache=max(1, int(join * num_clients)), device=device)
@@ -165,7 +157,8 @@ def format_scale_report(report: dict[str, Any]) -> str:
     lines = [header, "-" * len(header)]
     for cell in report["cells"]:
         for key, run in cell["runs"].items():
-            lines.append(f"{cell['num_clients']:>7} {key:<16} {run['participants']:>11} {run['samples_per_round']:>11.0f} "
+            lines.append(f"{cell['num_clients']:>7} {key:<16} {run['participants']:>11} "
+                         f"{run['samples_per_round']:>11.0f} "
                          f"{run['median_round_seconds']:>8.2f} {run['seconds_per_1k_samples']:>8.3f} "
                          f"{run['cost_per_sample_vs_first']:>8.2f}x {run['normalized_vs_first']:>9.2f}x "
                          f"{run['per_client_overhead_ms']:>9.1f} {run['state_bytes_on_disk'] / 1e6:>9.1f} "

@@ -136,23 +136,18 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
             device=device, **({"clients": counts} if source("clients") != default else {}),
             **({"engines": engines.split(",")} if source("engines") != default else {}),
             **({"rounds": rounds} if source("rounds") != default else {}))
-        try:
-            report = run_scale_bench(scale_settings, echo=click.echo)
-        except USER_ERRORS as exc:
-            fail(exc)
-        save_report(report, out)
-        click.echo(format_scale_report(report))
-        click.echo(f"report: {out}")
-        return
-    settings = BenchSettings(data_dir=data_dir, clients=counts, engines=engines.split(","),
-                             algorithms=algos.split(","), rounds=rounds, workers=workers, device=device,
-                             test_set=test_set)
+        run, show = (lambda: run_scale_bench(scale_settings, echo=click.echo)), format_scale_report
+    else:
+        settings = BenchSettings(data_dir=data_dir, clients=counts, engines=engines.split(","),
+                                 algorithms=algos.split(","), rounds=rounds, workers=workers, device=device,
+                                 test_set=test_set)
+        run, show = (lambda: run_bench(settings, echo=click.echo)), format_report
     try:
-        report = run_bench(settings, echo=click.echo)
+        report = run()
     except USER_ERRORS as exc:
         fail(exc)
     save_report(report, out)
-    click.echo(format_report(report))
+    click.echo(show(report))
     click.echo(f"report: {out}")
 
 
