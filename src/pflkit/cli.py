@@ -191,15 +191,24 @@ def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
 @main.command()
 @click.argument("folders", nargs=-1, type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("report"), show_default=True,
-              help="folder for report.md (figures beside it) and the self-contained report.html")
-def report(folders: tuple[Path, ...], out: Path) -> None:
+              help="folder for NAME.md (figures beside it, in figures/) and the self-contained NAME.html")
+@click.option("--name", default="report", show_default=True, help="file name of the report, without suffix")
+@click.option("--title", default="pflkit report", show_default=True, help="the report's heading")
+def report(folders: tuple[Path, ...], out: Path, name: str, title: str) -> None:
     """Collect results folders and sweep folders into one Markdown file and one HTML page: per
     method mean ± std of the summary metrics, the paper's numbers where the config names its
-    table (paper_table), time to accuracy, cost per round and every figure."""
+    table (paper_table), time to accuracy, cost per round and every figure. The command that made
+    the report stands at its top."""
+    import shlex
+
     from .run.report import build_report
 
+    words = ["report", *map(str, folders), "--out", str(out)]
+    words += ["--name", name] if name != "report" else []
+    words += ["--title", title] if title != "pflkit report" else []
+    command = " ".join(["pflkit", *map(shlex.quote, words)])
     try:
-        md, page = build_report(folders, out)
+        md, page = build_report(folders, out, name=name, title=title, command=command)
     except USER_ERRORS as exc:
         fail(exc)
     click.echo(f"wrote {md} and {page}")
