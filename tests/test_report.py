@@ -45,7 +45,7 @@ def test_report_numbers_equal_the_summary_and_stand_beside_the_papers(run_folder
 def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 2 and "is not a finished results folder" in result.output
+    assert result.exit_code == 2 and "is not a results folder (no config.toml)" in result.output
     with pytest.raises(ConfigError, match="paper_table = 'fedala-table9/x' is not a table pflkit ships"):
         load_config(None, ["paper_table=fedala-table9/x"])
 
@@ -132,3 +132,20 @@ def test_partition_plot_of_thousands_of_clients_stays_small(tmp_path) -> None:
     counts = np.random.default_rng(0).integers(0, 5, size=(5000, 10))
     plot_partition(counts, tmp_path / "p.png")
     assert 0 < (tmp_path / "p.png").stat().st_size < 500_000
+
+
+def test_an_unfinished_run_is_reported_over_its_finished_runs(tmp_path) -> None:
+    from test_run import InterruptAfter
+
+    config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedavg", "fedala"]'])
+    with pytest.raises(KeyboardInterrupt):  # fedavg finishes, fedala stops after its first round
+        run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None,
+                       callbacks=[InterruptAfter("fedala", 1)])
+    text = build_report([tmp_path / "run"], tmp_path / "out")[0].read_text()
+    assert "**Unfinished run** (no summary.json yet)" in text and "seeds {'fedavg': [0]}" in text
+    rows = [line for line in text.splitlines() if line.startswith("| fed")]
+    assert rows and all(line.startswith("| fedavg |") for line in rows)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.toml").write_text((tmp_path / "run" / "config.toml").read_text())
+    with pytest.raises(ValueError, match="none of its runs has finished yet"):
+        build_report([tmp_path / "empty"], tmp_path / "out2")

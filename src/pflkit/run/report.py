@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from ..config import load_config
 from ..federation import ResultsFolder
+from ..reporting import summarize
 from ..reporting.paper import paper_cell
 
 #: Summary metrics of the main table (shown where a run recorded them), accuracies in %.
@@ -44,13 +45,18 @@ def run_section(folder: Path) -> Section:
     """The section of one results folder: its setting, main table, paper comparison, time to
     accuracy and figures."""
     results = ResultsFolder(folder)
-    if not results.summary_path.is_file():
-        raise ValueError(f"{folder} is not a finished results folder (no summary.json; an unfinished run "
-                         "is continued with pflkit run --resume)")
+    if not results.config_path.is_file():
+        raise ValueError(f"{folder} is not a results folder (no config.toml)")
     config = load_config(results.config_path)
-    summary: dict[str, Any] = json.loads(results.summary_path.read_text())
-    multi = any(e.get("num_seeds", 1) > 1 for e in summary.values())
     section = Section(f"{config.name} ({folder.name})")
+    if results.summary_path.is_file():
+        summary: dict[str, Any] = json.loads(results.summary_path.read_text())
+    else:
+        summary = finished_part(results, config.rounds)
+        seeds = {m: sorted(int(s) for s in e["seeds"]) for m, e in summary.items()}
+        section.text.append(f"**Unfinished run** (no summary.json yet): figures over the (method, seed) runs that "
+                            f"finished, seeds {seeds}.")
+    multi = any(e.get("num_seeds", 1) > 1 for e in summary.values())
     section.text.append(
         f"{config.dataset}, model {config.model}, partition {config.partition}, {config.num_clients} clients, "
         f"join ratio {config.join_ratio}, {config.rounds} rounds, seeds {config.seeds}, test set {config.test_set}; "
@@ -98,6 +104,22 @@ def run_section(folder: Path) -> Section:
     for png in sorted(results.plots.glob("*.png")):
         section.figures.append((png, png.stem.replace("_", " ")))
     return section
+
+
+def finished_part(results: ResultsFolder, rounds: int) -> dict[str, Any]:
+    """The summary of an unfinished run over its finished (method, seed) runs: those whose
+    metrics hold the final evaluation (round ``rounds``)."""
+    histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    if results.metrics_path.is_file():
+        for line in results.metrics_path.read_text().splitlines():
+            record = json.loads(line)
+            histories.setdefault((record["algorithm"], record["seed"]), []).append(record)
+    done = {key: h for key, h in histories.items() if any(r["round"] == rounds for r in h)}
+    if not done:
+        raise ValueError(f"{results.root} is not a finished results folder and none of its runs has finished yet "
+                         "(an unfinished run is continued with pflkit run --resume)")
+    methods = list(dict.fromkeys(m for m, _ in done))
+    return {m: summarize(done, [m], sorted(s for n, s in done if n == m))[m] for m in methods}
 
 
 def cost_table(summary: dict[str, Any], cell: dict[str, Any]) -> tuple[str, list[str], list[list[str]]]:
