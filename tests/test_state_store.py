@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pflkit.config import load_config
+from pflkit.federation.checkpoint import load_checkpoint
 from pflkit.federation.state_store import DiskStateStore
 from pflkit.run.experiment import resume_experiment, run_experiment
 
@@ -64,6 +65,12 @@ def test_disk_store_gives_the_memory_stores_numbers(tmp_path, fast_config) -> No
     assert files and all(f.startswith("client") and f.endswith(".pt") for f in files)
     saved = torch.load(tmp_path / "disk" / "checkpoints" / "fedala-seed0.pt", weights_only=True)
     assert saved["clients"] == {} and len(saved["client_store"]["versions"]) == len(files)  # no second copy
+    # a loaded checkpoint reads its clients from their files (what pflkit plot simplex does)
+    disk = load_checkpoint(tmp_path / "disk" / "checkpoints" / "ditto-seed0.pt").clients
+    memory = load_checkpoint(tmp_path / "memory" / "checkpoints" / "ditto-seed0.pt").clients
+    assert sorted(disk) == sorted(c for c in memory if c in disk) and len(disk) >= 2
+    for c in disk:
+        assert all(torch.equal(disk[c]["personal"][k], memory[c]["personal"][k]) for k in memory[c]["personal"])
 
 
 def test_kill_9_then_resume_with_the_disk_store_equals_an_uninterrupted_run(tmp_path, fast_config) -> None:

@@ -37,10 +37,17 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> RunState:
         raw = torch.load(path, map_location="cpu", weights_only=True)
         raw["server"] = to_device(raw["server"], device)
         raw["clients"] = to_device(raw["clients"], device)
-        return RunState(**raw)
+        state = RunState(**raw)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
         raise RuntimeError(f"checkpoint {path} is unreadable (corrupt or truncated: {type(exc).__name__}); delete "
                            "it to restart that run from round 0") from exc
+    if state.client_store is not None:  # the clients stay in their files: a read-only view of them
+        versions = state.client_store["versions"]
+        view = DiskStateStore(path.parent.parent / "states" / path.stem, max(map(int, versions), default=-1) + 1,
+                              None, cache=1, device=device)
+        view.versions = {int(k): int(v) for k, v in versions.items()}
+        state.clients = view
+    return state
 
 
 class Checkpointer:

@@ -81,11 +81,11 @@ class ProgressBar:
             self.bar.set_postfix(acc=f"{100 * record['accuracy']:.2f}%")
 
 
-def client_store(config: BaseConfig, results: ResultsFolder, algorithm: Algorithm, init: Params, seed: int,
-                 device: torch.device) -> DiskStateStore:
-    """The disk store of one (algorithm, seed) run; a client's first state is ``init_client``'s."""
+def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorithm: Algorithm, init: Params,
+                 seed: int, device: torch.device) -> DiskStateStore:
+    """The disk store of run (``name``, ``seed``); a client's first state is ``init_client``'s."""
     per_round = max(1, int(config.join_ratio * config.num_clients))
-    return DiskStateStore(results.states_path(algorithm.name, seed), config.num_clients,
+    return DiskStateStore(results.states_path(name, seed), config.num_clients,
                           lambda i: algorithm.init_client(init, i), cache=config.state_cache or per_round,
                           device=device)
 
@@ -116,7 +116,7 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                 ckpt = results.checkpoint_path(name, seed)
                 store = None
                 if config.state_store == "disk" and executor.keeps_client_states:
-                    store = client_store(config, results, algorithm, setup.init, seed, executor.device)
+                    store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
                 state = load_checkpoint(ckpt, executor.device) if ckpt.is_file() else None
                 if state is None:
                     if store is not None:

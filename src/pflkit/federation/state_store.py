@@ -35,11 +35,12 @@ _FILE = re.compile(r"client(\d+)-v(\d+)\.pt")
 class DiskStateStore(MutableMapping[int, State]):
     """A mapping client id -> state backed by one file per client version (see the module text).
 
-    ``make(i)`` creates the state of a client that has none yet; ``cache`` bounds the states kept
-    in memory (least recently used are dropped: every state is on disk as soon as it is set).
+    ``make(i)`` creates the state of a client that has none yet (None: a read-only view of the
+    clients that have files, as a loaded checkpoint gives); ``cache`` bounds the states kept in
+    memory (least recently used are dropped: every state is on disk as soon as it is set).
     """
 
-    def __init__(self, folder: Path, num_clients: int, make: Callable[[int], State], *, cache: int,
+    def __init__(self, folder: Path, num_clients: int, make: Callable[[int], State] | None, *, cache: int,
                  device: torch.device | str = "cpu") -> None:
         if cache < 1:
             raise ValueError(f"the state cache must hold at least one client (got {cache})")
@@ -74,6 +75,8 @@ class DiskStateStore(MutableMapping[int, State]):
             return self._cache[client]
         version = self.versions.get(client)
         if version is None:
+            if self.make is None:
+                raise KeyError(client)
             state = self.make(client)
         else:
             path = self._path(client, version)
@@ -102,13 +105,15 @@ class DiskStateStore(MutableMapping[int, State]):
         self._cache.pop(client, None)
 
     def __contains__(self, client: object) -> bool:
+        if self.make is None:
+            return client in self.versions
         return isinstance(client, int) and 0 <= client < self.num_clients
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.num_clients))
+        return iter(sorted(self.versions) if self.make is None else range(self.num_clients))
 
     def __len__(self) -> int:
-        return self.num_clients
+        return len(self.versions) if self.make is None else self.num_clients
 
     def sync(self) -> None:
         """fsync the files written since the last checkpoint (before the checkpoint names them)."""
