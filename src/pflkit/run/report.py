@@ -54,7 +54,7 @@ def run_section(folder: Path) -> Section:
     else:
         summary = finished_part(results, config.rounds)
         seeds = {m: sorted(int(s) for s in e["seeds"]) for m, e in summary.items()}
-        section.text.append(f"**Unfinished run** (no summary.json yet): figures over the (method, seed) runs that "
+        section.text.append(f"**Unfinished run** (no summary.json yet): numbers over the (method, seed) runs that "
                             f"finished, seeds {seeds}.")
     multi = any(e.get("num_seeds", 1) > 1 for e in summary.values())
     section.text.append(
