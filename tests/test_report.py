@@ -118,11 +118,13 @@ def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
     assert PAPER_TABLES["fedala-table6/tiny-cnn-p"]["sweep"]["values"] == {4: 39.75, 3: 39.89, 2: 39.94, 1: 40.54}
     assert "command: pflkit sweep num_clients=4 rounds=1 'algorithms=[\"fedala\"]' " in text
     assert "'fedala.sample_fraction=[0.8,0.3]' --metric best_accuracy --out sweep" in text
-    result = CliRunner().invoke(main, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "docs"),
-                                       "--name", "results", "--title", "Results"])
+    (tmp_path / "intro.md").write_text("One round only.\n")
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "docs"), "--name",
+                                       "results", "--title", "Results", "--intro", str(tmp_path / "intro.md")])
     assert result.exit_code == 0, result.output
     md = (tmp_path / "docs" / "results.md").read_text()
     assert md.startswith("# Results\n") and f"pflkit report {tmp_path / 'sweep'} --out" in md
+    assert "--intro" in md and "\nOne round only.\n" in md
     assert (tmp_path / "docs" / "results.html").is_file()
 
 

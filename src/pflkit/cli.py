@@ -194,7 +194,9 @@ def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
               help="folder for NAME.md (figures beside it, in figures/) and the self-contained NAME.html")
 @click.option("--name", default="report", show_default=True, help="file name of the report, without suffix")
 @click.option("--title", default="pflkit report", show_default=True, help="the report's heading")
-def report(folders: tuple[Path, ...], out: Path, name: str, title: str) -> None:
+@click.option("--intro", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="a Markdown file whose text stands under the heading (the setting, what to read first)")
+def report(folders: tuple[Path, ...], out: Path, name: str, title: str, intro: Path | None) -> None:
     """Collect results folders and sweep folders into one Markdown file and one HTML page: per
     method mean ± std of the summary metrics, the paper's numbers where the config names its
     table (paper_table), time to accuracy, cost per round and every figure. The command that made
@@ -206,9 +208,11 @@ def report(folders: tuple[Path, ...], out: Path, name: str, title: str) -> None:
     words = ["report", *map(str, folders), "--out", str(out)]
     words += ["--name", name] if name != "report" else []
     words += ["--title", title] if title != "pflkit report" else []
+    words += ["--intro", str(intro)] if intro else []
     command = " ".join(["pflkit", *map(shlex.quote, words)])
     try:
-        md, page = build_report(folders, out, name=name, title=title, command=command)
+        md, page = build_report(folders, out, name=name, title=title, command=command,
+                                intro=intro.read_text() if intro else None)
     except USER_ERRORS as exc:
         fail(exc)
     click.echo(f"wrote {md} and {page}")
