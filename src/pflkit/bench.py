@@ -134,6 +134,10 @@ def bench_data(dataset: Dataset, num_clients: int, test_set: str,
                 raise
 
 
+#: Local training of every benchmark: the FedALA MNIST setting's batch 10, one epoch, lr 0.1.
+BENCH_TRAIN = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
+
+
 def bench_model(data: FederatedData, algorithm: str, seed: int,
                 device: torch.device) -> tuple[nn.Module, dict[str, torch.Tensor], Algorithm]:
     """The benchmark's FedAvgCNN, its seeded Theta^0 and ``algorithm`` with default settings."""
@@ -141,15 +145,15 @@ def bench_model(data: FederatedData, algorithm: str, seed: int,
         torch.manual_seed(stream_seed(seed, "model-init"))
         model = build_model("fedavg_cnn", data.input_shape, data.num_classes).to(device)
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
-    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
-    return model, init, build_algorithm(algorithm, load_config(None, []).algorithm_sections(), train, model.units())
+    return model, init, build_algorithm(algorithm, load_config(None, []).algorithm_sections(), BENCH_TRAIN,
+                                        model.units())
 
 
 def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                     device: torch.device) -> dict[str, Any]:
     """Alternate the engines round by round for each algorithm on one partition."""
     data, alpha, min_samples = bench_data(dataset, num_clients, settings.test_set, device)
-    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
+    train = BENCH_TRAIN
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     train_samples = sum(c.num_train for c in data.clients)
     out: dict[str, Any] = {"num_clients": num_clients, "train_samples": train_samples, "alpha": alpha,

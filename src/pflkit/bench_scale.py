@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from .algorithms import ClientSummary, TrainSettings
-from .bench import _peak_memory_mb, _sync, bench_model, mnist_like, single_model_limits
+from .algorithms import ClientSummary
+from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, mnist_like, single_model_limits
 from .data import PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine
@@ -67,7 +67,7 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
     data = FederatedData.build(dataset, spec, 1, device=device)
     del dataset
     join = min(1.0, settings.participants / num_clients)
-    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
+    train = BENCH_TRAIN
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     runs: dict[tuple[str, str], Any] = {}
     for name in settings.algorithms:

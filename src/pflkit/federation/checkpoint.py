@@ -21,7 +21,9 @@ def save_checkpoint(path: Path, state: RunState) -> None:
     store = state.clients if isinstance(state.clients, DiskStateStore) else None
     if store is not None:
         store.sync()
-        raw["clients"], raw["client_store"] = {}, store.snapshot()
+        # the folder relative to the checkpoint, so that a moved results folder still finds its clients
+        raw["clients"] = {}
+        raw["client_store"] = {**store.snapshot(), "folder": os.path.relpath(store.folder, path.parent)}
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(raw, f)
@@ -43,7 +45,7 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> RunState:
                            "it to restart that run from round 0") from exc
     if state.client_store is not None:  # the clients stay in their files: a read-only view of them
         versions = state.client_store["versions"]
-        view = DiskStateStore(path.parent.parent / "states" / path.stem, max(map(int, versions), default=-1) + 1,
+        view = DiskStateStore(path.parent / state.client_store["folder"], max(map(int, versions), default=-1) + 1,
                               None, cache=1, device=device)
         view.versions = {int(k): int(v) for k, v in versions.items()}
         state.clients = view
