@@ -10,6 +10,7 @@ from pflkit.algorithms import TrainSettings, available, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, VmapEngine
+from pflkit.engines.batched import batching_blocker
 from pflkit.models import build_model
 from pflkit.personalize import ALASettings, AdaptiveLocalAggregation
 
@@ -54,13 +55,14 @@ def test_parallel_engine_matches_loop_for_every_algorithm_and_worker_count(name)
     data = make_data([30, 45, 12, 60])
     reference = run(name, LoopEngine(), data)
     runs = []
-    for workers in (1, 2):
-        engine = ParallelEngine(workers)
+    for workers in (1, 2, 3):  # chunks of 2 clients: ALA's chunks run concurrently with 2 and 3 workers
+        engine = ParallelEngine(workers, ala_chunk_size=2)
         try:
             runs.append(run(name, engine, data))
         finally:
             engine.close()
     assert_same_state(runs[0], runs[1])  # bit-identical whatever the number of workers
+    assert_same_state(runs[0], runs[2])
     if "ala" in name:  # ALA runs batched across clients on this engine: float reassociation only
         assert_close_runs(reference, runs[0], atol=tolerance(name))
     else:
@@ -102,13 +104,48 @@ def test_ala_feature_cache_gives_the_same_weights(p):
     assert ala.prefix_stop(ctx.model, 4 - p) == 0
 
 
-@pytest.mark.parametrize("name", ALL_ALGORITHMS)
-def test_vmap_engine_matches_loop_for_every_algorithm(name):
+def vmap_fallback(name: str) -> str | None:
+    """Why the vmap engine runs ``name``'s clients one by one on the test model, or None."""
+    model = build_model("digits_cnn", (1, 8, 8), 10)
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
+    alg = build_algorithm(name, load_config(None, []).algorithm_sections(), train, model.units())
+    return batching_blocker(alg, model, make_data([5]))
+
+
+BATCHED = [name for name in ALL_ALGORITHMS if vmap_fallback(name) is None]
+UNBATCHED = [name for name in ALL_ALGORITHMS if name not in BATCHED]
+
+
+@pytest.mark.parametrize("name", BATCHED)
+def test_vmap_engine_matches_loop_for_every_batched_algorithm(name, monkeypatch):
     data = make_data([30, 45, 12, 60, 7])
     reference = run(name, LoopEngine(), data)
+    chunks = []
+    real = VmapEngine._run_chunk
+    monkeypatch.setattr(VmapEngine, "_run_chunk",
+                        lambda self, setup, jobs, round: chunks.append(len(jobs)) or real(self, setup, jobs, round))
     for chunk in (2, 64):
+        chunks.clear()
         batched = run(name, VmapEngine(chunk_size=chunk), data)
+        # it really ran batched: every round's five clients in chunks of at most ``chunk``
+        assert chunks and sum(chunks) % 5 == 0 and max(chunks) == min(chunk, 5)
         assert_close_runs(reference, batched, atol=tolerance(name))
+
+
+def test_vmap_engine_runs_the_unbatchable_algorithms_client_by_client(caplog):
+    """FedFomo and PartialFed need per-client code (FedFomo scores other clients' models on its own
+    validation split, PartialFed switches layers by client): the vmap engine says so once and
+    gives the loop engine's numbers exactly, since it runs the same per-client code."""
+    assert sorted(UNBATCHED) == ["fedfomo", "partialfed", "partialfed+ala"]
+    data = make_data([30, 45, 12, 60, 7])
+    for name in UNBATCHED:
+        caplog.clear()
+        with caplog.at_level("INFO", logger="pflkit.engines.vmap"):
+            fallback = run(name, VmapEngine(), data)
+        assert [r.getMessage() for r in caplog.records if r.name == "pflkit.engines.vmap"] == [
+            f"vmap engine: {vmap_fallback(name)}; running {name}'s clients one by one"]
+        assert "client code" in vmap_fallback(name)
+        assert_same_state(run(name, LoopEngine(), data), fallback)
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedala", "fedrep+ala", "ditto+ala"])

@@ -169,7 +169,7 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
             test = data.global_test
             evaluation = None if test is None else GlobalEvaluation(
                 model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
-                train.eval_batch_size, threads=getattr(engine, "workers", 1))
+                train.eval_batch_size, workers=getattr(engine, "workers", 1))
             driver = RoundDriver(alg, num_clients=data.num_clients, seed=settings.seed, rounds=settings.rounds + 1,
                                  join_ratio=1.0, eval_every=1, global_evaluation=evaluation)
             runs[engine_name] = (setup, engine, driver, driver.start(init, summaries), [])

@@ -4,10 +4,11 @@ PyTorch kernels release the GIL, so worker threads run client training truly in 
 dataset stays shared in memory (no copies, no pickling) and each worker owns a model skeleton.
 Jobs are submitted longest first (by training samples), which bounds the idle tail of a round
 by one client's work. Algorithms whose ``receive`` trains (``Algorithm.trains_on_receive``: ALA)
-run that step for all clients of the round at once on batched contexts first: ALA's thousands
-of tiny steps would otherwise serialise on Python's GIL. Every client draws from its own
-(seed, round, client) streams, so the numbers do not depend on the number of workers or on
-scheduling.
+run that step first on batched contexts, in fixed chunks of ``ala_chunk_size`` clients (by size)
+spread over the workers: ALA's thousands of tiny steps would otherwise serialise on Python's
+GIL. Every client draws from its own (seed, round, client) streams, each worker keeps the
+configured intra-op thread count and the chunks do not depend on the worker count, so the
+numbers do not depend on the number of workers or on scheduling.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,9 +40,9 @@ def default_workers() -> int:
 class ParallelEngine:
     name = "parallel"
 
-    def __init__(self, workers: int | None = None, chunk_size: int = 64) -> None:
+    def __init__(self, workers: int | None = None, ala_chunk_size: int = 8) -> None:
         self.workers = workers or default_workers()
-        self.chunk_size = chunk_size
+        self.ala_chunk_size = ala_chunk_size
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="pflkit-client")
         self._local = threading.local()
         self._logged: set[str] = set()
@@ -72,26 +74,32 @@ class ParallelEngine:
 
     def _receive_batched(self, setup: RoundSetup, jobs: list[ClientJob],
                          round: int) -> tuple[list[ClientJob], list[Metrics]]:
-        """Every job's ``receive`` on batched contexts, chunk by chunk, with all the threads."""
+        """Every job's ``receive`` on batched contexts, the chunks spread over the worker threads.
+
+        The chunks (``ala_chunk_size`` clients, by size) and the intra-op thread count are the same
+        for any number of workers, so each client's numbers are too: a batched kernel's reduction
+        order may depend on its thread count and on what it is batched with, never on scheduling."""
         alg = setup.algorithm
         order = size_order(setup.data, [job.client_id for job in jobs])
+        chunks = [order[start:start + self.ala_chunk_size] for start in range(0, len(order), self.ala_chunk_size)]
+
+        def receive(chunk: list[int]) -> tuple[Any, Metrics, float]:
+            ctx = BatchedClientContext([jobs[j].client_id for j in chunk], round, setup.seed, setup.data,
+                                       setup.model, setup.units, setup.train, alg.name)
+            t0 = time.perf_counter()
+            state, info = alg.receive(stack([jobs[j].payload for j in chunk]), stack([jobs[j].state for j in chunk]),
+                                      ctx)
+            return state, info, (time.perf_counter() - t0) / len(chunk)
+
+        if self.workers == 1 or len(chunks) == 1:
+            outputs = [receive(chunk) for chunk in chunks]
+        else:
+            outputs = list(self._pool.map(receive, chunks))
         new_jobs, metrics = list(jobs), [{} for _ in jobs]
-        previous = torch.get_num_threads()
-        torch.set_num_threads(previous * self.workers)
-        try:
-            for start in range(0, len(order), self.chunk_size):
-                chunk = order[start:start + self.chunk_size]
-                ctx = BatchedClientContext([jobs[j].client_id for j in chunk], round, setup.seed, setup.data,
-                                           setup.model, setup.units, setup.train, alg.name)
-                t0 = time.perf_counter()
-                state, info = alg.receive(stack([jobs[j].payload for j in chunk]),
-                                          stack([jobs[j].state for j in chunk]), ctx)
-                seconds = (time.perf_counter() - t0) / len(chunk)
-                for k, j in enumerate(chunk):
-                    new_jobs[j] = replace(jobs[j], state=unstack(state, k, jobs[j].state))
-                    metrics[j] = {**{key: item(v, k) for key, v in info.items()}, "init_seconds": seconds}
-        finally:
-            torch.set_num_threads(previous)
+        for chunk, (state, info, seconds) in zip(chunks, outputs):
+            for k, j in enumerate(chunk):
+                new_jobs[j] = replace(jobs[j], state=unstack(state, k, jobs[j].state))
+                metrics[j] = {**{key: item(v, k) for key, v in info.items()}, "init_seconds": seconds}
         return new_jobs, metrics
 
     def close(self) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
+import math
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 
 import numpy as np
@@ -19,36 +23,30 @@ class GlobalEvaluation:
     averaged over the clients (``priors`` [N, C], each client's training label distribution)."""
 
     def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                 priors: np.ndarray, batch_size: int = 1000, threads: int | None = None) -> None:
-        """``threads``: torch threads for the evaluation, which runs while no client trains (the
-        parallel engine's workers are idle then); None keeps the current setting."""
+                 priors: np.ndarray, batch_size: int = 1000, workers: int = 1) -> None:
+        """``workers``: threads that evaluate the test batches concurrently (it runs while no client
+        trains, so the parallel engine passes its own count). Each batch runs with the caller's
+        intra-op thread count and the batches' sums are added in batch order, so the numbers do not
+        depend on ``workers``."""
         self.model, self.x, self.y = model, x, y
-        self.threads = threads
+        self.workers = max(1, workers)
         self.num_classes = num_classes
         self.priors = np.asarray(priors, dtype=np.float64)
         self.batch_size = batch_size
         self.class_counts = np.bincount(y.cpu().numpy(), minlength=num_classes)
+        self._local = threading.local()
 
     def __call__(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-        previous = torch.get_num_threads()
-        if self.threads:
-            torch.set_num_threads(self.threads)
-        try:
-            return self._evaluate(params)
-        finally:
-            torch.set_num_threads(previous)
-
-    @torch.no_grad()
-    def _evaluate(self, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
         start = time.perf_counter()
-        correct = torch.zeros(self.num_classes, device=self.y.device)
-        loss = 0.0
-        for i in range(0, len(self.y), self.batch_size):
-            logits = forward(self.model, params, self.x[i:i + self.batch_size], train=False)
-            target = self.y[i:i + self.batch_size]
-            correct.index_add_(0, target, (logits.argmax(1) == target).to(correct.dtype))
-            loss += float(F.cross_entropy(logits, target, reduction="sum"))
-        hits = correct.cpu().numpy()
+        batches = range(0, len(self.y), self.batch_size)
+        if self.workers == 1 or len(batches) == 1:
+            parts = [self._batch(self.model, params, i) for i in batches]
+        else:
+            threads = torch.get_num_threads()
+            with ThreadPoolExecutor(self.workers, thread_name_prefix="pflkit-eval") as pool:
+                parts = list(pool.map(lambda i: self._batch(self._thread_model(threads), params, i), batches))
+        hits = np.sum([correct for correct, _ in parts], axis=0)
+        loss = math.fsum(loss for _, loss in parts)
         with np.errstate(invalid="ignore", divide="ignore"):
             per_class = np.where(self.class_counts > 0, hits / self.class_counts, np.nan)
         return {"global_accuracy": float(hits.sum() / len(self.y)),
@@ -56,6 +54,23 @@ class GlobalEvaluation:
                 "global_class_accuracy": [float(a) for a in per_class],
                 "global_client_accuracy": float(np.mean(client_accuracies(self.priors, per_class))),
                 "global_eval_seconds": time.perf_counter() - start}
+
+    def _thread_model(self, threads: int) -> nn.Module:
+        """This thread's copy of the model (``functional_call`` swaps a module's parameters, so
+        threads must not share one), with the caller's intra-op thread count."""
+        if getattr(self._local, "model", None) is None:
+            pure = hasattr(self.model, "apply_units")  # pflkit's models never touch their parameters
+            self._local.model = self.model if pure else copy.deepcopy(self.model)
+        torch.set_num_threads(threads)
+        return self._local.model
+
+    @torch.no_grad()
+    def _batch(self, model: nn.Module, params: Mapping[str, torch.Tensor], i: int) -> tuple[np.ndarray, float]:
+        """Per-class correct counts and the summed loss of test batch ``i``."""
+        logits = forward(model, params, self.x[i:i + self.batch_size], train=False)
+        target = self.y[i:i + self.batch_size]
+        correct = torch.bincount(target[logits.argmax(1) == target], minlength=self.num_classes)
+        return correct.cpu().numpy(), float(F.cross_entropy(logits, target, reduction="sum"))
 
     def local_risk(self, class_correct: list[float]) -> float:
         """A local model's risk over the clients' distributions (FedACD Eq. 2 [RECON]): the mean

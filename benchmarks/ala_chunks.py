@@ -1,0 +1,88 @@
+"""The parallel engine's batched ALA step: chunk size vs time (docs/benchmarks.md, "ALA on the
+parallel engine").
+
+    python benchmarks/ala_chunks.py --data-dir ../shared/datasets/mnist --clients 20 --repeats 3
+
+FedALA's MNIST setting (Dir(0.1), FedAvgCNN, s = 80%, p = 1), parallel engine. Times the local
+initialisation (``receive``) of every client of round 1 (ALA's start phase, up to 20 epochs) and
+round 2 (steady, one epoch) for each chunk size with 1 intra-op thread and ``--workers`` workers,
+beside the old scheme: all clients in one chunk with ``workers`` intra-op threads (whose numbers
+depended on the worker count). Settings alternate within each repeat; medians are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from pflkit.algorithms import ClientSummary
+from pflkit.bench import BENCH_TRAIN, bench_model
+from pflkit.data import PartitionSpec, load_dataset
+from pflkit.data.federated import FederatedData
+from pflkit.engines import RoundSetup
+from pflkit.engines.parallel import ParallelEngine
+from pflkit.federation.driver import RoundDriver
+
+
+def receive_seconds(setup: RoundSetup, driver: RoundDriver, init: dict, summaries: list, engine: ParallelEngine,
+                    threads: int) -> list[float]:
+    """Seconds of the batched ``receive`` in rounds 1 and 2 (full rounds run between them)."""
+    torch.set_num_threads(threads)
+    state = driver.start(init, summaries)
+    seconds = []
+    try:
+        for t in (1, 2):
+            plan = driver.plan(state, t)
+            t0 = time.perf_counter()
+            jobs, received = engine._receive_batched(setup, plan.jobs, t)
+            seconds.append(time.perf_counter() - t0)
+            torch.set_num_threads(1)
+            driver.finish(state, plan, engine.run(setup, plan.jobs, t))
+            torch.set_num_threads(threads)
+    finally:
+        torch.set_num_threads(1)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--chunks", default="4,8,20", help="chunk sizes to time, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    n = args.clients
+    data = FederatedData.build(load_dataset("mnist", args.data_dir),
+                               PartitionSpec(method="label_dirichlet", num_clients=n, alpha=0.1), 1)
+    model, init, alg = bench_model(data, "fedala", 0, torch.device("cpu"))
+    setup = RoundSetup(alg, data, model, model.units(), BENCH_TRAIN, 0)
+    summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
+    driver = RoundDriver(alg, num_clients=n, seed=0, rounds=3, join_ratio=1.0, eval_every=1)
+    settings = {f"one chunk, {args.workers} threads (old)": (ParallelEngine(1, ala_chunk_size=n), args.workers)}
+    for size in (int(c) for c in args.chunks.split(",")):
+        settings[f"chunks of {size}, 1 thread, {args.workers} workers"] = (
+            ParallelEngine(args.workers, ala_chunk_size=size), 1)
+    times: dict[str, list[list[float]]] = {name: [] for name in settings}
+    for repeat in range(args.repeats):
+        names = list(settings) if repeat % 2 == 0 else list(reversed(settings))
+        for name in names:
+            engine, threads = settings[name]
+            times[name].append(receive_seconds(setup, driver, init, summaries, engine, threads))
+    old = next(iter(times))
+    medians = {name: [statistics.median(r[t] for r in rows) for t in (0, 1)] for name, rows in times.items()}
+    out = {name: {"round1_start_phase_seconds": m[0], "round2_steady_seconds": m[1],
+                  "round1_vs_old": m[0] / medians[old][0], "round2_vs_old": m[1] / medians[old][1]}
+           for name, m in medians.items()}
+    print(json.dumps({"clients": n, "workers": args.workers, "repeats": args.repeats, "settings": out}, indent=1))
+    for engine, _ in settings.values():
+        engine.close()
+
+
+if __name__ == "__main__":
+    main()
