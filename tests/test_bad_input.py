@@ -3,8 +3,10 @@ problem, prints no traceback and leaves no summary.json behind."""
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -147,6 +149,114 @@ def _existing_out(tmp: Path) -> list[str]:
     return ["run", *FAST, "--out", str(out)]
 
 
+def _config_not_utf8(tmp: Path) -> list[str]:
+    path = tmp / "latin1.toml"
+    path.write_bytes('name = "d\xe9mo"\n'.encode("latin-1"))
+    return ["config", str(path)]
+
+
+def _config_is_a_folder(tmp: Path) -> list[str]:
+    (tmp / "folder.toml").mkdir()
+    return ["config", str(tmp / "folder.toml")]
+
+
+def _sweep_file_with_bad_table(tmp: Path) -> list[str]:
+    path = tmp / "sweep.toml"
+    path.write_text('sweep = "lr"\n')
+    return ["sweep", str(path), "--out", str(tmp / "sw")]
+
+
+def _run_of_a_sweep_file(tmp: Path) -> list[str]:
+    path = tmp / "sweep.toml"
+    path.write_text("[sweep]\nlr = [0.1, 0.2]\n")
+    return ["run", str(path)]
+
+
+def _resume_edited_config(tmp: Path) -> list[str]:
+    out = finished_run(tmp)
+    path = out / "config.toml"
+    path.write_text(path.read_text().replace("rounds = 1", "rounds = 10"))
+    return ["run", "--resume", str(out)]
+
+
+HELD_LOCKS: list[int] = []  # descriptors of locks a case holds, closed after the test
+
+
+def _hold_lock(folder: Path) -> None:
+    """Hold ``folder``'s lock as another process would (flock is per open file, so this process's
+    own second attempt is refused as well)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.write(fd, b"pflkit pid 4242 on host elsewhere since 2026-11-24T10:00:00\n")
+    HELD_LOCKS.append(fd)
+
+
+def _resume_while_running(tmp: Path) -> list[str]:
+    out = interrupted_run(tmp)
+    _hold_lock(out)
+    return ["run", "--resume", str(out)]
+
+
+def _run_into_a_busy_folder(tmp: Path) -> list[str]:
+    _hold_lock(tmp / "busy")
+    return ["run", *FAST, "--out", str(tmp / "busy")]
+
+
+def _sweep_into_a_busy_folder(tmp: Path) -> list[str]:
+    _hold_lock(tmp / "sw")
+    return ["sweep", *FAST, "lr=[0.1,0.2]", "--out", str(tmp / "sw")]
+
+
+def _sweep_cell_with_another_config(tmp: Path) -> list[str]:
+    result = CliRunner().invoke(main, ["sweep", *FAST, "lr=[0.1]", "--out", str(tmp / "sw"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    (tmp / "sw" / "lr=0.1" / "summary.json").unlink()  # unfinished, then the fixed overrides change
+    return ["sweep", *FAST, "num_clients=5", "lr=[0.1]", "--out", str(tmp / "sw")]
+
+
+def _missing_disk_state(tmp: Path) -> list[str]:
+    out = tmp / "disk"
+    result = CliRunner().invoke(main, ["run", *FAST, "state_store=disk", "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    (out / "summary.json").unlink()
+    next((out / "states" / "fedavg-seed0").glob("client*.pt")).unlink()
+    return ["run", "--resume", str(out)]
+
+
+def _report_on_a_list_summary(tmp: Path) -> list[str]:
+    out = finished_run(tmp)
+    (out / "summary.json").write_text("[1, 2]\n")
+    return ["report", str(out), "--out", str(tmp / "rep")]
+
+
+def _report_on_broken_summary(tmp: Path) -> list[str]:
+    out = finished_run(tmp)
+    (out / "summary.json").write_text("{broken")
+    return ["report", str(out), "--out", str(tmp / "rep")]
+
+
+def _report_outside_its_folder(tmp: Path) -> list[str]:
+    return ["report", str(finished_run(tmp)), "--out", str(tmp / "rep"), "--name", "../../x"]
+
+
+def _report_on_no_run(tmp: Path) -> list[str]:
+    (tmp / "empty").mkdir()
+    return ["report", str(tmp / "empty"), "--out", str(tmp / "rep")]
+
+
+def _on_finished_run(*args: str) -> Callable[[Path], list[str]]:
+    def make(tmp: Path) -> list[str]:
+        out = finished_run(tmp)
+        return [word.replace("RUN", str(out)) for word in args]
+    return make
+
+
+def _out_is_a_file(tmp: Path) -> list[str]:
+    (tmp / "file").write_text("x")
+    return ["run", *FAST, "--out", str(tmp / "file")]
+
+
 def run_args(*overrides: str) -> Callable[[Path], list[str]]:
     return lambda tmp: ["run", *overrides]
 
@@ -219,6 +329,60 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("AG News row with two fields", _agnews_bad_row, "train.csv, row 1: expected 3 fields"),
     ("download of an unknown dataset", lambda tmp: ["download", "imagenet", str(tmp / "d")], "no download for dataset"),
     ("bench with bad client counts", lambda tmp: ["bench", "--clients", "ten"], "expected comma-separated integers"),
+    # results folders, sweeps, reports and plots (issue 19)
+    ("config file not UTF-8", _config_not_utf8, "is not UTF-8 text (byte 9): TOML files are UTF-8"),
+    ("config file that is a folder", _config_is_a_folder, "folder.toml is not a file"),
+    ("config name with a path", run_args("name='../../x'"), "name: must be a plain folder name"),
+    ("empty config name", run_args("name=''"), "name: String should have at least 1 character"),
+    ("data_dir for a built-in dataset", run_args("data_dir=/data/mnist"),
+     "data_dir is set ('/data/mnist') but dataset = 'digits' reads no files"),
+    ("two config files", run_args("a.toml", "b.toml"), "unexpected argument 'b.toml'"),
+    ("run of a sweep file", _run_of_a_sweep_file, "has a [sweep] table: it is a sweep file"),
+    ("results folder that is a file", _out_is_a_file, "is a file"),
+    ("resume after config.toml was edited", _resume_edited_config,
+     "config.toml was edited after the run started"),
+    ("resume while the run still goes", _resume_while_running,
+     "is in use by pflkit pid 4242 on host elsewhere"),
+    ("run into a folder another process writes", _run_into_a_busy_folder, "is in use by pflkit pid 4242"),
+    ("resume with a client state file missing", _missing_disk_state,
+     "were deleted or the results folder was copied without its states/ folder. Copy them back, or delete"),
+    ("sweep into a folder another sweep writes", _sweep_into_a_busy_folder, "/sw is in use by pflkit pid 4242"),
+    ("sweep metric that is no number", lambda tmp: ["sweep", *FAST, "lr=[0.1,0.2]", "--metric", "seeds",
+                                                    "--out", str(tmp / "sw")],
+     "--metric 'seeds' is not a summary metric; choose from"),
+    ("sweep metric misspelt", lambda tmp: ["sweep", *FAST, "lr=[0.1,0.2]", "--metric", "best_acc",
+                                           "--out", str(tmp / "sw")], "--metric 'best_acc' is not a summary metric"),
+    ("sweep cell beyond the model", lambda tmp: ["sweep", *FAST, 'algorithms=["fedala"]', "fedala.p=[1,99]",
+                                                 "--out", str(tmp / "sw")],
+     "sweep cell fedala.p=99: fedala.p=99 exceeds this model's 4 units"),
+    ("sweep cell with a bad value", lambda tmp: ["sweep", *FAST, "rounds=[0,1]", "--out", str(tmp / "sw")],
+     "sweep cell rounds=0: invalid configuration"),
+    ("sweep over equal values", lambda tmp: ["sweep", *FAST, "lr=[1,1.0]", "--out", str(tmp / "sw")],
+     "sweep cells lr=1 and lr=1.0 are the same config"),
+    ("sweep over an empty list", lambda tmp: ["sweep", *FAST, "lr=[]", "--out", str(tmp / "sw")],
+     "sweep over lr: the list of values is empty"),
+    ("sweep key given twice", lambda tmp: ["sweep", *FAST, "lr=[0.1]", "lr=[0.2]", "--out", str(tmp / "sw")],
+     "sweep over lr is given twice"),
+    ("sweep without a list", lambda tmp: ["sweep", *FAST, "--out", str(tmp / "sw")],
+     "needs at least one key with a list of values"),
+    ("sweep file whose [sweep] is no table", _sweep_file_with_bad_table, "[sweep] must be a table"),
+    ("sweep cell run with another config", _sweep_cell_with_another_config, "was run with another config"),
+    ("sweep whose cells all diverge", lambda tmp: ["sweep", *FAST, "lr=[1e12,1e13]", "--out", str(tmp / "sw")],
+     "sweep cell lr=1000000000000.0 failed: NonFiniteLossError: training loss became nan"),
+    ("sweep whose cells all diverge: the summary line", lambda tmp: ["sweep", *FAST, "lr=[1e12,1e13]", "--out",
+                                                                     str(tmp / "sw")],
+     "error: 2 of 2 cells failed (lr=1000000000000.0, lr=10000000000000.0)"),
+    ("report on a summary.json that is a list", _report_on_a_list_summary, "holds a JSON list, not the object"),
+    ("report on a broken summary.json", _report_on_broken_summary, "summary.json is not valid JSON"),
+    ("report written outside its folder", _report_outside_its_folder, "--name '../../x' must be a plain file name"),
+    ("report of no folder", lambda tmp: ["report", "--out", str(tmp / "rep")], "needs at least one results"),
+    ("report of a folder that is no run", _report_on_no_run, "is not a results folder (no config.toml)"),
+    ("plot simplex with no points", _on_finished_run("plot", "simplex", "RUN", "--points", "0"),
+     "Invalid value for '--points': 0 is not in the range x>=1"),
+    ("plot trajectory with no grid", _on_finished_run("plot", "trajectory", "RUN", "--client", "0", "--grid", "0"),
+     "Invalid value for '--grid': 0 is not in the range x>=2"),
+    ("plot ala of a run without ALA", _on_finished_run("plot", "ala", "RUN"), "has no ALA method with recorded weights"),
+    ("bench with an unknown engine", lambda tmp: ["bench", "--engines", "loop,gpu"], "unknown engine(s) gpu"),
 ]
 
 
@@ -229,9 +393,15 @@ def test_bad_input_exits_with_one_clear_message(tmp_path, make_args, needle):
     args = make_args(tmp_path)
     if args[0] == "run" and "--out" not in args and "--resume" not in args:
         args = [*args, "--out", str(tmp_path / "results")]
-    result = CliRunner().invoke(main, [*args, "--quiet"] if args[0] == "run" and "--resume" not in args else args)
+    summaries = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("summary.json")}  # a finished run's stay as they are
+    try:
+        result = CliRunner().invoke(main, [*args, "--quiet"] if args[0] in ("run", "sweep") and "--resume" not in args
+                                    else args)
+    finally:
+        while HELD_LOCKS:
+            os.close(HELD_LOCKS.pop())
     assert result.exit_code != 0, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
     assert needle in result.output, result.output
-    assert not list(tmp_path.rglob("summary.json"))
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("summary.json")} == summaries

@@ -14,7 +14,8 @@ from pflkit.data.federated import FederatedData, official_split
 from pflkit.data.partition import largest_remainder, local_test_sets
 from pflkit.federation import GlobalEvaluation
 from pflkit.functional import SGD
-from pflkit.functional.training import Batch, cross_entropy, mix
+from pflkit.functional.training import Batch, cross_entropy, forward, mix
+from pflkit.models import build_model
 from pflkit.run.experiment import run_experiment
 
 from helpers import tiny_context
@@ -76,6 +77,26 @@ def test_global_evaluation_scores_classes_and_client_distributions():
     assert out["global_class_accuracy"] == [1.0, 0.0]
     assert out["global_client_accuracy"] == pytest.approx((1.0 + 0.25) / 2)
     assert evaluation.local_risk([2, 0]) == pytest.approx(1 - (1.0 + 0.25) / 2)
+
+
+@pytest.mark.parametrize("pure", [True, False], ids=["pflkit-model", "torch-module"])
+def test_global_evaluation_gives_the_same_numbers_for_any_number_of_workers(pure):
+    """The parallel engine evaluates test batches on its worker threads; the sums are added in batch
+    order with a fixed intra-op thread count, so the workers must not change a single bit."""
+    torch.manual_seed(0)
+    model = build_model("digits_cnn", (1, 8, 8), 5) if pure else torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    x, y = torch.randn(230, 1, 8, 8), torch.randint(0, 5, (230,))
+    priors = np.full((3, 5), 0.2)
+    runs = [GlobalEvaluation(model, x, y, 5, priors, batch_size=16, workers=w)(params) for w in (1, 2, 3)]
+    for run in runs:
+        run.pop("global_eval_seconds")
+    assert runs[0] == runs[1] == runs[2]
+    with torch.no_grad():  # and the same as one forward over the whole set
+        logits = forward(model, params, x)
+    assert runs[0]["global_accuracy"] == pytest.approx(float((logits.argmax(1) == y).float().mean()))
+    assert runs[0]["global_test_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)))
 
 
 def test_official_runs_record_global_local_and_adaptability_metrics(tmp_path):
@@ -141,3 +162,16 @@ def test_mixup_batches_mix_inputs_and_weigh_both_labels():
 def test_label_loss_of_a_plain_batch_is_unchanged_by_the_mixup_machinery():
     logits, y = torch.randn(6, 4), torch.randint(0, 4, (6,))
     assert torch.equal(cross_entropy(logits, Batch(torch.zeros(6), y)), torch.nn.functional.cross_entropy(logits, y))
+
+
+def test_a_parallel_run_gives_the_same_records_for_any_number_of_workers(tmp_path):
+    """One config, one set of numbers: the workers of the parallel engine change the speed only
+    (ALA's batched start, the clients' training and the global test evaluation included)."""
+    records = []
+    for workers in (1, 2):
+        cfg = load_config(None, FAST + ['algorithms=["fedavg","fedala"]', "engine=parallel", f"workers={workers}"])
+        run_experiment(cfg, tmp_path / str(workers), progress=False, echo=lambda s: None)
+        lines = (tmp_path / str(workers) / "metrics.jsonl").read_text().splitlines()
+        records.append([{k: v for k, v in json.loads(line).items() if "seconds" not in k} for line in lines])
+    assert records[0] == records[1]
+    assert any("global_test_loss" in r for r in records[0])

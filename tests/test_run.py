@@ -85,7 +85,9 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_confi
         run_experiment(cfg, tmp_path / "cut", progress=False, echo=lambda s: None,
                        callbacks=[InterruptAfter("fedala", 2)])
     status = ResultsFolder(tmp_path / "cut").status()
-    assert status["status"] == "failed" and not (tmp_path / "cut" / "summary.json").exists()
+    assert status["status"] == "interrupted" and not (tmp_path / "cut" / "summary.json").exists()
+    assert status["error"] == "simulated interruption"
+    assert status["resume"] == f"pflkit run --resume {tmp_path / 'cut'}"
     resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
     assert records(tmp_path / "cut") == records(tmp_path / "full")
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
+import shlex
 import logging
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import tomli_w
 
-from .config import ConfigError, load_config, to_dict
+from .config import load_config, to_dict
 
 EPILOG = """\b
 Examples:
@@ -22,11 +24,16 @@ Examples:
 """
 
 
+_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*=")
+
+
 def _split(args: tuple[str, ...]) -> tuple[str | None, list[str]]:
+    """One CONFIG.toml and key=value overrides; a path whose folder names hold ``=`` (a sweep
+    cell's ``results/sp/fedala.p=2/config.toml``) is the config, not an override."""
     config = None
     overrides = []
     for arg in args:
-        if "=" in arg:
+        if _OVERRIDE.match(arg) and not (arg.endswith(".toml") and Path(arg).is_file()):
             overrides.append(arg)
         elif config is None:
             config = arg
@@ -47,6 +54,12 @@ def fail(exc: BaseException) -> None:
     sys.exit(2)
 
 
+def interrupted(exc: KeyboardInterrupt, resume: str) -> None:
+    reason = str(exc) or "interrupted (Ctrl-C)"
+    click.echo(f"\n{reason}: the rounds up to the last checkpoint are kept; continue with: {resume}", err=True)
+    sys.exit(130)
+
+
 @click.group()
 @click.version_option(package_name="pflkit")
 @click.option("--debug", is_flag=True, help="show the traceback of errors instead of one line")
@@ -64,20 +77,20 @@ def main(debug: bool) -> None:
 @click.option("--quiet", is_flag=True, help="no progress bars")
 def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: bool) -> None:
     """Run an experiment: [CONFIG.toml] [key=value ...] (no CONFIG: the digits demo)."""
+    from .federation import RunInterrupted, stop_on_signals
     from .run.experiment import resume_experiment, run_experiment
 
     try:
-        if resume is not None:
-            if args or out:
-                raise click.UsageError("--resume takes no CONFIG, overrides or --out: the folder's config is used")
-            resume_experiment(resume, progress=not quiet, echo=click.echo)
-            return
-        config_path, overrides = _split(args)
-        config = load_config(config_path, overrides)
-        if out is None:
-            stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-            out = Path("results") / f"{config.name}-{stamp}"
-        run_experiment(config, out, progress=not quiet, echo=click.echo)
+        with stop_on_signals():
+            if resume is not None:
+                if args or out:
+                    raise click.UsageError("--resume takes no CONFIG, overrides or --out: the folder's config is used")
+                resume_experiment(resume, progress=not quiet, echo=click.echo)
+                return
+            config_path, overrides = _split(args)
+            run_experiment(load_config(config_path, overrides), out, progress=not quiet, echo=click.echo)
+    except RunInterrupted as exc:
+        interrupted(exc, f"pflkit run --resume {exc.folder}")
     except USER_ERRORS as exc:
         fail(exc)
 
@@ -89,7 +102,7 @@ def config(args: tuple[str, ...]) -> None:
     try:
         config_path, overrides = _split(args)
         click.echo(tomli_w.dumps(to_dict(load_config(config_path, overrides))), nl=False)
-    except ConfigError as exc:
+    except USER_ERRORS as exc:
         fail(exc)
 
 
@@ -179,13 +192,23 @@ def download(name: str, data_dir: Path) -> None:
 def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
     """Run CONFIG (optional) over every combination of the KEY=[v1,v2,...] overrides; finished
     cells are skipped and an interrupted one resumes when the same command runs again."""
+    from .federation import stop_on_signals
     from .run.sweep import run_sweep
 
-    config, overrides = _split(args)
+    words = " ".join(shlex.quote(w) for w in ["pflkit", "sweep", *args, "--out", str(out)])
     try:
-        run_sweep(config, overrides, out, metric=metric, progress=not quiet, echo=click.echo)
+        config, overrides = _split(args)
+        with stop_on_signals():
+            record = run_sweep(config, overrides, out, metric=metric, progress=not quiet, echo=click.echo)
+    except KeyboardInterrupt as exc:
+        interrupted(exc, f"the same command ({words}): finished cells are kept and the interrupted one resumes")
     except USER_ERRORS as exc:
         fail(exc)
+    failed = [cell for cell in record["cells"] if "error" in cell]
+    if failed:
+        click.echo(f"error: {len(failed)} of {len(record['cells'])} cells failed ({', '.join(c['folder'] for c in failed)})"
+                   f"; their errors are above, in {out / 'sweep.md'} and in each cell's run.json", err=True)
+        sys.exit(1)
 
 
 @main.command()
@@ -201,8 +224,6 @@ def report(folders: tuple[Path, ...], out: Path, name: str, title: str, intro: P
     method mean ± std of the summary metrics, the paper's numbers where the config names its
     table (paper_table), time to accuracy, cost per round and every figure. The command that made
     the report stands at its top."""
-    import shlex
-
     from .run.report import build_report
 
     words = ["report", *map(str, folders), "--out", str(out)]
@@ -255,7 +276,8 @@ def plot_ala_command(run: Path, seed: int | None, client: int | None) -> None:
 @click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--client", type=int, required=True, help="a client listed in the run's trace.clients")
 @click.option("--seed", type=int, default=None, help="run seed (default: the first)")
-@click.option("--grid", default=15, show_default=True, help="loss-surface lattice points per axis")
+@click.option("--grid", type=click.IntRange(min=2), default=15, show_default=True,
+              help="loss-surface lattice points per axis")
 def plot_trajectory_command(run: Path, client: int, seed: int | None, grid: int) -> None:
     """A traced client's models over the rounds on their PCA plane, over its loss surface."""
     from .run.trajectory import trajectory_picture
@@ -272,7 +294,8 @@ def plot_trajectory_command(run: Path, client: int, seed: int | None, grid: int)
 @click.option("--algorithm", default="sosicfl", show_default=True, help="sosicfl, sosicfl_all or sosicfl_plus")
 @click.option("--seed", type=int, default=None, help="run seed (default: the first)")
 @click.option("--clients", default=None, help="comma-separated client ids (default: one per cluster, at most 3)")
-@click.option("--points", default=2000, show_default=True, help="uniform simplex points of the landscape")
+@click.option("--points", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="uniform simplex points of the landscape")
 def plot_simplex(run: Path, algorithm: str, seed: int | None, clients: str | None, points: int) -> None:
     """SosicFL's clients on the simplex (clusters, subregions) and their accuracy landscape."""
     from .run.simplex_report import simplex_pictures

@@ -128,6 +128,22 @@ class BaseConfig(BaseModel):
         "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
         "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if name in (".", "..") or any(c in name for c in "/\\\0") or len(name) > 100:
+            raise ValueError("must be a plain folder name (no path separators, not '.' or '..', at most 100 "
+                             "characters): it names the default results folder results/<name>-<timestamp>")
+        return name
+
+    @model_validator(mode="after")
+    def _data_dir_is_read(self) -> "BaseConfig":
+        if self.data_dir and self.dataset not in FILE_DATASETS:
+            raise ValueError(f"data_dir is set ({self.data_dir!r}) but dataset = {self.dataset!r} reads no files "
+                             f"(it is built in); set the dataset that lives there (e.g. dataset=mnist), or drop "
+                             "data_dir")
+        return self
+
     @field_validator("paper_table")
     @classmethod
     def _known_paper_table(cls, name: str | None) -> str | None:
@@ -333,10 +349,16 @@ def build_config(data: Mapping[str, Any], source: str = "config") -> BaseConfig:
 def read_toml(path: str | Path) -> dict[str, Any]:
     """A config file's table, with errors naming the file."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} is not a file")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}): TOML files are UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 

@@ -4,11 +4,13 @@ driver, the set-up of a config, the experiment loop, results folders and checkpo
 from .checkpoint import Checkpointer, load_checkpoint, save_checkpoint
 from .driver import Callback, RoundDriver, RoundPlan, RunState, sample_clients
 from .evaluation import GlobalEvaluation
-from .results import MetricsWriter, ResultsFolder
-from .runner import Executor, SeedSetup, run_all
+from .results import FolderBusyError, MetricsWriter, ResultsFolder, folder_lock
+from .runner import Executor, RunInterrupted, SeedSetup, run_all
+from .stopping import signals_deferred, stop_on_signals
 from .setup import build_partitions, initial_params, partition_dataset, partition_seed, partition_spec, resolve_device
 
 __all__ = ["Checkpointer", "load_checkpoint", "save_checkpoint", "Callback", "RoundDriver", "RoundPlan", "RunState",
-           "sample_clients", "GlobalEvaluation", "MetricsWriter", "ResultsFolder", "Executor", "SeedSetup", "run_all",
+           "sample_clients", "GlobalEvaluation", "MetricsWriter", "ResultsFolder", "FolderBusyError", "folder_lock", "Executor",
+           "RunInterrupted", "SeedSetup", "run_all", "stop_on_signals", "signals_deferred",
            "build_partitions", "initial_params", "partition_dataset", "partition_seed", "partition_spec",
            "resolve_device"]

@@ -12,11 +12,18 @@ from ..functional import to_device
 from ..algorithms import Algorithm
 from .driver import RunState
 from .state_store import DiskStateStore
+from .stopping import signals_deferred
 
 
 def save_checkpoint(path: Path, state: RunState) -> None:
     """Write ``state`` atomically. With the disk store the clients stay in their files: they are
-    fsync'ed first, the checkpoint names their versions, and versions it no longer needs go."""
+    fsync'ed first, the checkpoint names their versions, and versions it no longer needs go.
+    Ctrl-C and SIGTERM wait until it is written."""
+    with signals_deferred():
+        _save_checkpoint(path, state)
+
+
+def _save_checkpoint(path: Path, state: RunState) -> None:
     raw = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
     store = state.clients if isinstance(state.clients, DiskStateStore) else None
     if store is not None:
@@ -86,5 +93,6 @@ class TraceWriter:
                     params = params[0]
                 path = folder / f"client{client}-round{state.rounds_done}.pt"
                 tmp = path.with_name(path.name + ".tmp")
-                torch.save({k: v.detach().cpu() for k, v in dict(params).items()}, tmp)
-                os.replace(tmp, path)
+                with signals_deferred():
+                    torch.save({k: v.detach().cpu() for k, v in dict(params).items()}, tmp)
+                    os.replace(tmp, path)

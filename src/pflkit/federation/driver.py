@@ -227,6 +227,11 @@ class RoundDriver:
         results = [r for r in results if r.client_id in trained]  # eval-only clients change nothing
         if not plan.train:
             record = self._record(state, self.rounds, evaluated, plan)
+            # the final evaluation pass is waited for too (and may run ALA's start phase first)
+            record["final_pass_seconds"] = time.perf_counter() - plan.started
+            init = [r.metrics["init_seconds"] for r in results if "init_seconds" in r.metrics]
+            if init:
+                record["final_pass_init_seconds"] = float(np.sum(init))
             state.pending = None
             state.done = True
             state.history.append(record)

@@ -9,17 +9,25 @@
                       minimum enforced, any fallback) and each client's train/test class counts
     plots/            accuracy.png, partition-seed<k>.png
     checkpoints/      <algorithm>-seed<k>.pt, the latest state of each run (for --resume)
+    .lock             held (``flock``) by the process that writes the folder: a second one is refused
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import os
 import socket
 import tomllib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; folders are not guarded there
+    fcntl = None  # type: ignore[assignment]
 
 import tomli_w
 
@@ -35,9 +43,48 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+LOCK_FILE = ".lock"
+
+
+class FolderBusyError(RuntimeError):
+    """Another process holds the results folder."""
+
+
+@contextmanager
+def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
+    """Hold ``root``'s lock for the block; while another process holds it, refuse with its pid and
+    host. The kernel drops the lock when its holder dies, so a killed run never blocks a resume."""
+    root.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            raise FolderBusyError(f"{what} {root} is in use by {holder}: wait until it ends (or stop it), "
+                                  "or choose another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pflkit pid {os.getpid()} on host {socket.gethostname()} since "
+                      f"{dt.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def config_digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class ResultsFolder:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+
+    def locked(self) -> Any:
+        """Context manager: this process alone writes the folder (see :func:`folder_lock`)."""
+        return folder_lock(self.root)
 
     @property
     def config_path(self) -> Path:
@@ -64,14 +111,15 @@ class ResultsFolder:
 
     def create(self, config: Mapping[str, Any]) -> None:
         """Start a new folder; refuse one that already holds files."""
-        if self.root.exists() and any(self.root.iterdir()):
+        if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
             raise FileExistsError(f"results folder {self.root} already exists and is not empty; "
                                   f"use --resume {self.root} to continue it, or choose another --out")
         (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.plots.mkdir(exist_ok=True)
-        _atomic_write_text(self.config_path, tomli_w.dumps(dict(config)))
+        text = tomli_w.dumps(dict(config))
+        _atomic_write_text(self.config_path, text)
         self.metrics_path.touch()
-        self.set_status("running")
+        self.set_status("running", config_sha256=config_digest(text))
 
     def start_or_resume(self, config: Mapping[str, Any]) -> bool:
         """Create the folder for ``config``; or, when it holds an unfinished run of the same
@@ -90,8 +138,15 @@ class ResultsFolder:
         return True
 
     def set_status(self, status: str, **extra: Any) -> None:
+        """Rewrite run.json (the digest of the config the run started with is kept)."""
+        kept = {}
+        if "config_sha256" not in extra and (self.root / "run.json").is_file():
+            try:
+                kept = {"config_sha256": self.status()["config_sha256"]}
+            except (RuntimeError, KeyError):
+                pass
         info = {"status": status, "pflkit_version": __version__, "host": socket.gethostname(), "pid": os.getpid(),
-                "updated": dt.datetime.now().isoformat(timespec="seconds"), **extra}
+                "updated": dt.datetime.now().isoformat(timespec="seconds"), **kept, **extra}
         _atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
 
     def status(self) -> dict[str, Any]:
@@ -116,6 +171,11 @@ class ResultsFolder:
                                "resume it with that version, or start a new run")
         if not self.config_path.is_file():
             raise FileNotFoundError(f"{self.root} has no config.toml: it cannot be resumed")
+        digest = status.get("config_sha256")
+        if digest is not None and digest != config_digest(self.config_path.read_text(errors="replace")):
+            raise RuntimeError(f"{self.config_path} was edited after the run started, so its checkpoints and "
+                               "metrics belong to another config: restore the file, or start a new run with the "
+                               f"edited config (pflkit run {self.config_path} --out NEW_FOLDER)")
 
     def append_record(self, record: Mapping[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:

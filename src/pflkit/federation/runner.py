@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ from .driver import Callback, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
 from .state_store import DiskStateStore
+from .stopping import reset_stop, stop_reason
 
 
 @dataclass
@@ -94,6 +96,7 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
             callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Every algorithm x seed of ``config`` (continuing from the folder's checkpoints); returns
     the summary, written last with the status ``complete`` (``failed`` with the error otherwise)."""
+    reset_stop()
     try:
         train = TrainSettings.from_config(config)
         histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -127,7 +130,11 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                     if store is None:
                         raise RuntimeError(f"checkpoint {ckpt} keeps its clients on disk but this run does not "
                                            "(state_store changed)")
-                    state.clients = store.restore(state.client_store)
+                    try:
+                        state.clients = store.restore(state.client_store)
+                    except FileNotFoundError as exc:
+                        raise FileNotFoundError(f"{exc}. Copy them back, or delete {ckpt} to run {name} seed {seed} "
+                                                "again from round 0") from None
                 if not state.done:
                     bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
                                disable=not progress, leave=True, dynamic_ncols=True)
@@ -158,6 +165,20 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
         results.write_summary(summary)
         results.set_status("complete")
     except BaseException as exc:
+        # a stop signal that landed inside a C++ call (torch.save) surfaces as another exception
+        if isinstance(exc, KeyboardInterrupt) or stop_reason() is not None:
+            reason = stop_reason() or str(exc) or "interrupted (Ctrl-C)"
+            results.set_status("interrupted", error=reason, resume=f"pflkit run --resume {results.root}")
+            raise RunInterrupted(reason, results.root) from None
         results.set_status("failed", error=f"{type(exc).__name__}: {exc}")
         raise
     return summary
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a run; its folder (``folder``) is marked ``interrupted`` and
+    continues from its last checkpoints with ``pflkit run --resume``."""
+
+    def __init__(self, reason: str, folder: Path) -> None:
+        super().__init__(reason)
+        self.reason, self.folder = reason, folder

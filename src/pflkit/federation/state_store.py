@@ -148,9 +148,9 @@ class DiskStateStore(MutableMapping[int, State]):
         self._unsynced.clear()
         missing = [c for c, v in self.versions.items() if not self._path(c, v).is_file()]
         if missing:
-            raise RuntimeError(f"the checkpoint names client state files that are missing in {self.folder} "
-                               f"(clients {missing[:5]}{'...' if len(missing) > 5 else ''}); the results folder "
-                               "is damaged")
+            raise FileNotFoundError(f"the checkpoint names client state files that are missing in {self.folder} "
+                                    f"(clients {missing[:5]}{'...' if len(missing) > 5 else ''}): files were deleted "
+                                    "or the results folder was copied without its states/ folder")
         self.prune()
         return self
 

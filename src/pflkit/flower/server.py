@@ -131,12 +131,13 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     check_flower_config(config)
     results = ResultsFolder(out)
     config_dict = to_dict(config)
-    if results.start_or_resume(config_dict):
-        log.info("continuing the unfinished run in %s from its checkpoints", results.root)
-        results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
-        results.set_status("running")
-    executor = FlowerExecutor(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
-                              wait_seconds)
-    summary = run_all(config, results, executor, progress=False)
+    with results.locked():
+        if results.start_or_resume(config_dict):
+            log.info("continuing the unfinished run in %s from its checkpoints", results.root)
+            results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
+            results.set_status("running")
+        executor = FlowerExecutor(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
+                                  wait_seconds)
+        summary = run_all(config, results, executor, progress=False)
     log.info("\n%s\nresults: %s", format_table(summary), results.root)
     return summary

@@ -7,6 +7,9 @@ Definitions (see docs/metrics.md):
   final_*               value at the last round T
   mean_seconds_per_round  mean wall-clock of training rounds 1..T (local init incl. ALA,
                         evaluation, training, aggregation; not checkpoint I/O)
+  seconds_per_round     every pass a user waits for (the T training rounds and the final
+                        evaluation pass, where a one-round run meets ALA's start phase) over T
+  init_seconds_per_round  the local initialisation's part of it (ALA), summed over clients
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ RUN_METRICS = ("best_accuracy", "final_accuracy", "best_mean_client_accuracy", "
                "mean_seconds_per_round")
 
 
+def summary_metrics() -> set[str]:
+    """The numbers a summary may hold per method (each with its ``_std``): what ``--metric`` may name."""
+    return {"final_std_client_accuracy", "mean_seconds_per_round", "seconds_per_round", "init_seconds_per_round",
+            *(f"{kind}_{key}" for key in (*HIGHER_IS_BETTER, *LOWER_IS_BETTER) for kind in ("best", "final")),
+            *(f"mean_{key}" for key in PER_ROUND_COSTS)}
+
+
 def run_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``best_<m>`` and ``final_<m>`` of every metric the run recorded, and the mean round time."""
     evaluated = [r for r in history if "accuracy" in r]
@@ -47,6 +57,12 @@ def run_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         values = [r[key] for r in history if key in r]
         if values:
             out[f"best_{key}"], out[f"final_{key}"] = min(values), values[-1]
+    final = history[-1] if history else {}
+    if seconds and "final_pass_seconds" in final and last["round"] > 0:
+        rounds = last["round"]
+        out["seconds_per_round"] = (sum(seconds) + final["final_pass_seconds"]) / rounds
+        init = sum(r.get("init_seconds", 0.0) for r in history) + final.get("final_pass_init_seconds", 0.0)
+        out["init_seconds_per_round"] = init / rounds
     for key in PER_ROUND_COSTS:
         values = [r[key] for r in history if key in r]
         if values:
@@ -108,6 +124,12 @@ def time_to_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, A
     return out
 
 
+def round_seconds(entry: Mapping[str, Any]) -> float:
+    """Seconds per round with every pass counted (``seconds_per_round``); runs recorded before the
+    final pass was timed give their training rounds' mean."""
+    return float(entry.get("seconds_per_round", entry.get("mean_seconds_per_round", math.nan)))
+
+
 def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
     """A plain-text table of the summary (accuracies in %); global-model and local-test columns
     appear when a run recorded them."""
@@ -125,7 +147,7 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
                 ("best global client-dist acc %", "best_global_client_accuracy")]
     columns += [c for c in optional if any(c[1] in e for e in summary.values())]
     header = ["algorithm", *(name for name, _ in columns), "s/round"]
-    rows = [[alg, *(pct(e, key) for _, key in columns), f"{e['mean_seconds_per_round']:.3f}"]
+    rows = [[alg, *(pct(e, key) for _, key in columns), f"{round_seconds(e):.3f}"]
             for alg, e in summary.items()]
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
     line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731

@@ -7,6 +7,8 @@ on the configured engine.
 
 from __future__ import annotations
 
+import datetime as dt
+import itertools
 import logging
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -51,7 +53,7 @@ class Simulator:
         test = data.global_test
         evaluation = None if test is None else GlobalEvaluation(
             model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
-            self.train.eval_batch_size, threads=self.config.threads * getattr(self.engine, "workers", 1))
+            self.train.eval_batch_size, workers=getattr(self.engine, "workers", 1))
         return SeedSetup(init, model.units(), summaries, pseed, data.partition_record(),
                          f"{self.config.dataset}: {kind} partition, {self.config.num_clients} clients (seed {pseed})",
                          evaluation)
@@ -76,13 +78,14 @@ def simulate(setup: RoundSetup, engine: Engine, driver: RoundDriver, state: RunS
     return state
 
 
-def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
+def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool = False, progress: bool = True,
                    echo: Callable[[str], None] = print, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Run (or, with ``resume``, continue) ``config`` into folder ``out``; return the summary.
 
-    ``callbacks`` see every record after the results folder did (tests stop runs with them).
+    ``out=None``: a new folder ``results/<name>-<timestamp>`` (``-2``, ``-3``... when another
+    run took that name first). The folder is locked while the run writes it: a second process
+    is refused. ``callbacks`` see every record after the results folder did (tests stop runs with them).
     """
-    results = ResultsFolder(out)
     torch.set_num_threads(config.threads)
     device = resolve_device(config.device)
     # Data and model problems surface before the results folder is created.
@@ -92,20 +95,38 @@ def run_experiment(config: BaseConfig, out: str | Path, *, resume: bool = False,
     units = initial_params(config, first, config.seeds[0], device)[0].units()
     for name in config.algorithms:  # settings that do not fit the model (fedala.p) fail here
         build_algorithm(name, config.algorithm_sections(), train, units)
-    if resume:
-        results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
-        results.set_status("running")
-    else:
-        results.create(to_dict(config))
-    engine = build_engine(config.engine, workers=config.workers, device=device.type)
-    try:
-        summary = run_all(config, results, Simulator(config, partitions, engine, device), progress=progress,
-                          callbacks=callbacks)
-    finally:
-        engine.close()
+    results = ResultsFolder(out if out is not None else new_results_folder(config.name))
+    with results.locked():
+        if resume:
+            results.check_resumable()
+            results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
+            results.set_status("running")
+        else:
+            results.create(to_dict(config))
+        engine = build_engine(config.engine, workers=config.workers, device=device.type)
+        try:
+            summary = run_all(config, results, Simulator(config, partitions, engine, device), progress=progress,
+                              callbacks=callbacks)
+        finally:
+            engine.close()
     echo(format_table(summary))
     echo(f"results: {results.root}")
     return summary
+
+
+def new_results_folder(name: str, parent: Path = Path("results")) -> Path:
+    """A folder no other run has: ``<parent>/<name>-<timestamp>``, created here (atomically, so
+    two runs started in the same second get two folders)."""
+    stem = f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    parent.mkdir(parents=True, exist_ok=True)
+    for k in itertools.count(1):
+        folder = parent / (stem if k == 1 else f"{stem}-{k}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def resume_experiment(out: str | Path, **kwargs: Any) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 from ..config import load_config
 from ..federation import ResultsFolder
 from ..reporting import summarize
+from ..reporting.summary import round_seconds
 from ..reporting.paper import paper_cell
 
 #: Summary metrics of the main table (shown where a run recorded them), accuracies in %.
@@ -50,7 +51,7 @@ def run_section(folder: Path) -> Section:
     config = load_config(results.config_path)
     section = Section(f"{config.name} ({folder.name})")
     if results.summary_path.is_file():
-        summary: dict[str, Any] = json.loads(results.summary_path.read_text())
+        summary: dict[str, Any] = _read_json(results.summary_path)
     else:
         summary = finished_part(results, config.rounds)
         seeds = {m: sorted(int(s) for s in e["seeds"]) for m, e in summary.items()}
@@ -62,13 +63,14 @@ def run_section(folder: Path) -> Section:
         f"join ratio {config.join_ratio}, {config.rounds} rounds, seeds {config.seeds}, test set {config.test_set}; "
         f"metrics in %{' (mean ± std over seeds)' if multi else ''}.")
     columns = [(name, key) for name, key in MAIN_COLUMNS if any(key in e for e in summary.values())]
-    header = ["method", *(n for n, _ in columns), "s/round", "values down+up / client / round", "MB / round"]
+    header = ["method", *(n for n, _ in columns), "s/round", "init (ALA) s/round", "values down+up / client / round",
+              "MB / round"]
     rows = []
     for method, entry in summary.items():
         floats = entry.get("mean_down_floats_per_client", math.nan) + entry.get("mean_up_floats_per_client", math.nan)
         megabytes = (entry.get("mean_down_bytes", math.nan) + entry.get("mean_up_bytes", math.nan)) / 1e6
         rows.append([method, *(_pct(entry, key, multi) for _, key in columns),
-                     f"{entry.get('mean_seconds_per_round', math.nan):.3f}",
+                     f"{round_seconds(entry):.3f}", f"{entry.get('init_seconds_per_round', math.nan):.3f}",
                      "-" if math.isnan(floats) else f"{floats:,.0f}",
                      "-" if math.isnan(megabytes) else f"{megabytes:.2f}"])
     section.tables.append(("results", header, rows))
@@ -106,6 +108,25 @@ def run_section(folder: Path) -> Section:
     return section
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    """A summary.json or sweep.json: a JSON object, or an error naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not the object pflkit writes: "
+                         "the folder is damaged or was not written by pflkit")
+    return data
+
+
+def portable(word: str) -> str:
+    """An override as a report shows it: the dataset folder as ``DIR`` (never a path of the
+    machine that made the report)."""
+    key, _, _ = word.partition("=")
+    return f"{key}=DIR" if key in ("data_dir", "pretrained") else word
+
+
 def finished_part(results: ResultsFolder, rounds: int) -> dict[str, Any]:
     """The summary of an unfinished run over its finished (method, seed) runs: those whose
     metrics hold the final evaluation (round ``rounds``)."""
@@ -131,21 +152,27 @@ def cost_table(summary: dict[str, Any], cell: dict[str, Any]) -> tuple[str, list
         floats = entry.get("mean_down_floats_per_client", math.nan) + entry.get("mean_up_floats_per_client", math.nan)
         units = f"{floats / sigma:.2f}Σ" if sigma and not math.isnan(floats) else f"{floats:,.0f} values"
         minutes, formula = cell["cost"].get(method, (math.nan, "-"))
-        rows.append([method, f"{entry.get('mean_seconds_per_round', math.nan) / 60:.2f}",
+        rows.append([method, f"{round_seconds(entry) / 60:.2f}",
                      "-" if math.isnan(minutes) else f"{minutes:.2f}", units, formula])
     return (f"cost beside the paper: {cell['source']}",
             ["method", "min/round", "paper min/iter", "sent per client and round", "paper"], rows)
 
 
 def sweep_section(folder: Path) -> Section:
-    record = json.loads((folder / "sweep.json").read_text())
+    record = _read_json(folder / "sweep.json")
+    fixed = [portable(w) for w in record["fixed"]]
     section = Section(f"sweep {folder.name}: {', '.join(a['key'] for a in record['axes'])}")
-    section.text.append(f"config {record['config'] or '(defaults)'}, fixed {' '.join(record['fixed']) or '-'}; "
-                        f"metric {record['metric']}.")
+    section.text.append(f"config {record['config'] or '(defaults)'}, fixed {' '.join(fixed) or '-'}; "
+                        f"metric {record['metric']}" + ("; DIR: the dataset's folder." if fixed != record["fixed"]
+                                                        else "."))
     axes = [f"{a['key']}={json.dumps(a['values'], separators=(',', ':'))}" for a in record["axes"]]
-    words = [*([record["config"]] if record["config"] else []), *record["fixed"], *axes]
+    words = [*([record["config"]] if record["config"] else []), *fixed, *axes]
     section.text.append("command: pflkit sweep " + " ".join(shlex.quote(w) for w in words)
                         + f" --metric {record['metric']} --out {shlex.quote(folder.name)}")
+    failed = [c for c in record["cells"] if "error" in c]
+    if failed:
+        section.text.append(f"**{len(failed)} cell(s) failed**: " + "; ".join(f"{c['folder']}: {c['error']}"
+                                                                           for c in failed))
     lines = (folder / "sweep.md").read_text().strip().splitlines()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     section.tables.append(("sweep", cells[0], cells[2:]))
@@ -169,7 +196,7 @@ def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> tuple[str
     others = [a["key"] for a in record["axes"] if a["key"] != key]
     rows = []
     for c in record["cells"]:
-        entry = c["summary"].get(sweep["algorithm"])
+        entry = c.get("summary", {}).get(sweep["algorithm"])
         if entry is None:
             continue
         value = c["values"][key]
@@ -188,7 +215,8 @@ def _header(title: str, command: str | None, intro: str | None) -> list[str]:
     if command:
         lines += ["Generated by:", "", "```bash", command, "```", "",
                   "Every run below is reproduced by `pflkit run <its folder>/config.toml` (the resolved config "
-                  "it ran with), every sweep by the `pflkit sweep` command in its section.", ""]
+                  "it ran with; add `data_dir=DIR` where the dataset lives elsewhere), every sweep by the "
+                  "`pflkit sweep` command in its section.", ""]
     if intro:
         lines += [intro.strip(), ""]
     return lines
@@ -243,6 +271,9 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, name: str = "r
     ``command``, the one that made the report, and the Markdown text ``intro`` stand at the top."""
     if not paths:
         raise ValueError("pflkit report needs at least one results or sweep folder")
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise ValueError(f"--name {name!r} must be a plain file name (no folders): the report is written as "
+                         "<--out>/<name>.md and <name>.html")
     sections = []
     for path in map(Path, paths):
         if (path / "sweep.json").is_file():

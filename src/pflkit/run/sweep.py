@@ -8,6 +8,7 @@ a config with a ``[sweep]`` table of such keys (``"fedala.p" = [1, 2]`` or ``[sw
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import tomllib
@@ -16,12 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
 from tqdm.auto import tqdm
 
+from ..algorithms import TrainSettings, build_algorithm
 from ..config import BaseConfig, ConfigError, ExperimentConfig, load_config, parse_override, read_toml, to_dict
-from ..federation import ResultsFolder
+from ..data import load_dataset
+from ..federation import (ResultsFolder, build_partitions, folder_lock, initial_params, partition_dataset,
+                          partition_seed)
 from ..federation.driver import Callback
 from ..reporting import plot_sweep
+from ..reporting.summary import round_seconds, summary_metrics
 from .experiment import run_experiment
 
 
@@ -73,13 +79,21 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
+#: Longest folder name of a cell; longer ones are cut and end in a hash of the whole name.
+MAX_CELL_NAME = 120
+
+
 def cell_name(assignment: Sequence[tuple[str, Any]]) -> str:
-    """A folder name from the cell's values: ``fedala.p=2,fedala.sample_fraction=0.1``."""
+    """A folder name from the cell's values: ``fedala.p=2,fedala.sample_fraction=0.1`` (cut to
+    ``MAX_CELL_NAME`` characters plus a hash of the whole when the values are long)."""
     parts = []
     for key, value in assignment:
         text = json.dumps(value, separators=(",", ":")) if isinstance(value, (list, dict)) else str(value)
-        parts.append(f"{key}={text}".replace("/", "_").replace(" ", ""))
-    return ",".join(parts)
+        parts.append(f"{key}={text}".replace("/", "_").replace("\\", "_").replace(" ", "").replace("\0", ""))
+    name = ",".join(parts)
+    if len(name) > MAX_CELL_NAME:
+        name = f"{name[:MAX_CELL_NAME - 9]}~{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
 
 
 def plan_sweep(config_path: str | None, overrides: Sequence[str]
@@ -93,45 +107,106 @@ def plan_sweep(config_path: str | None, overrides: Sequence[str]
     from_file = [f"{k}={json.dumps(v)}" for k, v in _flatten(listed)]
     fixed, axes = split_axes([*from_file, *overrides])
     cells = []
+    seen: dict[str, list[tuple[str, Any]]] = {}
     for values in itertools.product(*(a.values for a in axes)):
         assignment = [(a.key, v) for a, v in zip(axes, values)]
         items = [*fixed, *(f"{k}={json.dumps(v)}" for k, v in assignment)]
-        cells.append((assignment, load_config(config_path, items, data=data)))
+        try:
+            config = load_config(config_path, items, data=data)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
+        resolved = json.dumps(to_dict(config), sort_keys=True)
+        if resolved in seen:
+            raise ConfigError(f"sweep cells {cell_name(seen[resolved])} and {cell_name(assignment)} are the same "
+                              "config (equal values such as 1 and 1.0 in one list): list each value once")
+        seen[resolved] = assignment
+        cells.append((assignment, config))
+    names = [cell_name(a) for a, _ in cells]
+    if len(set(names)) < len(names):
+        clash = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"two sweep cells get the folder name {clash!r} (values that differ only in '/' or "
+                          "spaces): write the values so that they differ otherwise")
     return fixed, axes, cells
+
+
+def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> None:
+    """Before any cell runs: each cell's data, partition (its first seed) and model fit its
+    algorithms (``fedala.p`` beyond the model's units fails here, not after other cells ran)."""
+    device = torch.device("cpu")
+    datasets: dict[tuple[Any, ...], Any] = {}
+    for assignment, config in cells:
+        try:
+            if config.dataset == "pfllib":
+                config, partitions = build_partitions(config, device)
+                data = next(iter(partitions.values()))
+            else:
+                key = (config.dataset, config.data_dir, config.test_set)
+                if key not in datasets:
+                    datasets[key] = load_dataset(config.dataset, config.data_dir,
+                                                 official_test=config.test_set == "official")
+                data = partition_dataset(config, datasets[key], partition_seed(config, config.seeds[0]), device)
+            units = initial_params(config, data, config.seeds[0], device)[0].units()
+            train = TrainSettings.from_config(config)
+            for name in config.algorithms:
+                build_algorithm(name, config.algorithm_sections(), train, units)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
+
+
+def check_metric(metric: str) -> None:
+    """``--metric`` must name a number of the runs' summaries."""
+    if metric not in summary_metrics():
+        choices = ", ".join(sorted(summary_metrics()))
+        raise ConfigError(f"--metric {metric!r} is not a summary metric; choose from {choices}")
 
 
 def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | Path, *, metric: str = "best_accuracy",
               progress: bool = True, echo: Callable[[str], None] = print,
               callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
-    """Run every cell of the grid under ``parent`` (complete cells are skipped, an interrupted one
-    resumes), then write ``sweep.json``, ``sweep.md`` and ``sweep.png`` (``metric`` against the
-    first axis, one line per algorithm and value of the other axes)."""
+    """Run every cell of the grid under ``parent`` (complete cells are skipped, an interrupted or
+    failed one resumes), then write ``sweep.json``, ``sweep.md`` and ``sweep.png`` (``metric``
+    against the first axis, one line per algorithm and value of the other axes).
+
+    Every cell is checked before the first runs. A cell that fails while running (a NaN loss) is
+    recorded with its error and the sweep goes on; the returned record lists it under ``cells``
+    with an ``error``. The parent folder is locked: a second sweep into it is refused."""
     fixed, axes, cells = plan_sweep(config_path, overrides)
+    check_metric(metric)
+    check_cells(cells)
     parent = Path(parent)
-    parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(cells), desc="sweep", disable=not progress, dynamic_ncols=True)
-    summaries = []
-    for assignment, config in cells:
-        folder = parent / cell_name(assignment)
-        results = ResultsFolder(folder)
-        if results.config_path.is_file() and tomllib.loads(results.config_path.read_text()) != to_dict(config):
-            raise ConfigError(f"sweep cell {folder} was run with another config (the fixed overrides or the config "
-                              "file changed); choose another --out or delete that folder")
-        if results.summary_path.is_file() and results.status().get("status") == "complete":
-            summary = json.loads(results.summary_path.read_text())  # finished: never rerun or overwritten
-        else:
-            resume = results.config_path.is_file()
-            summary = run_experiment(config, folder, resume=resume, progress=False, echo=lambda s: None,
-                                     callbacks=callbacks)
-        summaries.append({"values": dict(assignment), "folder": folder.name, "summary": summary})
-        bar.update(1)
-    bar.close()
-    table = sweep_table(axes, summaries, metric)
-    record = {"config": config_path, "fixed": list(fixed), "axes": [{"key": a.key, "values": a.values} for a in axes],
-              "metric": metric, "cells": summaries}
-    (parent / "sweep.json").write_text(json.dumps(record, indent=2) + "\n")
-    (parent / "sweep.md").write_text(table + "\n")
-    plot_sweep(axes[0].key, [a.key for a in axes[1:]], summaries, metric, parent / "sweep.png")
+    with folder_lock(parent, "sweep folder"):
+        for assignment, config in cells:
+            folder = parent / cell_name(assignment)
+            saved = ResultsFolder(folder).config_path
+            if saved.is_file() and tomllib.loads(saved.read_text()) != to_dict(config):
+                raise ConfigError(f"sweep cell {folder} was run with another config (the fixed overrides or the "
+                                  "config file changed); choose another --out or delete that folder")
+        bar = tqdm(total=len(cells), desc="sweep", disable=not progress, dynamic_ncols=True)
+        summaries = []
+        for assignment, config in cells:
+            folder = parent / cell_name(assignment)
+            results = ResultsFolder(folder)
+            cell: dict[str, Any] = {"values": dict(assignment), "folder": folder.name}
+            try:
+                if results.summary_path.is_file() and results.status().get("status") == "complete":
+                    cell["summary"] = json.loads(results.summary_path.read_text())  # never rerun or overwritten
+                else:
+                    cell["summary"] = run_experiment(config, folder, resume=results.config_path.is_file(),
+                                                     progress=False, echo=lambda s: None, callbacks=callbacks)
+            except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
+                cell["error"] = f"{type(exc).__name__}: {exc}"
+                echo(f"sweep cell {folder.name} failed: {cell['error']}")
+            summaries.append(cell)
+            bar.update(1)
+        bar.close()
+        table = sweep_table(axes, summaries, metric)
+        record = {"config": config_path, "fixed": list(fixed),
+                  "axes": [{"key": a.key, "values": a.values} for a in axes], "metric": metric, "cells": summaries}
+        (parent / "sweep.json").write_text(json.dumps(record, indent=2) + "\n")
+        (parent / "sweep.md").write_text(table + "\n")
+        finished = [c for c in summaries if "summary" in c]
+        if finished:
+            plot_sweep(axes[0].key, [a.key for a in axes[1:]], finished, metric, parent / "sweep.png")
     echo(table)
     echo(f"sweep: {parent}")
     return record
@@ -139,11 +214,17 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
 
 def sweep_table(axes: Sequence[Axis], cells: Sequence[dict[str, Any]], metric: str) -> str:
     """A Markdown table: one row per cell and algorithm, ``metric`` (mean ± std over seeds, in %
-    for accuracies) and the mean seconds per round."""
+    for accuracies), seconds per round (every pass) and the local initialisation's (ALA's) part;
+    a failed cell is one row with its error."""
     percent = "accuracy" in metric
-    header = [*(a.key for a in axes), "algorithm", metric + (" %" if percent else ""), "s/round"]
+    header = [*(a.key for a in axes), "algorithm", metric + (" %" if percent else ""), "s/round", "init s/round"]
     rows = []
     for cell in cells:
+        values = [str(cell["values"][a.key]) for a in axes]
+        if "error" in cell:
+            error = cell["error"].replace("|", "/").replace("\n", " ")
+            rows.append([*values, "-", f"failed: {error[:160]}", "-", "-"])
+            continue
         for algorithm, entry in cell["summary"].items():
             value = entry.get(metric)
             if value is None:
@@ -152,8 +233,7 @@ def sweep_table(axes: Sequence[Axis], cells: Sequence[dict[str, Any]], metric: s
                 scale = 100 if percent else 1
                 shown = f"{scale * value:.2f}" + (f" ± {scale * entry[metric + '_std']:.2f}"
                                                   if entry.get("num_seeds", 1) > 1 else "")
-            rows.append([*(str(cell["values"][a.key]) for a in axes), algorithm, shown,
-                         f"{entry.get('mean_seconds_per_round', float('nan')):.3f}"])
+            rows.append([*values, algorithm, shown, f"{round_seconds(entry):.3f}",
+                         f"{entry.get('init_seconds_per_round', float('nan')):.3f}"])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
