@@ -1,55 +1,244 @@
-"""The package layers import downward only (docs/design.md has the picture)."""
+"""The package layers import downward only (docs/design.md has the picture).
+
+Every module under src/pflkit is scanned, top-level ones (config.py, cli.py, bench*.py) included,
+and every import form is resolved to the pflkit "unit" it reaches (a subpackage, a top-level
+module, or the root package ``pflkit`` itself): ``import pflkit.x``, ``from pflkit.x import y``,
+``from pflkit import x``, and relative imports of any level (``from . import x``,
+``from ..x import y``, ``from .. import x``), resolved against the importing module's package.
+Imports inside functions (lazy imports) count like any other.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "pflkit"
+import pytest
 
-# what each package may import from pflkit (besides itself)
-ALLOWED = {
-    "functional": set(),
+SRC = Path(__file__).resolve().parents[1] / "src" / "pflkit"
+ROOT = "pflkit"  # the root package (src/pflkit/__init__.py: only __version__)
+
+_BASE = {"functional", "models", "data"}
+_CORE = _BASE | {"algorithms"}
+_BELOW_CONFIG = _CORE | {"engines", "personalize", "reporting"}
+_BELOW_FEDERATION = _BELOW_CONFIG - {"reporting"} | {"config"}
+_BELOW_APPS = _BELOW_CONFIG | {"config", "federation"}
+
+# What each unit may import from pflkit besides itself and the root package. Every unit that exists
+# under src/pflkit must have an entry (a new module fails test_every_unit_has_an_allowed_entry).
+ALLOWED: dict[str, set[str]] = {
+    ROOT: set(),                    # the root package imports nothing of pflkit (everyone may import it)
+    # leaves
+    "functional": set(),            # parameter dicts, seeded streams, losses, SGD
     "models": set(),
-    "reporting": set(),
+    "reporting": set(),             # summaries, plots, the papers' tables: knows no other layer
     "data": {"functional"},
     "algorithms": {"functional", "models", "data"},
-    "personalize": {"algorithms", "functional", "models"},
+    # siblings above algorithms: engines do not know ALA, ALA does not know engines
+    "personalize": {"algorithms", "functional", "models", "data"},
     "engines": {"algorithms", "functional", "models", "data"},
-    "federation": {"config", "engines", "algorithms", "functional", "models", "data", "reporting"},
-    "run": {"federation", "config", "engines", "algorithms", "functional", "models", "data", "reporting"},
-    "flower": {"federation", "config", "engines", "algorithms", "functional", "models", "data", "reporting"},
+    # the config schema validates names against the registries below it; `paper_table` is checked
+    # against reporting.paper (config.py, a lazy import in a validator; reporting is a leaf, no cycle)
+    "config": _BELOW_CONFIG,
+    # what both the simulator and Flower need; no summaries or plots (those belong to run/ and flower/)
+    "federation": _BELOW_FEDERATION,  # summaries and figures come in through run_all's `report`
+    # the simulator and Flower: each other's peers, so flower does not import run/ nor run/ flower/
+    "run": _BELOW_APPS,
+    "flower": _BELOW_APPS,
+    # entry points
+    "bench": _BELOW_APPS | {"run"},
+    "bench_scale": _BELOW_APPS | {"run", "bench"},
+    "cli": _BELOW_APPS | {"run", "flower", "bench", "bench_scale"},
 }
 
-
-def imported_packages(path: Path, package: str) -> set[str]:
-    """Top-level pflkit packages a module imports (relative or absolute, at any depth)."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level >= 2 and node.module:  # from ..x import y
-                out.add(node.module.split(".")[0])
-            elif node.level >= 2:  # from .. import x
-                out.update(alias.name for alias in node.names)
-            elif node.level == 0 and node.module and node.module.startswith("pflkit."):
-                out.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("pflkit."))
-    return out - {package}
+def units(src: Path = SRC) -> set[str]:
+    """The root package, every subpackage (run/ is a namespace package: no __init__.py) and every
+    top-level module of ``src``."""
+    subpackages = {p.relative_to(src).parts[0] for p in src.glob("*/**/*.py")}
+    modules = {p.stem for p in src.glob("*.py") if p.stem != "__init__"}
+    return {ROOT} | subpackages | modules
 
 
-def test_every_package_imports_only_the_layers_below_it():
-    violations = []
-    for package, allowed in ALLOWED.items():
-        for path in sorted((SRC / package).rglob("*.py")):
-            for imported in imported_packages(path, package):
-                is_pflkit = (SRC / imported).is_dir() or (SRC / f"{imported}.py").is_file()
-                if is_pflkit and imported not in allowed:
-                    violations.append(f"{path.relative_to(SRC)} imports pflkit.{imported}")
-    assert not violations, "\n".join(violations)
+def module_name(path: Path, src: Path = SRC) -> tuple[str, bool]:
+    """Dotted name of the module at ``path`` and whether it is a package's ``__init__``."""
+    parts = [ROOT, *path.relative_to(src).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
 
 
-def test_the_checker_sees_relative_and_absolute_imports(tmp_path):
-    module = tmp_path / "m.py"
-    module.write_text("from ..engines import x\nfrom pflkit.run import y\nfrom .. import flower\nfrom .own import z\n")
-    assert imported_packages(module, "algorithms") == {"engines", "run", "flower"}
+def unit_of(module: str, known: set[str]) -> str | None:
+    """The pflkit unit a dotted module (or root attribute) name belongs to; None outside pflkit."""
+    parts = module.split(".")
+    if parts[0] != ROOT:
+        return None
+    if len(parts) > 1 and parts[1] in known and parts[1] != ROOT:
+        return parts[1]
+    return ROOT  # `import pflkit`, or a name defined in pflkit/__init__.py (`from pflkit import __version__`)
+
+
+def imported_units(source: str, module: str, is_package: bool, known: set[str]) -> list[tuple[int, str]]:
+    """(line, unit) for every import of a pflkit unit in ``source``, the text of ``module``."""
+    package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                if node.level - 1 >= len(base):
+                    raise ValueError(f"{module}:{node.lineno}: relative import beyond the top-level package")
+                base = base[:len(base) - (node.level - 1)]
+                resolved = ".".join(base + ([node.module] if node.module else []))
+            else:
+                resolved = node.module or ""
+            if resolved == ROOT:  # from pflkit import x / from . import x at the top: x may be a unit
+                targets = [f"{ROOT}.{alias.name}" for alias in node.names]
+            else:
+                targets = [resolved]
+        for target in targets:
+            unit = unit_of(target, known)
+            if unit is not None:
+                out.append((node.lineno, unit))
+    return out
+
+
+def own_unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ROOT
+
+
+def edges(src: Path = SRC) -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) unit pairs of every module under ``src``, with their file:line."""
+    known = units(src)
+    out: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(src.rglob("*.py")):
+        module, is_package = module_name(path, src)
+        own = own_unit(module)
+        for line, unit in imported_units(path.read_text(encoding="utf-8"), module, is_package, known):
+            if unit != own:
+                out.setdefault((own, unit), []).append(f"{path.relative_to(src).as_posix()}:{line}")
+    return out
+
+
+def violations(found: dict[tuple[str, str], list[str]], allowed: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for (importer, imported), where in sorted(found.items()):
+        if imported == ROOT:
+            continue
+        if importer not in allowed:
+            bad.append(f"{importer} has no ALLOWED entry ({', '.join(where)})")
+        elif imported not in allowed[importer]:
+            bad.append(f"{importer} imports pflkit.{imported}: {', '.join(where)}")
+    return bad
+
+
+def test_every_unit_has_an_allowed_entry():
+    assert units() == set(ALLOWED)
+    assert all(imported in ALLOWED for targets in ALLOWED.values() for imported in targets)
+
+
+def test_every_module_imports_only_the_layers_below_it():
+    found = edges()
+    assert not (problems := violations(found, ALLOWED)), "\n".join(problems)
+
+
+def test_the_layering_is_acyclic():
+    order, done = [], set()
+
+    def visit(unit, stack):
+        assert unit not in stack, f"import cycle allowed: {' -> '.join([*stack, unit])}"
+        if unit not in done:
+            for below in sorted(ALLOWED[unit]):
+                visit(below, [*stack, unit])
+            done.add(unit)
+            order.append(unit)
+    for unit in sorted(ALLOWED):
+        visit(unit, [])
+    assert ALLOWED["federation"].isdisjoint({"run", "flower", "cli", "bench", "bench_scale", "reporting"})
+    assert "run" not in ALLOWED["flower"] and "flower" not in ALLOWED["run"]
+    assert "personalize" not in ALLOWED["engines"] and "engines" not in ALLOWED["personalize"]
+
+
+def test_real_edges_are_seen():
+    """Imports the source is known to hold, in several forms, are found (guards a blind scanner)."""
+    found = edges()
+    assert ("config", "personalize") in found  # config.py: `from . import personalize`
+    assert ("data", "functional") in found  # data/partition.py: absolute `from pflkit.functional.streams ...`
+    assert ("federation", ROOT) in found  # federation/results.py: `from .. import __version__`
+    assert ("cli", "bench_scale") in found  # cli.py: a lazy `from .bench_scale import ...`
+
+
+SYNTHETIC = """\
+import os
+import pflkit.run
+import pflkit
+from pflkit.reporting.plots import plot_accuracy
+from pflkit import cli, __version__
+from pflkit.flower import strategy
+from . import bench
+from .. import reporting
+from ..run.experiment import run_experiment
+from ... import data
+from .own import helper
+from . import own as own2
+
+def lazy():
+    from ..bench_scale import ScaleSettings
+"""
+
+
+@pytest.mark.parametrize("module, is_package", [("pflkit.federation.sub.mod", False),
+                                                ("pflkit.federation.sub", True)])
+def test_the_checker_resolves_every_import_form(module, is_package):
+    known = units()
+    # the module's package is pflkit.federation.sub: `.` is it, `..` is pflkit.federation, `...` is pflkit
+    got = imported_units(SYNTHETIC, module, is_package, known)
+    assert got == [(2, "run"), (3, ROOT), (4, "reporting"), (5, "cli"), (5, ROOT), (6, "flower"),
+                   (7, "federation"), (8, "federation"), (9, "federation"), (10, "data"), (11, "federation"),
+                   (12, "federation"), (15, "federation")]
+
+
+def test_the_checker_reports_forbidden_edges_of_every_form(tmp_path):
+    """A fake pflkit tree: federation/ reaching reporting/, run/, flower/, cli and bench_scale by every
+    import form, and a top-level config.py reaching run/ by `from . import run`."""
+    (tmp_path / "__init__.py").write_text("__version__ = '0'\n")
+    for name in ("federation", "reporting", "run", "flower", "engines"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("")
+    for name in ("cli", "bench_scale"):
+        (tmp_path / f"{name}.py").write_text("")
+    fed = tmp_path / "federation"
+    (fed / "a.py").write_text("import pflkit.reporting.plots\n")
+    (fed / "b.py").write_text("from pflkit.run.experiment import x\n")
+    (fed / "c.py").write_text("from pflkit import flower\n")
+    (fed / "d.py").write_text("from .. import cli\n")
+    (fed / "e.py").write_text("from ..bench_scale import y\n")
+    (fed / "f.py").write_text("def g():\n    from ..engines import z\n    from . import a\n    from .. import __version__\n")
+    (fed / "sub").mkdir()
+    (fed / "sub" / "__init__.py").write_text("from ...reporting import summarize\n")
+    (tmp_path / "config.py").write_text("from . import run\n")
+    found = edges(tmp_path)
+    assert found == {("federation", "reporting"): ["federation/a.py:1", "federation/sub/__init__.py:1"],
+                     ("federation", "run"): ["federation/b.py:1"],
+                     ("federation", "flower"): ["federation/c.py:1"],
+                     ("federation", "cli"): ["federation/d.py:1"],
+                     ("federation", "bench_scale"): ["federation/e.py:1"],
+                     ("federation", "engines"): ["federation/f.py:2"],
+                     ("federation", ROOT): ["federation/f.py:4"],
+                     ("config", "run"): ["config.py:1"]}
+    assert violations(found, ALLOWED) == [
+        "config imports pflkit.run: config.py:1",
+        "federation imports pflkit.bench_scale: federation/e.py:1",
+        "federation imports pflkit.cli: federation/d.py:1",
+        "federation imports pflkit.flower: federation/c.py:1",
+        "federation imports pflkit.reporting: federation/a.py:1, federation/sub/__init__.py:1",
+        "federation imports pflkit.run: federation/b.py:1",
+    ]
+
+
+def test_a_relative_import_above_the_top_package_is_an_error():
+    with pytest.raises(ValueError, match="beyond the top-level package"):
+        imported_units("from .... import x\n", "pflkit.federation.mod", False, units())

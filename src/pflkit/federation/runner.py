@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,6 @@ from ..algorithms import ALGORITHMS, Algorithm, ClientSummary, TrainSettings, bu
 from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
-from ..reporting import plot_accuracy, plot_partition, plot_simplex_clusters, summarize, time_to_accuracy
 from .checkpoint import Checkpointer, TraceWriter, load_checkpoint
 from .driver import Callback, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
@@ -92,10 +91,23 @@ def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorith
                           device=device)
 
 
-def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, progress: bool = True,
-            callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+class Report(Protocol):
+    """The figures and the summary of a run (``reporting.RunReport``; federation draws nothing)."""
+
+    def partition(self, counts: np.ndarray, path: Path, title: str) -> None: ...
+
+    def simplex(self, simplex: Mapping[str, Any], path: Path, title: str) -> None: ...
+
+    def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],
+               seeds: Sequence[int], tta_bases: Mapping[str, str], plots: Path, title: str,
+               official: bool) -> dict[str, Any]: ...
+
+
+def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, report: Report, *,
+            progress: bool = True, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Every algorithm x seed of ``config`` (continuing from the folder's checkpoints); returns
-    the summary, written last with the status ``complete`` (``failed`` with the error otherwise)."""
+    the summary (made and drawn by ``report``), written last with the status ``complete``
+    (``failed`` with the error, or ``interrupted`` with the resume command, otherwise)."""
     reset_stop()
     try:
         train = TrainSettings.from_config(config)
@@ -106,9 +118,8 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
             if setup.partition_seed not in plotted:
                 plotted.add(setup.partition_seed)
                 results.write_partition(setup.partition_seed, setup.partition)
-                path = results.plots / f"partition-seed{setup.partition_seed}.png"
-                if not path.exists():
-                    plot_partition(setup.counts, path, setup.partition_title)
+                report.partition(setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png",
+                                 setup.partition_title)
             for name in config.algorithms:
                 algorithm = build_algorithm(name, config.algorithm_sections(), train, setup.units)
                 driver = RoundDriver(algorithm, num_clients=config.num_clients, seed=seed, rounds=config.rounds,
@@ -147,21 +158,11 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, *, p
                                                      MetricsWriter(results), ProgressBar(bar), *tracers, *callbacks])
                 histories[(name, seed)] = state.history
                 if seed == config.seeds[0] and "simplex" in state.server:
-                    simplex = state.server["simplex"]
-                    plot_simplex_clusters(simplex["points"].cpu().numpy(), simplex["assignment"].cpu().numpy(),
-                                          simplex["centers"].cpu().numpy(), simplex["pools"].cpu().numpy(),
-                                          results.plots / f"simplex-{name}.png",
-                                          f"{name}: clients' LDA points and cluster subregions (seed {seed})")
-        summary = summarize(histories, config.algorithms, config.seeds)
-        for method, entries in time_to_accuracy(histories, tta_bases(config.algorithms), config.seeds).items():
-            summary[method].update(entries)
-        title = f"{config.dataset}, {config.partition}, {config.num_clients} clients"
-        plot_accuracy(histories, results.plots / "accuracy.png", title)
-        if config.test_set == "official":
-            plot_accuracy(histories, results.plots / "global_accuracy.png", f"{title}: global model",
-                          metric="global_accuracy", label="global test accuracy (%)")
-            plot_accuracy(histories, results.plots / "local_accuracy.png", f"{title}: local models",
-                          metric="local_accuracy", label="local test accuracy (%)")
+                    report.simplex(state.server["simplex"], results.plots / f"simplex-{name}.png",
+                                   f"{name}: clients' LDA points and cluster subregions (seed {seed})")
+        summary = report.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
+                                results.plots, f"{config.dataset}, {config.partition}, {config.num_clients} clients",
+                                official=config.test_set == "official")
         results.write_summary(summary)
         results.set_status("complete")
     except BaseException as exc:

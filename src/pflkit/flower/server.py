@@ -19,7 +19,7 @@ from ..data import load_dataset
 from ..data.federated import official_split
 from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RoundDriver, RunState, SeedSetup, initial_params,
                           partition_seed, resolve_device, run_all)
-from ..reporting import format_table
+from ..reporting import RunReport, format_table
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
 
@@ -138,6 +138,6 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
             results.set_status("running")
         executor = FlowerExecutor(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
                                   wait_seconds)
-        summary = run_all(config, results, executor, progress=False)
+        summary = run_all(config, results, executor, RunReport(), progress=False)
     log.info("\n%s\nresults: %s", format_table(summary), results.root)
     return summary

@@ -2,7 +2,8 @@
 
 from .plots import (plot_accuracy, plot_ala, plot_partition, plot_simplex_clusters,
                     plot_simplex_landscape, plot_sweep)
+from .run_report import RunReport
 from .summary import RUN_METRICS, format_table, run_metrics, summarize, time_to_accuracy
 
 __all__ = ["plot_accuracy", "plot_ala", "plot_partition", "plot_simplex_clusters", "plot_simplex_landscape",
-           "plot_sweep", "RUN_METRICS", "format_table", "run_metrics", "summarize", "time_to_accuracy"]
+           "plot_sweep", "RunReport", "RUN_METRICS", "format_table", "run_metrics", "summarize", "time_to_accuracy"]

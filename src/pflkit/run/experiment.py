@@ -23,7 +23,7 @@ from ..engines import Engine, RoundSetup, build_engine
 from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RoundDriver, RunState, SeedSetup,
                           build_partitions, initial_params, partition_seed, resolve_device, run_all)
 from ..models import UnitModel
-from ..reporting import format_table
+from ..reporting import RunReport, format_table
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,8 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
             results.create(to_dict(config))
         engine = build_engine(config.engine, workers=config.workers, device=device.type)
         try:
-            summary = run_all(config, results, Simulator(config, partitions, engine, device), progress=progress,
+            summary = run_all(config, results, Simulator(config, partitions, engine, device), RunReport(),
+                              progress=progress,
                               callbacks=callbacks)
         finally:
             engine.close()

@@ -1,0 +1,43 @@
+"""What a results folder shows of its run: figures while it runs, the summary and the accuracy
+curves when it ends. The experiment loop (``federation.run_all``) calls it; it knows nothing of
+results folders or engines, only numbers and paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .plots import plot_accuracy, plot_partition, plot_simplex_clusters
+from .summary import summarize, time_to_accuracy
+
+
+class RunReport:
+    """The figures and summary of one run (the simulator's and Flower's alike)."""
+
+    def partition(self, counts: np.ndarray, path: Path, title: str) -> None:
+        """The clients' label counts (drawn once: a resumed run keeps the first picture)."""
+        if not path.exists():
+            plot_partition(counts, path, title)
+
+    def simplex(self, simplex: Mapping[str, Any], path: Path, title: str) -> None:
+        """SosicFL's clients on the simplex: LDA points, clusters and their subregions."""
+        plot_simplex_clusters(*(np.asarray(simplex[k].cpu()) for k in ("points", "assignment", "centers", "pools")),
+                              path, title)
+
+    def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],
+               seeds: Sequence[int], tta_bases: Mapping[str, str], plots: Path, title: str,
+               official: bool) -> dict[str, Any]:
+        """The summary (mean ± std over seeds, time to accuracy against each method's base) and the
+        accuracy curves (with ``official``: also the global and local models' curves)."""
+        summary = summarize(histories, algorithms, seeds)
+        for method, entries in time_to_accuracy(histories, tta_bases, seeds).items():
+            summary[method].update(entries)
+        plot_accuracy(histories, plots / "accuracy.png", title)
+        if official:
+            plot_accuracy(histories, plots / "global_accuracy.png", f"{title}: global model",
+                          metric="global_accuracy", label="global test accuracy (%)")
+            plot_accuracy(histories, plots / "local_accuracy.png", f"{title}: local models",
+                          metric="local_accuracy", label="local test accuracy (%)")
+        return summary
