@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import pytest
 from click.testing import CliRunner
 
@@ -10,18 +13,49 @@ from pflkit.cli import main
 
 
 def test_scale_bench_reports_cost_memory_and_state_bytes(tmp_path) -> None:
-    settings = ScaleSettings(clients=[4, 8], engines=["parallel"], algorithms=["fedala"], rounds=3, participants=4,
-                             samples=800, measure_limits=False, state_dir=str(tmp_path))
+    settings = ScaleSettings(clients=[4, 8], engines=["parallel", "loop"], algorithms=["fedala"], rounds=3,
+                             participants=4, samples=800, measure_limits=False, state_dir=str(tmp_path))
     report = run_scale_bench(settings, echo=lambda s: None)
+    assert [cell["num_clients"] for cell in report["cells"]] == settings.clients  # one cell per size, in order
     small, large = report["cells"]
-    assert (small["num_clients"], small["join_ratio"], large["join_ratio"]) == (4, 1.0, 0.5)
+    assert (small["join_ratio"], large["join_ratio"]) == (1.0, 0.5)
     assert small["samples_per_client"] == large["samples_per_client"] * 2  # one fixed total of samples
-    run = large["runs"]["fedala/parallel"]
-    assert run["participants"] == 4 and run["samples_per_round"] == 4 * large["samples_per_client"]
-    # every trained client has exactly one state file after the round's checkpoint (older versions pruned)
-    assert 4 <= run["state_files"] <= 8 and run["state_bytes_on_disk"] > run["state_files"] * 4 * 100_000
-    assert small["runs"]["fedala/parallel"]["cost_per_sample_vs_first"] == pytest.approx(1.0)
-    assert large["peak_rss_mb"] > 0 and "fedala/parallel" in format_scale_report(report)
+    assert small["train_samples"] == large["train_samples"] == 8 * large["samples_per_client"]
+    keys = ["fedala/parallel", "fedala/loop"]
+    for cell in report["cells"]:
+        assert list(cell["runs"]) == keys
+        assert math.isfinite(cell["peak_rss_mb"]) and cell["peak_rss_mb"] > 0
+        assert math.isnan(cell["limit_batch10_before"]) and math.isnan(cell["limit_batch10_after"])
+        for key, run in cell["runs"].items():
+            ref = small["runs"][key]  # the same algorithm/engine in the first (smallest) cell
+            seconds = run["round_seconds"]
+            assert len(seconds) == settings.rounds and all(math.isfinite(t) and t > 0 for t in seconds)
+            # fedala's steady state starts at round 3 (round 2 runs ALA's start phase)
+            assert run["median_round_seconds"] == statistics.median(seconds[2:])
+            assert run["participants"] == 4 and run["samples_per_round"] == 4 * cell["samples_per_client"]
+            assert run["seconds_per_1k_samples"] == pytest.approx(
+                1000 * run["median_round_seconds"] / run["samples_per_round"], rel=1e-12)
+            # the cost ratios are against the first cell's run of the same key, recomputed from the timings
+            assert run["cost_per_sample_vs_first"] == pytest.approx(
+                run["seconds_per_1k_samples"] / ref["seconds_per_1k_samples"], rel=1e-12)
+            expected = ref["median_round_seconds"] * run["samples_per_round"] / ref["samples_per_round"]
+            assert run["per_client_overhead_ms"] == pytest.approx(
+                1000 * (run["median_round_seconds"] - expected) / run["participants"], rel=1e-9, abs=1e-9)
+            # no single-model rates were measured: the normalized figures are NaN, not made-up numbers
+            assert math.isnan(run["normalized_round"]) and math.isnan(run["normalized_vs_first"])
+            # every trained client has exactly one state file after the round's checkpoint (older versions
+            # pruned): all 4 clients in the small cell; 4 to 8 (random halves over 3 rounds) in the large one
+            low, high = (4, 4) if cell is small else (4, 8)
+            assert low <= run["state_files"] <= high
+            assert run["state_bytes_on_disk"] > run["state_files"] * 4 * 100_000
+            assert run["cost_per_sample_vs_first"] > 0 and math.isfinite(run["cost_per_sample_vs_first"])
+    # the large cell's ratio is a real quotient of two separately measured timings, not 1 by construction
+    large_run, small_run = large["runs"]["fedala/parallel"], small["runs"]["fedala/parallel"]
+    assert large_run["median_round_seconds"] != small_run["median_round_seconds"]
+    assert large_run["cost_per_sample_vs_first"] != 1.0
+    text = format_scale_report(report)
+    assert all(f"{cell['num_clients']:>7} {key:<16}" in text for cell in report["cells"] for key in keys)
+    assert f"{large_run['cost_per_sample_vs_first']:>8.2f}x" in text
     assert not list(tmp_path.iterdir())  # the temporary state folders are gone
 
 

@@ -20,6 +20,7 @@ except ImportError:  # package not installed: test the source tree
 
 from pflkit.data import (
     DATASETS,
+    PARTITION_METHODS,
     DataError,
     Dataset,
     PartitionError,
@@ -476,13 +477,81 @@ def test_class_counts(mnist_like: np.ndarray) -> None:
     assert counts[0].tolist() == np.bincount(mnist_like[parts[0]], minlength=10).tolist()
 
 
-def test_partition_dispatch(mnist_like: np.ndarray) -> None:
-    direct = partition_pathological(mnist_like, 20, 2, np.random.default_rng(3), balanced=True)
-    via = partition(
-        mnist_like, method="pathological", num_clients=20, rng=np.random.default_rng(3), balanced=True
-    )
-    assert all(np.array_equal(a, b) for a, b in zip(direct, via))
-    with pytest.raises(ValueError, match="kmeans"):
+def _dispatched(labels: np.ndarray, method: str, seed: int = 3, **kw: object) -> tuple[list[np.ndarray], np.ndarray]:
+    """``partition``'s parts (checked disjoint, sorted, non-empty int64) and their class counts."""
+    parts = partition(labels, method=method, num_clients=20, rng=np.random.default_rng(seed), **kw)
+    assert len(parts) == 20
+    for p in parts:
+        assert p.dtype == np.int64 and len(p) > 0 and np.all(np.diff(p) > 0)
+    everything = np.concatenate(parts)
+    assert len(np.unique(everything)) == len(everything)  # disjoint
+    counts = np.stack([np.bincount(labels[p], minlength=10) for p in parts])  # computed here, not by pflkit
+    return parts, counts
+
+
+def _top_share(counts: np.ndarray) -> float:
+    """Mean over clients of the largest class's share of the client's samples (0.1: uniform labels)."""
+    return float((counts.max(1) / counts.sum(1)).mean())
+
+
+@pytest.mark.parametrize("method", PARTITION_METHODS)
+def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
+    """``partition(method=...)`` gives what each method promises, checked on the parts themselves
+    (10 classes x 700 samples, 20 clients), and forwards its keyword arguments."""
+    parts, counts = _dispatched(mnist_like, method)
+    sizes = counts.sum(1)
+    # every method covers the pool here: 7000 = 20 x 350, and pathological's 20 x 2 slots cover 10 classes
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(7000))
+    if method == "iid":
+        assert sizes.max() - sizes.min() <= 1
+        assert np.all(counts > 0) and _top_share(counts) < 0.2  # every label, none dominant (35 +- 6 each)
+    elif method == "dirichlet":
+        assert sizes.min() >= 40  # PFLlib's least_samples: min(10 / 0.25, 7000 / 20 / 2)
+        assert sizes.max() < 350 + 700  # the balance cap: fed until the average, then one class at most
+        skewed, spread = _top_share(counts), _top_share(_dispatched(mnist_like, method, alpha=1000.0)[1])
+        assert skewed > 0.5 and spread < 0.2  # alpha=0.1 concentrates labels; alpha=1000 is near-iid
+        assert (counts > 0).sum(1).mean() < 6
+        for seed in range(10):  # the cap really is on by default ...
+            assert max(len(p) for p in partition(mnist_like, method=method, num_clients=20,
+                                                 rng=np.random.default_rng(seed))) < 350 + 700
+        uncapped = [max(len(p) for p in partition(mnist_like, method=method, num_clients=20, balance_cap=False,
+                                                  min_samples_per_client=0, rng=np.random.default_rng(seed)))
+                    for seed in range(10)]
+        assert max(uncapped) >= 350 + 700  # ... and balance_cap=False reaches the partitioner
+        _, counts100 = _dispatched(mnist_like, method, min_samples_per_client=100, seed=0)
+        assert counts100.sum(1).min() >= 100
+        with pytest.raises(PartitionError, match="min_samples_per_client=400"):
+            partition(mnist_like, method=method, num_clients=20, rng=np.random.default_rng(0),
+                      min_samples_per_client=400)
+    elif method == "pathological":
+        assert np.all((counts > 0).sum(1) == 2)  # classes_per_client defaults to 2
+        assert len(set((counts > 0).sum(1))) == 1
+        unbalanced = counts[counts > 0]
+        assert unbalanced.min() >= 17 and len(set(unbalanced.tolist())) > 5  # random chunk sizes by default
+        _, balanced = _dispatched(mnist_like, method, balanced=True)
+        assert np.all((balanced > 0).sum(1) == 2) and np.all(balanced[balanced > 0] == 175)  # 700 / 4 clients
+        _, five = _dispatched(mnist_like, method, classes_per_client=5, balanced=True)
+        assert np.all((five > 0).sum(1) == 5) and np.all(five[five > 0] == 70)  # 10 clients per class
+        with pytest.raises(PartitionError, match="classes_per_client=11"):
+            partition(mnist_like, method=method, num_clients=20, rng=np.random.default_rng(0), classes_per_client=11)
+    elif method == "kfold":  # 2 folds: clients 0-9 lean on classes 0-4, clients 10-19 on classes 5-9
+        assert np.all(sizes == 350)
+        for group, primary, other in ((slice(0, 10), slice(0, 5), slice(5, 10)),
+                                      (slice(10, 20), slice(5, 10), slice(0, 5))):
+            g = counts[group]
+            assert np.all(g == g[0])  # identical label distributions within a group
+            assert np.all(g[:, primary] == 56) and np.all(g[:, other] == 14)  # 80% of 350 over 5 classes
+    elif method == "label_dirichlet":
+        assert np.all(sizes == 350)  # equal sizes, floor(7000 / 20)
+        assert _top_share(counts) > 0.5 and (counts > 0).sum(1).mean() < 6  # alpha=0.1: label skew
+        _, spread = _dispatched(mnist_like, method, alpha=1000.0)
+        assert _top_share(spread) < 0.2 and np.all(spread > 0)
+    else:
+        pytest.fail(f"no expectations written for partition method {method!r}")
+
+
+def test_partition_dispatch_unknown_method(mnist_like: np.ndarray) -> None:
+    with pytest.raises(PartitionError, match="unknown partition method 'kmeans'; available: iid, dirichlet"):
         partition(mnist_like, method="kmeans", num_clients=20, rng=np.random.default_rng(0))
 
 

@@ -1,9 +1,19 @@
 """Frozen golden numbers: FedAvg and FedALA, two rounds on the synthetic problem, loop engine.
 
-Recorded before the round-driver refactor (issue 10) and checked identical after it. Accuracies
-are ratios of counts and must match exactly; losses and parameter checksums (float64 sums of the
-server's global model and of every client's model) are compared at 1e-7 relative, well below
-any change of the maths and above the last-bit differences between CPU kernels.
+Recorded before the round-driver refactor (issue 10) and checked identical after it. The
+tolerances sit between the last-bit spread of CPU kernels and small changes of the maths (measured with
+``python benchmarks/golden_spread.py``, relative deviations from these numbers):
+
+    reduction order changed (threads=2, engine=vmap, parallel)   losses <= 1.3e-7, sums <= 3.2e-8
+    lr 0.05 -> 0.0501                                             losses    2.5e-4, sums    7.0e-3
+    momentum 0 -> 0.001                                           losses    1.5e-4, sums    4.7e-3
+    fedala.eta 1.0 -> 0.99                                        losses    3.0e-4, sums    1.4e-3
+
+so losses and parameter checksums (float64 sums of the server's global model and of every
+client's model) are compared at 1e-5 relative: ~75x above what another CPU's kernels can do
+to two rounds (reassociation), ~15x below the smallest change of the maths measured.
+Accuracies may move by one test sample of 252 (a near-tie argmax flipped by the last bit);
+the losses and sums catch what such a flip hides.
 """
 
 from __future__ import annotations
@@ -18,6 +28,9 @@ from pflkit.run.experiment import run_experiment
 
 OVERRIDES = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", "lr=0.05", "engine=loop",
              "fedala.max_start_epochs=5", 'algorithms=["fedavg","fedala"]']
+
+REL = 1e-5  # relative tolerance of losses and checksums (see the module docstring)
+ONE_SAMPLE = 1 / 252 + 1e-12  # the four clients' test splits hold 252 samples
 
 # (algorithm, round): (accuracy, test loss, train loss of that round)
 RECORDS = {
@@ -41,12 +54,12 @@ def test_fedavg_and_fedala_golden_numbers(tmp_path):
     assert [(r["algorithm"], r["round"]) for r in records] == list(RECORDS)
     for r in records:
         accuracy, test_loss, train_loss = RECORDS[(r["algorithm"], r["round"])]
-        assert r["accuracy"] == accuracy
-        assert r["test_loss"] == pytest.approx(test_loss, rel=1e-7)
-        assert r.get("train_loss") == (None if train_loss is None else pytest.approx(train_loss, rel=1e-7))
+        assert r["accuracy"] == pytest.approx(accuracy, abs=ONE_SAMPLE)
+        assert r["test_loss"] == pytest.approx(test_loss, rel=REL)
+        assert r.get("train_loss") == (None if train_loss is None else pytest.approx(train_loss, rel=REL))
     for name, (server_sum, client_sums) in CHECKSUMS.items():
         checkpoint = torch.load(tmp_path / "checkpoints" / f"{name}-seed0.pt", weights_only=True)
         total = lambda params: sum(float(v.double().sum()) for v in params.values())  # noqa: E731
-        assert total(checkpoint["server"]["global"]) == pytest.approx(server_sum, rel=1e-7)
+        assert total(checkpoint["server"]["global"]) == pytest.approx(server_sum, rel=REL)
         for i, expected in enumerate(client_sums):
-            assert total(checkpoint["clients"][i]["model"]) == pytest.approx(expected, rel=1e-7)
+            assert total(checkpoint["clients"][i]["model"]) == pytest.approx(expected, rel=REL)
