@@ -132,6 +132,13 @@ def test_vmap_engine_matches_loop_for_every_batched_algorithm(name, monkeypatch)
         assert_close_runs(reference, batched, atol=tolerance(name))
 
 
+def test_vmap_engine_matches_loop_for_feddecorrs_well_conditioned_form():
+    data = make_data([30, 45, 12, 60, 7])
+    paper = ["feddecorr.form='paper'"]
+    assert_close_runs(run("feddecorr", LoopEngine(), data, overrides=paper),
+                      run("feddecorr", VmapEngine(chunk_size=2), data, overrides=paper), atol=1e-5)
+
+
 def test_vmap_engine_runs_the_unbatchable_algorithms_client_by_client(caplog):
     """FedFomo and PartialFed need per-client code (FedFomo scores other clients' models on its own
     validation split, PartialFed switches layers by client): the vmap engine says so once and
@@ -157,7 +164,13 @@ def test_vmap_clients_of_1_9_10_and_500_samples(name):
 def tolerance(name: str) -> float:
     """Batched kernels reassociate float sums (~1e-7 per step). Plain SGD keeps that at ~1e-7 after a
     round; ALA's start phase (clipped weights, eta=1) amplifies it: a 1e-8 perturbation of one
-    client's state moves that client by 4.6e-4 even on the loop engine alone (measured)."""
+    client's state moves that client by 4.6e-4 even on the loop engine alone (measured). FedDecorr's
+    reference loss divides by sqrt(var + 1e-8) per feature: on this tiny CNN one fc1 feature barely
+    varies within a batch; scaling the inputs by 1 + 1e-7 moves the loop engine's model by 1.2e-3
+    and vmap differs from loop by 2.3e-3 there (measured, 1 thread); its paper form (eps 1e-5) is
+    checked at 1e-5 in test_vmap_engine_matches_loop_for_feddecorrs_well_conditioned_form."""
+    if name == "feddecorr":
+        return 5e-3
     return 1e-3 if "ala" in name else 1e-5
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -9,17 +10,20 @@ import torch
 from torch.nn import functional as F
 
 from pflkit.algorithms import build_algorithm
+from pflkit.algorithms.base import ROUND_INFO
+from pflkit.algorithms.context import TrainBatches
 from pflkit.algorithms.creff import classifier_gradient, head_gradients
 from pflkit.algorithms.fedacd import adjustment, fedacd_loss, flattening_kl, reestimate
 from pflkit.algorithms.feddecorr import decorrelation
 from pflkit.algorithms.fedlc import calibrated_logits
-from pflkit.algorithms.fednh import spread_prototypes
+from pflkit.algorithms.fednh import SCALE, spread_prototypes
 from pflkit.algorithms.fednova import normaliser
 from pflkit.algorithms.fedntd import not_true_kl
 from pflkit.config import load_config
-from pflkit.functional.training import Batch, probability_matrix, template_kl
+from pflkit.run.experiment import run_experiment
+from pflkit.functional.training import Batch, clip_by_global_norm, probability_matrix, template_kl
 
-from helpers import params_of, sgd_reference, tiny_context
+from helpers import batch_pairs, params_of, sgd_reference, tiny_context
 
 
 def build(name: str, ctx, *overrides: str):
@@ -107,10 +111,38 @@ def test_template_score_and_softmax_aggregation():
                          ("samples", [10, 30]), ("inverse_score", [2.0, 1 / 1.5]),
                          ("softmax_neg_score_x_n", [10 * math.exp(-0.5), 30 * math.exp(-1.5)])):
         alg = build("fedacd", ctx, f'fedacd.agg="{agg}"')
-        merged = alg.aggregate(server, uploads, 1)["global"]
+        out = alg.aggregate(server, uploads, 1)
         wa, wb = weights[0] / sum(weights), weights[1] / sum(weights)
         for k in a:
-            torch.testing.assert_close(merged[k], wa * a[k] + wb * b[k])
+            torch.testing.assert_close(out["global"][k], wa * a[k] + wb * b[k])
+        # the weights go into the round's record (the driver moves ROUND_INFO there)
+        info = out[ROUND_INFO]["aggregation"]
+        assert (info["clients"], info["scores"], info["samples"]) == ([0, 1], [0.5, 1.5], [10, 30])
+        assert info["weights"] == pytest.approx([wa, wb])
+
+
+def test_fedacd_records_its_aggregation_weights_every_round_and_its_own_mixup_setting_wins(tmp_path):
+    config = load_config(None, ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", "lr=0.05",
+                                'algorithms=["fedacd"]', "mixup=true", "fedacd.mixup=false", "engine=loop"])
+    seen = []
+    real = TrainBatches.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        seen.append(self.mixup)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(TrainBatches, "__init__", spy)
+        run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    assert seen and not any(seen)  # fedacd.mixup = false holds although the run's mixup is true
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in records if "aggregation" in r]
+    assert [r["round"] for r in trained] == [1, 2]
+    for r in trained:
+        agg = r["aggregation"]
+        assert sorted(agg["clients"]) == [0, 1, 2, 3] and sum(agg["weights"]) == pytest.approx(1.0)
+        expected = torch.softmax(-torch.tensor(agg["scores"], dtype=torch.float64), 0).tolist()
+        assert agg["weights"] == pytest.approx(expected)
 
 
 def test_fedacd_round_uploads_its_score():
@@ -170,12 +202,36 @@ def test_fedntd_distils_only_the_not_true_classes():
     torch.testing.assert_close(zero["model"], sgd_reference(ctx, glob, "train", 1))
 
 
-def test_decorrelation_is_the_squared_correlation_norm_over_d_squared():
-    h = torch.tensor([[1.0, 2.0], [2.0, 1.0], [3.0, 3.0]])
+def reference_decorrelation(x: torch.Tensor) -> torch.Tensor:
+    """My transcription of bytedance/FedDecorr loss.py (commit 973e4af, FedDecorrLoss.forward):
+    0 for one sample; z = (x - mean) / sqrt(1e-8 + unbiased var); M = z^T z; the mean of M's squared
+    off-diagonal entries, divided by N."""
+    N, d = x.shape
+    if N == 1:
+        return torch.zeros(())
+    z = (x - x.mean(0)) / torch.sqrt(1e-8 + x.var(0))
+    M = z.t() @ z
+    off = [M[i, j] ** 2 for i in range(d) for j in range(d) if i != j]
+    return torch.stack(off).mean() / N
+
+
+def test_decorrelation_is_the_authors_loss_and_the_papers_form_is_about_n_times_weaker():
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(64, 12, generator=g, dtype=torch.float64) @ torch.randn(12, 12, generator=g, dtype=torch.float64))
+    ours = decorrelation(h)
+    assert float(ours) == pytest.approx(float(reference_decorrelation(h)), rel=1e-10)
+    # padded rows (mask 0) change nothing
+    padded = torch.cat([h, torch.randn(5, 12, generator=g, dtype=torch.float64)])
+    mask = torch.cat([torch.ones(64), torch.zeros(5)]).double()
+    assert float(decorrelation(padded, mask)) == pytest.approx(float(ours), rel=1e-10)
+    assert float(decorrelation(h[:1])) == 0.0 == float(decorrelation(h[:1], form="paper"))
+    # the paper's form: ||K||_F^2 / d^2; the same gradient direction, (N-1)^2 d / (N (d-1)) times smaller
     z = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + 1e-5)
-    K = z.t() @ z / 3
-    assert float(decorrelation(h)) == pytest.approx(float((K ** 2).sum() / 4), rel=1e-5)
-    assert float(decorrelation(h[:1])) == 0.0
+    assert float(decorrelation(h, form="paper")) == pytest.approx(float(((z.t() @ z / 64) ** 2).sum() / 144), rel=1e-8)
+    grads = [torch.autograd.grad(decorrelation(x, form=form), x)[0]
+             for form in ("reference", "paper") for x in [h.clone().requires_grad_()]]
+    assert float(F.cosine_similarity(grads[0].flatten(), grads[1].flatten(), dim=0)) == pytest.approx(1.0, abs=1e-6)
+    assert float(grads[0].norm() / grads[1].norm()) == pytest.approx(63 ** 2 * 12 / (64 * 11), rel=1e-3)
 
 
 # ---- FedROD, FedNH, CReFF ----------------------------------------------------------------------
@@ -194,23 +250,87 @@ def test_fedrod_trains_the_personal_head_on_detached_features_and_scores_the_sum
         torch.testing.assert_close(ev[k], new["model"][k] + new["personal"][k])
 
 
-def test_fednh_spreads_prototypes_keeps_them_on_clients_and_smooths_them_on_the_server():
-    P = spread_prototypes(10, 16, 300)
+def reference_fednh_client(ctx, glob: dict, scale: float, lr: float, clip: float) -> tuple[dict, float]:
+    """My transcription of the authors' FedNH client (Yutong-Dai/FedNH 60c3161, FedUH.py training
+    loop with FedNH's model): logits = s * normalise(h) @ P^T with the prototypes P frozen, CE,
+    backward into the body and s, clip_grad_norm_(body + s, clip), then an SGD step."""
+    from pflkit.functional import forward
+
+    body_names = [k for k in glob if not k.startswith("fc.")]
+    w = {k: v.detach().clone() for k, v in glob.items()}
+    s = torch.tensor(scale)
+    for x, y in batch_pairs(ctx, "train", 1):
+        leaves = {k: w[k].clone().requires_grad_(True) for k in body_names}
+        s_leaf = s.clone().requires_grad_(True)
+        h = forward(ctx.model, {**w, **leaves}, x, train=True, stop=len(ctx.units) - 1).flatten(1)
+        logits = s_leaf * (h / h.norm(dim=1, keepdim=True).clamp(min=1e-12)) @ w["fc.weight"].t()
+        grads = torch.autograd.grad(F.cross_entropy(logits, y), [*leaves.values(), s_leaf])
+        total = torch.sqrt(sum((g ** 2).sum() for g in grads))
+        coef = min(1.0, clip / (float(total) + 1e-6))
+        for (k, v), g in zip(leaves.items(), grads):
+            w[k] = (v - lr * coef * g).detach()
+        s = (s_leaf - lr * coef * grads[-1]).detach()
+    return w, float(s)
+
+
+def test_fednh_orthogonal_prototypes_learnable_scale_clipping_and_uniform_server_mean():
+    P = spread_prototypes(10, 16, 300)  # the option prototype_init = "spread"
     cos = P @ P.t()
     assert torch.allclose(P.norm(dim=1), torch.ones(10), atol=1e-5) and (cos - torch.eye(10)).max() < 0.3
-    ctx = tiny_context(n_train=30)
-    alg = build("fednh", ctx, "fednh.spread_steps=50", "fednh.smoothing=0.5")
+    ctx = tiny_context(n_train=30, lr=0.5)
+    alg = build("fednh", ctx, "fednh.smoothing=0.5", "fednh.clip_norm=0.5")
     server = alg.init_server(params_of(ctx, 2))
     glob = server["global"]
-    assert torch.allclose(glob["fc.weight"].norm(dim=1), torch.ones(10), atol=1e-5) and glob["fc.bias"].abs().sum() == 0
-    new, upload, _ = alg.local_train({"global": glob}, {"model": dict(glob)}, ctx)
-    assert torch.equal(new["model"]["fc.weight"], glob["fc.weight"])  # prototypes frozen on clients
-    counts = upload["class_counts"]
-    merged = alg.aggregate(server, [{**upload, "client_id": 0}], 1)["global"]
+    W = glob["fc.weight"]  # orthonormal rows (10 <= 64 features)
+    torch.testing.assert_close(W @ W.t(), torch.eye(10), atol=1e-5, rtol=0)
+    assert glob["fc.bias"].abs().sum() == 0 and float(server[SCALE]) == 1.0
+    state, _ = alg.local_init(alg.downlink(server, 0, 1), alg.init_client(params_of(ctx, 5), 0), ctx)
+    assert float(state[SCALE]) == 1.0 and torch.equal(state["model"]["fc.weight"], W)
+    new, upload, _ = alg.local_train(alg.downlink(server, 0, 1), state, ctx)
+    assert torch.equal(new["model"]["fc.weight"], W)  # prototypes frozen on clients
+    expected, expected_scale = reference_fednh_client(ctx, glob, 1.0, lr=0.5, clip=0.5)
+    torch.testing.assert_close(new["model"], expected, rtol=1e-4, atol=1e-6)
+    assert float(upload["scale"]) == pytest.approx(expected_scale, rel=1e-5) and expected_scale != 1.0
+    # evaluation ranks classes by s * cos: the scored head is s * W
+    torch.testing.assert_close(alg.eval_params(new)["fc.weight"], new[SCALE] * W)
+    # server: uniform mean of the bodies and of s (not sample-weighted); prototypes smoothed where seen
+    other = {**upload, "params": {k: v + 1.0 for k, v in upload["params"].items()}, "num_samples": 90,
+             "scale": torch.tensor(3.0), "client_id": 1}
+    out = alg.aggregate(server, [{**upload, "client_id": 0}, other], 1)
+    merged = out["global"]
+    body = [k for k in glob if not k.startswith("fc.")]
+    for k in body:
+        torch.testing.assert_close(merged[k], upload["params"][k] + 0.5)
+    assert float(out[SCALE]) == pytest.approx((expected_scale + 3.0) / 2, rel=1e-6)
+    counts = upload["class_counts"] + other["class_counts"]
     seen = counts > 0
-    expected = F.normalize(0.5 * glob["fc.weight"] + 0.5 * upload["class_means"], dim=1)
-    torch.testing.assert_close(merged["fc.weight"][seen], expected[seen])
-    torch.testing.assert_close(merged["fc.weight"][~seen], glob["fc.weight"][~seen])
+    average = F.normalize(upload["class_counts"][:, None] * upload["class_means"]
+                          + other["class_counts"][:, None] * other["class_means"], dim=1)
+    smoothed = F.normalize(0.5 * W + 0.5 * average, dim=1)
+    torch.testing.assert_close(merged["fc.weight"][seen], smoothed[seen])
+    torch.testing.assert_close(merged["fc.weight"][~seen], W[~seen])
+    weighted = build("fednh", ctx, "fednh.body_weights='samples'").aggregate(
+        server, [{**upload, "client_id": 0}, other], 1)
+    for k in body:
+        torch.testing.assert_close(weighted["global"][k], upload["params"][k] + 0.75)
+
+
+def test_sgd_clips_the_global_gradient_norm_like_torch_per_client_when_batched():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(3, 4, generator=g) * 5, torch.randn(4, generator=g) * 5]
+    params = [torch.zeros(3, 4, requires_grad=True), torch.zeros(4, requires_grad=True)]
+    for p, gr in zip(params, grads):
+        p.grad = gr.clone()
+    torch.nn.utils.clip_grad_norm_(params, max_norm=2.0)
+    ours = clip_by_global_norm(grads, 2.0)
+    for p, c in zip(params, ours):
+        torch.testing.assert_close(c, p.grad)
+    small = clip_by_global_norm([gr * 1e-3 for gr in grads], 2.0)  # below the norm: unchanged
+    torch.testing.assert_close(small[0], grads[0] * 1e-3)
+    stacked = clip_by_global_norm([torch.stack([grads[0], grads[0] * 1e-3]), torch.stack([grads[1], grads[1] * 1e-3])],
+                                  2.0, batched=True)
+    torch.testing.assert_close(stacked[0][0], ours[0])
+    torch.testing.assert_close(stacked[0][1], grads[0] * 1e-3)
 
 
 def test_creff_class_gradients_are_the_closed_form_head_gradient():
@@ -244,3 +364,42 @@ def test_creff_server_retrains_the_classifier_and_evaluates_with_it():
     g = alg.global_params(after)
     assert not torch.equal(g["fc.weight"], after["global"]["fc.weight"])  # the re-trained classifier
     assert torch.equal(alg.downlink(after, 0, 2)["global"]["fc.weight"], after["global"]["fc.weight"])
+
+
+# ---- learning-rate decay (FedNH's and FedNTD's code: lr * 0.99^(r-1)) -------------------------------
+def test_lr_decay_trains_round_r_at_lr_times_decay_to_the_r_minus_1():
+    from pflkit.algorithms import TrainSettings
+    from pflkit.engines.client import SingleClientContext
+
+    base = tiny_context(n_train=30)
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.1, lr_decay=0.5, rounds=5)
+    assert [train.at_round(r).lr for r in (0, 1, 2, 3, 5, 6)] == [0.1, 0.1, 0.05, 0.025, 0.00625, 0.00625]
+    assert TrainSettings(lr=0.1).at_round(7).lr == 0.1
+    glob = params_of(base, 2)
+    for engine_context in ("single", "batched"):
+        ctx = SingleClientContext(client_id=0, round=3, seed=0, data=base.data, model=base.model, units=base.units,
+                                  train=train, algorithm="test")
+        assert ctx.train.lr == 0.025
+        alg = build("fedavg", ctx)
+        if engine_context == "single":
+            trained = alg.local_train({"global": glob}, {"model": dict(glob)}, ctx)[0]["model"]
+        else:  # the batched context of the vmap and parallel engines decays the same way
+            from pflkit.data.federated import FederatedData
+            from pflkit.engines.batched import BatchedClientContext
+            from pflkit.engines.stacking import stack, unstack
+
+            fed = FederatedData.from_clients([base.data], 10, "toy")
+            bctx = BatchedClientContext([0], 3, 0, fed, base.model, base.units, train, "test")
+            assert bctx.train.lr == 0.025
+            out = alg.local_train(stack([{"global": glob}]), stack([{"model": dict(glob)}]), bctx)[0]
+            trained = unstack(out, 0, {"model": glob})["model"]
+        torch.testing.assert_close(trained, sgd_reference(ctx, glob, "train", 1, lr=0.025), rtol=1e-5, atol=1e-6)
+
+
+def test_lr_decay_is_a_config_key_that_reaches_training():
+    config = load_config(None, ["lr_decay=0.99"])
+    from pflkit.algorithms import TrainSettings
+
+    assert TrainSettings.from_config(config).lr_decay == 0.99
+    with pytest.raises(Exception, match="lr_decay"):
+        load_config(None, ["lr_decay=1.5"])

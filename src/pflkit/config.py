@@ -98,6 +98,8 @@ class BaseConfig(BaseModel):
     batch_size: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)
     lr: float = Field(0.1, gt=0)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="per-round learning-rate factor: round r trains at "
+                            "lr * lr_decay**(r - 1) (FedNH's and FedNTD's code: 0.99; 1: constant)")
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (optimiser state starts fresh every round)")
     weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (L2 added to the gradient)")
     mixup: bool = Field(False, description="input mixup in every local training batch (Zhang et al. 2018; "

@@ -114,7 +114,7 @@ class Apple(Algorithm):
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         cfg = self.settings
-        core_lr = cfg.core_lr if cfg.core_lr is not None else self.train.lr
+        core_lr = cfg.core_lr if cfg.core_lr is not None else ctx.train.lr
         scale_p = loss_scale(ctx.round, self.train.rounds, cfg.L, cfg.scheduler) * cfg.mu
         aux = {"cores": payload["cores"], "p0": payload["p0"], "own": self.own_onehot(payload, ctx)}
         names = self.parameter_names

@@ -77,6 +77,10 @@ class ClientSummary:
     label_counts: np.ndarray
 
 
+#: key of the server state under which ``aggregate`` may leave numbers for the round's record
+ROUND_INFO = "round_info"
+
+
 class Algorithm:
     """Base class: FedAvg behaviour everywhere; subclasses override what their method changes.
 
@@ -154,7 +158,10 @@ class Algorithm:
         return {"global": {k: server["global"][k] for k in names}}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        """Sample-weighted average of the uploaded ``params`` (spec §0.2)."""
+        """Sample-weighted average of the uploaded ``params`` (spec §0.2).
+
+        A method may put a dict of JSON values under ``ROUND_INFO`` in the returned state (e.g. its
+        aggregation weights): the round driver moves it into the round's record."""
         merged = weighted_average([u["params"] for u in uploads], [u["num_samples"] for u in uploads])
         return {**server, "global": {**server["global"], **merged}}
 

@@ -12,6 +12,8 @@ models, a branch on a random draw) declares the capability ``"per_client"`` in
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence, Union
 
@@ -37,6 +39,7 @@ class TrainSettings:
     batch_size: int = 10
     local_epochs: int = 1
     lr: float = 0.1
+    lr_decay: float = 1.0  # per-round factor: round r trains at lr * lr_decay**(r - 1)
     momentum: float = 0.0
     weight_decay: float = 0.0
     mixup: bool = False
@@ -48,13 +51,22 @@ class TrainSettings:
     @classmethod
     def from_config(cls, config: Any) -> "TrainSettings":
         return cls(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                   momentum=config.momentum, weight_decay=config.weight_decay, mixup=config.mixup,
+                   lr_decay=config.lr_decay, momentum=config.momentum, weight_decay=config.weight_decay, mixup=config.mixup,
                    mixup_alpha=config.mixup_alpha,
                    eval_batch_size=config.eval_batch_size, rounds=config.rounds, bn_buffers=config.bn_buffers)
 
-    def optimizer(self, lr: float | None = None, **lrs: float) -> SGD:
-        """The local optimiser at the local lr (or ``lr``); ``lrs`` set per-parameter rates."""
-        return SGD(self.lr if lr is None else lr, self.momentum, self.weight_decay, lrs)
+    def at_round(self, round: int) -> "TrainSettings":
+        """The settings of round ``round`` (1, 2, ...): lr * lr_decay**(round - 1), as FedNH's and
+        FedNTD's code decay it (round 0, the initial evaluation, uses lr; the final pass, round T's rate)."""
+        if self.lr_decay == 1.0:
+            return self
+        return dataclasses.replace(self, lr=self.lr * self.lr_decay ** max(min(round, self.rounds) - 1, 0),
+                                   lr_decay=1.0)
+
+    def optimizer(self, lr: float | None = None, *, clip_norm: float | None = None, **lrs: float) -> SGD:
+        """The local optimiser at the local lr (or ``lr``); ``lrs`` set per-parameter rates;
+        ``clip_norm`` clips the gradients' global norm."""
+        return SGD(self.lr if lr is None else lr, self.momentum, self.weight_decay, lrs, clip_norm)
 
 
 # ---- what a fit iterates over ---------------------------------------------------------------

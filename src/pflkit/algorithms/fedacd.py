@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from ..functional import Params, weighted_average
 from ..functional.training import Batch, LossFn, Net, label_loss, one_hot, probability_matrix, template_kl
-from .base import Algorithm, ClientContext, Payload, SentUpload, Settings, State, Trained
+from .base import ROUND_INFO, Algorithm, ClientContext, Payload, SentUpload, Settings, State, Trained
 from .context import TrainBatches
 from .registry import register
 
@@ -44,7 +44,8 @@ class FedACDSettings(Settings):
                                "[UNCERTAIN, spec §3.6]")
     tau_la: float = Field(1.0, ge=0, description="temperature of the logit adjustment (Eq. 8) [RECON, spec §3.5]")
     mixup: bool = Field(True, description="input mixup in local training (spec §3.7; false: FedACD Table 5's "
-                        "ablation); the run's mixup_alpha sets Beta(a, a)")
+                        "ablation); decides for FedACD whatever the run's mixup (which sets the other methods'); "
+                        "the run's mixup_alpha sets Beta(a, a)")
     p_ema: float = Field(0.0, ge=0, lt=1, description="per-epoch update of P: P <- ema P + (1 - ema) new "
                          "(0: replace, spec §3.3 [RECON]; 0.9: the EMA option)")
     agg: Literal["softmax_neg_score", "inverse_score", "softmax_neg_score_x_n", "uniform", "samples"] = Field(
@@ -120,7 +121,7 @@ class FedACD(Algorithm):
         P0 = probability_matrix(ctx.class_sums(model, probabilities), counts)
         C = P0.shape[-1]
         params = {**model, P: P0, SUMS: torch.zeros_like(P0), WEIGHTS: torch.zeros_like(P0[..., 0])}
-        data = TrainBatches("train", self.train.local_epochs, mixup=cfg.mixup or self.train.mixup)
+        data = TrainBatches("train", self.train.local_epochs, mixup=cfg.mixup)  # its own setting, not the run's
         fit = ctx.fit(params, fedacd_loss(cfg, C), aux={"counts": counts}, data=data, carry=[P, SUMS, WEIGHTS],
                       epoch_end=reestimate(cfg.p_ema), trainable=self.parameter_names)
         trained = {k: fit.params[k] for k in model}
@@ -136,4 +137,8 @@ class FedACD(Algorithm):
                    "softmax_neg_score_x_n": n * torch.softmax(-scores, 0), "uniform": torch.ones_like(scores),
                    "samples": n}[self.settings.agg]
         merged = weighted_average([u["params"] for u in uploads], weights.tolist())
-        return {**server, "global": {**server["global"], **merged}}
+        shares = (weights / weights.sum()).tolist()
+        # recorded every round: under label skew a client of a few samples may get nearly the largest weight
+        info = {"aggregation": {"clients": [int(u["client_id"]) for u in uploads], "weights": shares,
+                                "scores": scores.tolist(), "samples": [int(x) for x in n.tolist()]}}
+        return {**server, "global": {**server["global"], **merged}, ROUND_INFO: info}

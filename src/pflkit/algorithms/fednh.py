@@ -2,17 +2,25 @@
 the start and smoothly filled with class semantics (spec §3.14).
 
 The head's weight rows are the prototypes (unit norm; its bias stays 0). Clients train the body
-only, on the scaled cosine logits s * <h/|h|, w_c> (the prototypes are frozen on the clients),
-then upload their per-class means of the normalised features with their class counts. The
-server averages the bodies (FedAvg) and moves every prototype that a client saw:
+and the scale s on the scaled cosine logits s * <h/|h|, w_c> (the prototypes are frozen on the
+clients), with the gradients' global norm clipped at 10, then upload their per-class means of
+the normalised features with their class counts. The server averages the bodies and s (uniform
+mean) and moves every prototype that a client saw:
 w_c <- normalise(rho * w_c + (1 - rho) * normalise(sum_m n_mc mu_mc / sum_m n_mc)). The server
-initialises the prototypes spread over the sphere (minimising their largest pairwise cosine).
-Evaluated with the linear head W h: its argmax equals the cosine classifier's.
+initialises the prototypes as orthonormal rows. Evaluated with the linear head s * W h: its
+argmax is the cosine classifier's.
+
+Checked against the authors' code (Yutong-Dai/FedNH, commit 60c3161: ``FedNH.py``, ``FedUH.py``,
+``models/CNN.py``): learnable s (1.0 for the CNN; their ResNet uses 20), trained with the body
+under weight decay and clipping and averaged like any entry of the state dict; uniform server
+mean; orthogonal prototype rows; rho = 0.9. Options give the earlier readings (a fixed s,
+sample-weighted bodies, prototypes spread by optimisation). Not copied: their clients' prototype
+estimate sees augmented images (pflkit's datasets are not augmented).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -21,16 +29,28 @@ from torch.nn import functional as F
 from ..functional import Params, clone, weighted_average
 from ..functional.training import Batch, LossFn, Net, cross_entropy
 from ..models import head_names
-from .base import Algorithm, ClientContext, Payload, SentUpload, Settings, State, Trained
+from .base import Algorithm, ClientContext, Init, Payload, SentUpload, Settings, State, Trained
 from .registry import register
 
 
 class FedNHSettings(Settings):
-    smoothing: float = Field(0.9, ge=0, le=1, description="rho, the prototypes' moving average (spec §3.14 "
-                             "[UNCERTAIN])")
-    scale: float = Field(10.0, gt=0, description="s of the scaled cosine logits (fixed) [UNCERTAIN]: the FedNH code's "
-                         "fixed choice 30 diverged on the digits at lr 0.05 with momentum 0.9")
-    spread_steps: int = Field(500, ge=0, description="steps spreading the initial prototypes on the sphere")
+    smoothing: float = Field(0.9, ge=0, le=1, description="rho, the prototypes' moving average (spec §3.14; the "
+                             "authors' code: 0.9)")
+    scale: float = Field(1.0, gt=0, description="s of the scaled cosine logits: its start value when learn_scale "
+                         "(the authors' code: 1.0 for the CNN, 20.0 for their ResNet-18), else fixed")
+    learn_scale: bool = Field(True, description="train s with the body and average it on the server (the authors' "
+                              "code); false: s stays fixed")
+    clip_norm: float | None = Field(10.0, gt=0, description="clip the local gradients' global L2 norm (the authors' "
+                                    "code: 10 in every method); null: no clipping")
+    body_weights: Literal["uniform", "samples"] = Field("uniform", description="server mean of bodies and s: uniform "
+                                                          "(the authors' code) or sample-weighted (FedAvg)")
+    prototype_init: Literal["orthogonal", "spread"] = Field(
+        "orthogonal", description="initial prototypes: orthonormal rows of orthogonal_(rand(C, d)) (the authors' "
+        "code) or points pushed apart on the sphere by spread_steps of optimisation")
+    spread_steps: int = Field(500, ge=0, description="steps spreading the initial prototypes (prototype_init = spread)")
+
+
+SCALE = "fednh.scale"  # the learnable scale s in the server and client states
 
 
 def spread_prototypes(num: int, dim: int, steps: int, seed: int = 0) -> torch.Tensor:
@@ -56,10 +76,18 @@ def normalised_features(body: int) -> Any:
     return fn
 
 
-def cosine_loss(body: int, weight: str, scale: float) -> LossFn:
+def orthogonal_prototypes(num: int, dim: int, seed: int = 0) -> torch.Tensor:
+    """Unit rows from ``orthogonal_(rand(num, dim))`` (orthonormal when num <= dim), seeded."""
+    g = torch.Generator().manual_seed(seed)
+    return F.normalize(torch.nn.init.orthogonal_(torch.rand(num, dim, generator=g), generator=g), dim=1)
+
+
+def cosine_loss(body: int, weight: str, scale: float | None = None) -> LossFn:
+    """CE of s * <h/|h|, w_c/|w_c|>; s is ``params[SCALE]`` (trained) unless ``scale`` is given."""
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         h = F.normalize(net(params, batch.x, stop=body).flatten(1), dim=-1)
-        logits = scale * h @ F.normalize(params[weight], dim=-1).t()
+        s = params[SCALE] if scale is None else scale
+        logits = s * (h @ F.normalize(params[weight], dim=-1).t())
         return cross_entropy(logits, batch)
     return loss
 
@@ -79,24 +107,63 @@ class FedNH(Algorithm):
     def init_server(self, init_params: Params) -> State:
         params = clone(init_params)
         weight = params[self.weight]
-        params[self.weight] = spread_prototypes(*weight.shape, self.settings.spread_steps).to(weight)
+        if self.settings.prototype_init == "orthogonal":
+            params[self.weight] = orthogonal_prototypes(*weight.shape).to(weight)
+        else:
+            params[self.weight] = spread_prototypes(*weight.shape, self.settings.spread_steps).to(weight)
         for name in self.head[1:]:
             params[name] = torch.zeros_like(params[name])
-        return {"global": params}
+        return {"global": params, SCALE: self._initial_scale(weight)}
+
+    def _initial_scale(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(self.settings.scale, dtype=like.dtype, device=like.device)
+
+    def downlink(self, server: State, client_id: int, round: int) -> Payload:
+        return {**super().downlink(server, client_id, round), SCALE: server[SCALE]}
+
+    def init_client(self, init_params: Params, client_id: int) -> State:
+        return {**super().init_client(init_params, client_id), SCALE: self._initial_scale(init_params[self.weight])}
+
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
+        state, metrics = super().receive(payload, state, ctx)
+        return {**state, SCALE: payload[SCALE].clone()}, metrics
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        cfg = self.settings
         body = [n for n in self.parameter_names if n not in self.head]
-        fit = self.train_model(state["model"], ctx, cosine_loss(self.body, self.weight, self.settings.scale),
-                               trainable=body)
-        sums = ctx.class_sums(fit.params, normalised_features(self.body))
+        learn = cfg.learn_scale
+        fit = self.train_model({**state["model"], SCALE: state[SCALE]}, ctx,
+                               cosine_loss(self.body, self.weight, None if learn else cfg.scale),
+                               trainable=body + ([SCALE] if learn else []),
+                               optimizer=ctx.train.optimizer(clip_norm=cfg.clip_norm))
+        model = {k: fit.params[k] for k in state["model"]}
+        sums = ctx.class_sums(model, normalised_features(self.body))
         counts = ctx.label_counts
-        upload = self.upload(fit.params, ctx, class_means=F.normalize(sums, dim=-1),
-                             class_counts=counts.to(sums.dtype))
-        return {**state, "model": fit.params}, upload, {"train_loss": fit.loss}
+        upload = self.upload(model, ctx, class_means=F.normalize(sums, dim=-1), class_counts=counts.to(sums.dtype),
+                             scale=fit.params[SCALE].detach())
+        return {**state, "model": model, SCALE: fit.params[SCALE].detach()}, upload, {"train_loss": fit.loss}
+
+    def eval_params(self, state: State) -> Params:
+        return self._scaled(state["model"], state[SCALE])
+
+    def global_params(self, server: State) -> Params:
+        return self._scaled(server["global"], server[SCALE])
+
+    def _scaled(self, params: Params, scale: torch.Tensor) -> Params:
+        """The model whose linear head s * W h ranks the classes as the cosine classifier does."""
+        weight = params[self.weight]
+        if not self.settings.learn_scale:
+            return {**params, self.weight: self.settings.scale * weight}
+        # a batched state holds one s per client: [K] against [K, C, d]
+        return {**params, self.weight: scale.reshape(*scale.shape, *[1] * (weight.dim() - scale.dim())) * weight}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         old = server["global"]
-        merged = weighted_average([u["params"] for u in uploads], [u["num_samples"] for u in uploads])
+        weights = ([1.0] * len(uploads) if self.settings.body_weights == "uniform"
+                   else [u["num_samples"] for u in uploads])
+        merged = weighted_average([u["params"] for u in uploads], weights)
+        total = sum(weights)
+        scale = sum(w * u["scale"] for w, u in zip(weights, uploads)) / total  # type: ignore[typeddict-item]
         counts = torch.stack([u["class_counts"] for u in uploads])  # type: ignore[typeddict-item]
         means = torch.stack([u["class_means"] for u in uploads])  # type: ignore[typeddict-item]
         seen = counts.sum(0) > 0
@@ -104,5 +171,5 @@ class FedNH(Algorithm):
         rho = self.settings.smoothing
         moved = F.normalize(rho * old[self.weight] + (1 - rho) * average, dim=-1)
         prototypes = torch.where(seen[:, None], moved, old[self.weight])
-        return {**server, "global": {**old, **merged, self.weight: prototypes,
-                                     **{k: old[k] for k in self.head[1:]}}}
+        return {**server, SCALE: scale, "global": {**old, **merged, self.weight: prototypes,
+                                                   **{k: old[k] for k in self.head[1:]}}}

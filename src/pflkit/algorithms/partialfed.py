@@ -117,7 +117,7 @@ class PartialFed(Algorithm):
     def batch_step(self, ctx: ClientContext, tau: float, noise: torch.Generator) -> StepFn:
         """One model or strategy batch (spec §2.12 [RECON]); branches in Python (per-client contexts)."""
         cfg = self.settings
-        lr, s_lr = self.train.lr, self.train.lr if cfg.strategy_lr is None else cfg.strategy_lr
+        lr, s_lr = ctx.train.lr, ctx.train.lr if cfg.strategy_lr is None else cfg.strategy_lr
         cycle, names, units, net = cfg.model_batches + cfg.strategy_batches, self.parameter_names, self.units, ctx.net
 
         def loss(params: Params, frozen: Params, batch: Batch) -> torch.Tensor:

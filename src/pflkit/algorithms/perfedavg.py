@@ -92,6 +92,12 @@ class PerFedAvg(Algorithm):
     def beta(self) -> float:
         return self.train.lr if self.settings.beta is None else self.settings.beta
 
+    def rates(self, ctx: ClientContext) -> tuple[float, float]:
+        """This round's alpha and beta: the round's local lr (``lr_decay``) where they are unset."""
+        lr = ctx.train.lr
+        return (lr if self.settings.alpha is None else self.settings.alpha,
+                lr if self.settings.beta is None else self.settings.beta)
+
     def pairs(self, call: int) -> DataSpec:
         suffix = "" if call == 0 else f"#{call}"
         epochs = self.train.local_epochs
@@ -109,11 +115,11 @@ class PerFedAvg(Algorithm):
     def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         """The evaluated model: one SGD step (lr alpha) from the initialised model on one batch."""
         fit = ctx.fit(state["model"], classification_loss, data=TrainBatches("adapt", max_steps=1),
-                      optimizer=SGD(self.alpha), stage="one-step adaptation for evaluation")
+                      optimizer=SGD(self.rates(ctx)[0]), stage="one-step adaptation for evaluation")
         return {**state, "eval": fit.params}, {}
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
-        step = maml_step(ctx.net, self.alpha, self.beta, self.settings.hessian_free)
+        step = maml_step(ctx.net, *self.rates(ctx), self.settings.hessian_free)
         params, losses = state["model"], []
         for call in range(self.settings.train_calls):
             fit = ctx.fit(params, step=step, trainable=self.parameter_names, data=self.pairs(call))

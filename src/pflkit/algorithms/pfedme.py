@@ -98,7 +98,7 @@ class PFedMe(Algorithm):
         names = self.parameter_names
         start = payload["global"] if cfg.theta_init == "received" else state["model"]
         params = {**state["model"], **{THETA + k: start[k] for k in names}}
-        step = pfedme_step(ctx.net, names, cfg.personal_lr, cfg.lam, cfg.inner_steps, cfg.l2, self.train.lr)
+        step = pfedme_step(ctx.net, names, cfg.personal_lr, cfg.lam, cfg.inner_steps, cfg.l2, ctx.train.lr)
         fit = ctx.fit(params, step=step, trainable=names + [THETA + k for k in names],
                       data=TrainBatches("train", self.train.local_epochs),
                       stage="local training (personalised inner steps)")

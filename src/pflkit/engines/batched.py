@@ -63,7 +63,7 @@ class BatchedClientContext:
         self.fed = data
         self.model = model
         self.units = units
-        self.train = train
+        self.train = train.at_round(round)  # the round's learning rate (lr_decay)
         self.algorithm = algorithm
         self.clients: list[ClientData] = [data.client(i) for i in client_ids]
         self.device = data.x.device

@@ -37,7 +37,7 @@ class SingleClientContext:
         self.data = data
         self.model = model
         self.units = units
-        self.train = train
+        self.train = train.at_round(round)  # the round's learning rate (lr_decay)
         self.algorithm = algorithm
         self.num_classes = num_outputs(model)
         self._net = net_of(model)

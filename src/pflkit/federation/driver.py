@@ -25,7 +25,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 import torch
 
-from ..algorithms.base import Algorithm, ClientSummary, SentUpload, State
+from ..algorithms.base import ROUND_INFO, Algorithm, ClientSummary, SentUpload, State
 from ..engines.base import ClientJob, ClientResult
 from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
@@ -243,8 +243,11 @@ class RoundDriver:
                                      for r in results if r.upload is not None]
         variance = update_variance(self.algorithm, state.server, uploads)
         state.server = self.algorithm.aggregate(state.server, uploads, plan.round)
+        info = state.server.pop(ROUND_INFO, None)  # what the server rule reports (FedACD's weights)
         record = self._record(state, plan.round - 1, evaluated, plan)
         state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        if info:
+            state.pending.update(info)
         state.pending.update(communication(plan.jobs, results))
         if variance is not None:
             state.pending["update_variance"] = variance

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -166,13 +166,17 @@ def autograd_value_and_grad(fn: Callable[..., Tensor]) -> GradFn:
 class SGD:
     """Mini-batch SGD as ``torch.optim.SGD`` (no dampening, no Nesterov): with weight decay
     g <- g + wd * w; with momentum b <- m * b + g (b = g at the first step); w <- w - lr * b.
-    ``lrs`` gives some parameters their own learning rate. Its state (the momentum buffers) is
-    created fresh by every ``fit`` call: optimiser state does not carry across rounds."""
+    ``lrs`` gives some parameters their own learning rate. ``clip_norm`` first scales the
+    gradients so that their global L2 norm is at most ``clip_norm``
+    (``torch.nn.utils.clip_grad_norm_``: coefficient min(1, clip_norm / (norm + 1e-6)); per client
+    in a batched context). Its state (the momentum buffers) is created fresh by every ``fit``
+    call: optimiser state does not carry across rounds."""
 
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
     lrs: Mapping[str, float] = field(default_factory=dict)
+    clip_norm: float | None = None
 
     def init(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
@@ -184,6 +188,8 @@ class SGD:
         names = list(grads)
         leaves = [params[k] if rows is None else params[k][rows] for k in names]
         steps = [grads[k] for k in names]
+        if self.clip_norm is not None:
+            steps = clip_by_global_norm(steps, self.clip_norm, batched=rows is not None)
         if self.weight_decay:
             steps = torch._foreach_add(steps, leaves, alpha=self.weight_decay)
         if self.momentum:
@@ -196,6 +202,17 @@ class SGD:
             return
         for name, leaf, step in zip(names, leaves, steps):
             leaf.add_(step, alpha=-self.lrs.get(name, self.lr))
+
+
+def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float, batched: bool = False) -> list[Tensor]:
+    """``grads`` scaled by min(1, max_norm / (||grads|| + 1e-6)), the norm over all of them
+    (``batched``: one norm per client, the leading dimension)."""
+    if batched:
+        squares = sum(g.pow(2).reshape(len(g), -1).sum(1) for g in grads)
+        coef = (max_norm / (squares.sqrt() + 1e-6)).clamp(max=1.0)
+        return [g * coef.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+    coef = (max_norm / (sum(g.pow(2).sum() for g in grads).sqrt() + 1e-6)).clamp(max=1.0)
+    return [g * coef for g in grads]
 
 
 def check_finite(loss_sum: Tensor | float, where: str) -> None:
