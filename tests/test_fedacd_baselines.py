@@ -403,3 +403,33 @@ def test_lr_decay_is_a_config_key_that_reaches_training():
     assert TrainSettings.from_config(config).lr_decay == 0.99
     with pytest.raises(Exception, match="lr_decay"):
         load_config(None, ["lr_decay=1.5"])
+
+
+def test_fedrods_adaptability_metrics_score_its_uploaded_generic_model(monkeypatch, tmp_path):
+    """FedACD's Tables 3 and 9 score each client's local model, the one it uploads: FedROD's generic
+    model (body and W_g), not its personalised head W_g + W_p."""
+    import pflkit.engines.base as engine_base
+
+    scored = []
+    real = engine_base.adaptability_metrics
+    monkeypatch.setattr(engine_base, "adaptability_metrics",
+                        lambda setup, client_id, params: scored.append(params) or real(setup, client_id, params))
+    uploads = []
+    real_upload = build("fedrod", tiny_context()).__class__.upload
+    monkeypatch.setattr(type(build("fedrod", tiny_context())), "upload",
+                        staticmethod(lambda params, ctx, **extra: uploads.append(dict(params))
+                                     or real_upload(params, ctx, **extra)))
+    config = load_config(None, ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=1", "lr=0.05",
+                                "test_set=official", "metrics.adaptability=true", 'algorithms=["fedrod"]',
+                                "engine=loop"])
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    assert len(scored) == len(uploads) == 3
+    for params, upload in zip(scored, uploads):
+        assert params.keys() == upload.keys()
+        assert all(torch.equal(params[k], upload[k]) for k in params)
+    ctx = tiny_context()
+    alg = build("fedrod", ctx)
+    state = alg.init_client(params_of(ctx, 1), 0)
+    state["personal"] = {k: v + 1.0 for k, v in state["personal"].items()}
+    assert alg.local_model(state) is state["model"]
+    assert not torch.equal(alg.eval_params(state)["fc.weight"], state["model"]["fc.weight"])

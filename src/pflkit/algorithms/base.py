@@ -218,6 +218,11 @@ class Algorithm:
         """The model scored on the client's test split right after ``local_init`` (spec §5.7)."""
         return state["model"]
 
+    def local_model(self, state: State) -> Params:
+        """The trained local model that FedACD's adaptability metrics score (Tables 3 and 9: the
+        model the client uploads); default: the scored model. FedROD: its generic model."""
+        return self.eval_params(state)
+
     @staticmethod
     def keep_latest_models(server: State, uploads: list[SentUpload]) -> State:
         """Server rule of methods that send client models to other clients (FedAMP, FedFomo,

@@ -57,6 +57,10 @@ class FedROD(Algorithm):
         personal = {k: fit.params[PERSONAL + k] for k in self.head}
         return ({**state, "model": model, "personal": personal}, self.upload(model, ctx), {"train_loss": fit.loss})
 
+    def local_model(self, state: State) -> Params:
+        """The generic model it uploads (body and W_g), not the personalised one."""
+        return state["model"]
+
     def eval_params(self, state: State) -> Params:
         """The personalised model: generic body, head W_g + W_p (both heads are linear)."""
         return {**state["model"], **{k: state["model"][k] + state["personal"][k] for k in self.head}}

@@ -86,7 +86,7 @@ def run_client(setup: RoundSetup, job: ClientJob, round: int,
         state, upload, train_metrics = alg.local_train(job.payload, state, ctx)
         metrics.update(train_metrics, train_seconds=time.perf_counter() - t1)
         if setup.adaptability is not None:
-            metrics.update(adaptability_metrics(setup, job.client_id, alg.eval_params(state)))
+            metrics.update(adaptability_metrics(setup, job.client_id, alg.local_model(state)))
     return ClientResult(job.client_id, state, upload, evaluation, metrics)
 
 

@@ -69,7 +69,7 @@ class VmapEngine:
                                  for key, v in upload.items()}
             client_state = unstack(state, k, job.state)
             if upload is not None and setup.adaptability is not None:
-                client_metrics.update(adaptability_metrics(setup, job.client_id, alg.eval_params(client_state)))
+                client_metrics.update(adaptability_metrics(setup, job.client_id, alg.local_model(client_state)))
             out.append(ClientResult(job.client_id, client_state, client_upload,  # type: ignore
                                     evaluations[k] if evaluations is not None else None, client_metrics))
         return out

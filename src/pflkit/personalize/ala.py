@@ -321,6 +321,9 @@ class WithALA(Algorithm):
     def eval_params(self, state: State) -> Params:
         return self.base.eval_params(state)
 
+    def local_model(self, state: State) -> Params:
+        return self.base.local_model(state)
+
 
 def _with_ala(base: Algorithm, settings: Settings, name: str) -> Algorithm:
     assert isinstance(settings, ALASettings)
