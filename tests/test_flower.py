@@ -208,7 +208,7 @@ def test_the_global_model_methods_on_flower_match_the_simulator_under_the_offici
     global model on the test split it reads itself, the nodes report their local models' scores."""
     config = load_config(None, ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=2", "engine=loop",
                                 "test_set=official", "metrics.adaptability=true", "creff.match_steps=5",
-                                "creff.retrain_steps=5", "fednh.spread_steps=20",
+                                "creff.retrain_epochs=1",
                                 'algorithms=["fedacd","fednova","fednh","creff","fedrod"]'])
     flower_records, sim_records = run_both(tmp_path, config)
     assert len(flower_records) == len(sim_records) == 15
