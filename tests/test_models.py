@@ -367,3 +367,61 @@ def test_fasttext_loop_and_vmap_engines_agree(name, p):
     compare(reference, batched, atol=1e-3 if "ala" in name else 1e-5)
     for state in (reference, batched):  # the padding row never moves
         assert torch.equal(state.server["global"]["embedding.weight"][0], torch.zeros(32))
+
+
+class FedNHResNet18(torch.nn.Module):
+    """My transcription of FedNH's ResNet-18 (Yutong-Dai/FedNH 60c3161, src/flbase/models/ResNet.py
+    ResNet18 with BasicBlock): conv3x3(64, stride 1) -> GN(2) -> ReLU, no max pool; stages of two
+    blocks (conv3x3 -> GN -> ReLU -> conv3x3 -> GN, + shortcut conv1x1 -> GN when the shape
+    changes, -> ReLU); adaptive average pooling; linear head (here with a bias, as pflkit's)."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = torch.nn.GroupNorm(2, cout)
+            self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = torch.nn.GroupNorm(2, cout)
+            self.downsample = (torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                                   torch.nn.GroupNorm(2, cout))
+                               if stride != 1 or cin != cout else torch.nn.Identity())
+
+        def forward(self, x):
+            out = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(out)) + self.downsample(x))
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        self.bn1 = torch.nn.GroupNorm(2, 64)
+        cin = 64
+        for i, (cout, stride) in enumerate(((64, 1), (128, 2), (256, 2), (512, 2)), start=1):
+            setattr(self, f"layer{i}", torch.nn.Sequential(self.Block(cin, cout, stride), self.Block(cout, cout, 1)))
+            cin = cout
+        self.fc = torch.nn.Linear(512, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        for i in range(1, 5):
+            x = getattr(self, f"layer{i}")(x)
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_resnet18_gn_is_fednhs_resnet18_with_group_norm_and_a_cifar_stem():
+    from pflkit.functional import forward
+
+    model = build_model("resnet18_gn", (3, 32, 32), 7)
+    assert not list(model.buffers())  # GroupNorm keeps no running statistics
+    reference = FedNHResNet18(7)
+    missing = reference.load_state_dict(dict(model.named_parameters()), strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    params = dict(model.named_parameters())
+    torch.testing.assert_close(forward(model, params, x, train=False), reference(x), rtol=1e-4, atol=1e-5)
+    assert [name for name, _ in model.units()] == ["conv1", "layer1", "layer2", "layer3", "layer4", "fc"]
+    # the stem keeps the resolution: layer3 gives 16x16 maps at 64x64, layer4 8x8 before the pooling
+    # (torchvision's stem: 4x4 and 2x2)
+    x64 = torch.randn(1, 3, 64, 64)
+    assert forward(model, params, x64, train=False, stop=4).shape == (1, 256, 16, 16)
+    assert forward(model, params, x64, train=False, stop=5).shape == (1, 512)
+    assert count_parameters(model) == sum(p.numel() for p in reference.parameters())

@@ -8,7 +8,7 @@ from .base import (UnitModel, Units, buffer_names, check_buffers, count_paramete
                    parameter_names, reference_layer_idx, top_unit_names)
 from .cnn import CifarCNN, DigitsCNN, FedAvgCNN, SimpleCNN
 from .mobile import MobileNetV2, SqueezeNet, load_pretrained
-from .resnet import ResNet18
+from .resnet import ResNet18, ResNet18GN
 from .text import FastText
 
 MODELS: dict[str, Callable[..., UnitModel]] = {
@@ -17,6 +17,7 @@ MODELS: dict[str, Callable[..., UnitModel]] = {
     "cifar_cnn": CifarCNN,
     "simple_cnn": SimpleCNN,
     "resnet18": ResNet18,
+    "resnet18_gn": ResNet18GN,
     "mobilenet_v2": MobileNetV2,
     "squeezenet1_1": SqueezeNet,
     "fasttext": FastText,
@@ -55,5 +56,5 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
 
 
 __all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN", "CifarCNN",
-           "SimpleCNN", "ResNet18", "MobileNetV2", "SqueezeNet", "load_pretrained", "FastText", "buffer_names",
+           "SimpleCNN", "ResNet18", "ResNet18GN", "MobileNetV2", "SqueezeNet", "load_pretrained", "FastText", "buffer_names",
            "num_outputs", "parameter_names", "top_unit_names", "head_names", "count_parameters", "reference_layer_idx"]

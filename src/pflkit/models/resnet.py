@@ -120,3 +120,80 @@ class ResNet18(UnitModel):
                 x = torch.flatten(F.adaptive_avg_pool2d(x, 1), -3)
             return x
         return F.linear(x, params["fc.weight"], params["fc.bias"])
+
+
+GN_GROUPS = 2
+
+
+class GroupNormBlock(nn.Module):
+    """``BasicBlock`` with GroupNorm(2, C) in place of every batch norm."""
+
+    def __init__(self, in_channels: int, channels: int, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+        self.conv1 = nn.Conv2d(in_channels, channels, kernel_size=3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.GroupNorm(GN_GROUPS, channels)
+        self.conv2 = nn.Conv2d(channels, channels, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.GroupNorm(GN_GROUPS, channels)
+        self.downsample: nn.Sequential | None = None
+        if stride != 1 or in_channels != channels:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_channels, channels, kernel_size=1, stride=stride, bias=False),
+                nn.GroupNorm(GN_GROUPS, channels))
+
+
+def group_norm(params: Mapping[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tensor:
+    return F.group_norm(x, GN_GROUPS, params[f"{name}.weight"], params[f"{name}.bias"])
+
+
+def gn_block_forward(block: GroupNormBlock, name: str, params: Mapping[str, torch.Tensor],
+                     x: torch.Tensor) -> torch.Tensor:
+    out = F.relu(group_norm(params, f"{name}.bn1", F.conv2d(x, params[f"{name}.conv1.weight"], stride=block.stride,
+                                                             padding=1)))
+    out = group_norm(params, f"{name}.bn2", F.conv2d(out, params[f"{name}.conv2.weight"], padding=1))
+    shortcut = x
+    if block.downsample is not None:
+        shortcut = group_norm(params, f"{name}.downsample.1",
+                              F.conv2d(x, params[f"{name}.downsample.0.weight"], stride=block.stride))
+    return F.relu(out + shortcut)
+
+
+class ResNet18GN(UnitModel):
+    """The ResNet-18 of FedNH's code (Yutong-Dai/FedNH ``models/ResNet.py``), the lineage of FedACD's
+    Tiny-ImageNet model: a 3x3 stride-1 stem convolution without max pooling, GroupNorm(2, C)
+    instead of batch norm (no running statistics: it batches on the vmap engine), the four
+    stages of torchvision's ResNet-18, global average pooling and a linear classifier (FedNH's
+    drops the classifier's bias; pflkit keeps it, as its head-based methods expect one).
+
+    Units: conv1 (= conv1 + bn1 + ReLU), layer1, layer2, layer3, layer4 (with the pooling), fc."""
+
+    unit_modules = (("conv1", "bn1"), "layer1", "layer2", "layer3", "layer4", "fc")
+    linear_head = True
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 64) -> None:
+        super().__init__()
+        if image_size < 8:
+            raise ValueError(f"ResNet18GN needs images of at least 8x8 pixels, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.GroupNorm(GN_GROUPS, 64)
+        channels = 64
+        for i, (width, stride) in enumerate(STAGES, start=1):
+            setattr(self, f"layer{i}", nn.Sequential(GroupNormBlock(channels, width, stride),
+                                                     GroupNormBlock(width, width, 1)))
+            channels = width
+        self.fc = nn.Linear(512, num_classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        if index == 0:
+            return F.relu(group_norm(params, "bn1", F.conv2d(x, params["conv1.weight"], padding=1)))
+        if index <= 4:
+            layer = f"layer{index}"
+            for j, block in enumerate(getattr(self, layer)):
+                x = gn_block_forward(block, f"{layer}.{j}", params, x)
+            if index == 4:
+                x = torch.flatten(F.adaptive_avg_pool2d(x, 1), -3)
+            return x
+        return F.linear(x, params["fc.weight"], params["fc.bias"])
