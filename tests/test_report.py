@@ -140,6 +140,22 @@ def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
     assert (tmp_path / "docs" / "results.html").is_file()
 
 
+def test_a_p_sweep_shows_alas_learnable_weights_beside_table_6s_param_row(tmp_path) -> None:
+    """FedALA Table 6's "Param." row: ALA's element-wise weights per p, here counted from the run's
+    model (the digits CNN on 8x8 digits: fc 64x10 + 10 = 650 for p = 1, + fc1 128x64 + 64 = 8,906 for p = 2)."""
+    from pflkit.run.sweep import run_sweep
+
+    run_sweep(None, ["num_clients=4", "rounds=1", 'algorithms=["fedala"]', "paper_table=fedala-table6/tiny-cnn-p",
+                     "fedala.p=[1,2]"], tmp_path / "sweep", progress=False, echo=lambda s: None)
+    summary = json.loads((tmp_path / "sweep" / "fedala.p=2" / "summary.json").read_text())
+    assert summary["fedala"]["ala_weights"] == 64 * 10 + 10 + 128 * 64 + 64
+    text = build_report([tmp_path / "sweep"], tmp_path / "out")[0].read_text()
+    assert "| fedala.p | pflkit best_accuracy | paper | pflkit − paper | ALA weights | paper ALA weights |" in text
+    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.endswith("5,130 |")
+             or line.endswith("529,930 |")}
+    assert lines["1"].endswith("| 650 | 5,130 |") and lines["2"].endswith("| 8,906 | 529,930 |")
+
+
 def test_partition_plot_of_thousands_of_clients_stays_small(tmp_path) -> None:
     from pflkit.reporting import plot_partition
 

@@ -112,6 +112,7 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
     try:
         train = TrainSettings.from_config(config)
         histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        ala_weights: dict[str, int] = {}
         plotted: set[int] = set()
         for seed in config.seeds:
             setup = executor.setup_seed(seed)
@@ -122,6 +123,8 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
                                  setup.partition_title)
             for name in config.algorithms:
                 algorithm = build_algorithm(name, config.algorithm_sections(), train, setup.units)
+                if hasattr(algorithm, "num_ala_weights"):  # X+ala: the size of what ALA learns
+                    ala_weights[name] = algorithm.num_ala_weights(setup.init)
                 driver = RoundDriver(algorithm, num_clients=config.num_clients, seed=seed, rounds=config.rounds,
                                      join_ratio=config.join_ratio, eval_every=config.eval_every,
                                      global_evaluation=setup.global_evaluation,
@@ -163,6 +166,8 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
         summary = report.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
                                 results.plots, f"{config.dataset}, {config.partition}, {config.num_clients} clients",
                                 official=config.test_set == "official")
+        for name, count in ala_weights.items():
+            summary[name]["ala_weights"] = count
         results.write_summary(summary)
         results.set_status("complete")
     except BaseException as exc:

@@ -302,6 +302,11 @@ class WithALA(Algorithm):
     def global_params(self, server: State) -> Params:
         return self.base.global_params(server)
 
+    def num_ala_weights(self, init_params: Params) -> int:
+        """How many element-wise weights ALA learns per client (FedALA Tables 1 and 6, "Param.")."""
+        downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}
+        return sum(w.numel() for w in self.ala.init_state(downloaded)["weights"].values())
+
     def init_client(self, init_params: Params, client_id: int) -> State:
         downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}
         return {**self.base.init_client(init_params, client_id), "ala": self.ala.init_state(downloaded)}

@@ -194,6 +194,7 @@ def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> tuple[str
         raise ValueError(f"paper_table {cell['source']!r} sweeps {key}, which this sweep does not "
                          f"(its axes: {', '.join(a['key'] for a in record['axes'])})")
     others = [a["key"] for a in record["axes"] if a["key"] != key]
+    params = sweep.get("params", {})
     rows = []
     for c in record["cells"]:
         entry = c.get("summary", {}).get(sweep["algorithm"])
@@ -204,10 +205,17 @@ def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> tuple[str
         multi = entry.get("num_seeds", 1) > 1
         ours = entry.get(metric)
         diff = "-" if ours is None or paper is None else f"{100 * ours - paper:+.2f}"
-        rows.append([str(value), *(str(c["values"][k]) for k in others), _pct(entry, metric, multi),
-                     "-" if paper is None else f"{paper:.2f}", diff])
-    return (f"beside the paper: {cell['source']}", [key, *others, f"pflkit {metric}", "paper", "pflkit − paper"],
-            rows)
+        row = [str(value), *(str(c["values"][k]) for k in others), _pct(entry, metric, multi),
+               "-" if paper is None else f"{paper:.2f}", diff]
+        if params:  # the "Param." row: ALA's learnable weights, ours and the paper's
+            theirs = params.get(value)
+            row += [f"{entry['ala_weights']:,}" if "ala_weights" in entry else "-",
+                    "-" if theirs is None else f"{theirs:,}"]
+        rows.append(row)
+    header = [key, *others, f"pflkit {metric}", "paper", "pflkit − paper"]
+    if params:
+        header += ["ALA weights", "paper ALA weights"]
+    return f"beside the paper: {cell['source']}", header, rows
 
 
 def _header(title: str, command: str | None, intro: str | None) -> list[str]:
