@@ -148,5 +148,7 @@ def test_sosicfl_configs_have_the_papers_setting_and_name_their_table(path):
         assert (cfg.sosicfl.num_clusters, cfg.sosicfl.rho) == expected
     if "2fold" in path.name:
         assert "ditto" not in cfg.algorithms and "sosicfl_plus" not in cfg.algorithms  # not run on 2-Fold
+    if "fig7" in path.name or "fig8" in path.name:
+        assert cfg.algorithms == ["fedavg", "sosicfl"]  # the baseline the figures compare with
     assert path.read_text().startswith("# SosicFL Table") or path.read_text().startswith("# SosicFL Figure")
     assert "[UNCERTAIN]" in path.read_text()
