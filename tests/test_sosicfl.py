@@ -3,6 +3,7 @@ their sampler), the k-Fold and label-Dirichlet partitions, and runs of the three
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -295,3 +296,26 @@ def test_clients_receive_the_servers_endpoints_and_upload_trained_ones() -> None
     _, upload, _ = alg.local_train(payload, state, ctx)
     assert set(upload["params"]) == set(alg.trainable)
     assert not torch.equal(upload["params"]["fc.weight@0"], server["global"]["fc.weight@0"])
+
+
+def test_clusters_that_share_a_centre_are_named_in_a_warning(caplog: pytest.LogCaptureFixture, monkeypatch) -> None:
+    """5-Fold with 3 endpoints: LDA puts 5 groups on 3 corners and clusters share centres (measured on
+    MNIST: benchmarks/sosicfl_centres.py); prepare_simplex says so and names the way out."""
+    from pflkit.algorithms import simplex
+
+    centres = np.array([[1.0, 0, 0], [0, 1.0, 0], [1.0, 0, 0], [0.2, 0.3, 0.5]])
+    assert simplex.coincident_centres(centres) == [(0, 2)]
+    assert simplex.coincident_centres(centres + np.array([[0], [0], [0.01], [0]])) == []
+    real = simplex.cluster
+
+    def collapsed(*args, **kwargs):  # two pairs of clusters at one centre each, as LDA left them
+        found = real(*args, **kwargs)
+        return dataclasses.replace(found, centers=centres[[0, 0, 1, 1]])
+
+    monkeypatch.setattr(simplex, "cluster", collapsed)
+    counts = np.array([[30, 1, 1, 1], [1, 30, 1, 1], [1, 1, 30, 1], [1, 1, 1, 30]] * 3, dtype=float)
+    with caplog.at_level(logging.WARNING):
+        simplex.prepare_simplex(counts, num_endpoints=3, num_clusters=4, rho=0.4, metric="l1", algo="kmeans",
+                                n_init=2, pool_size=10, seed=0)
+    messages = [r.getMessage() for r in caplog.records if "share one centre" in r.getMessage()]
+    assert messages and "raise sosicfl.num_endpoints" in messages[0] and "M + 1 = 3" in messages[0]

@@ -226,6 +226,12 @@ class SimplexPlan:
     pools: np.ndarray  # [C, P, M+1]
 
 
+def coincident_centres(centers: np.ndarray, tol: float = 1e-3) -> list[tuple[int, int]]:
+    """Pairs of cluster centres closer than ``tol`` (L1): clusters that would share a subregion."""
+    return [(i, j) for i in range(len(centers)) for j in range(i + 1, len(centers))
+            if np.abs(centers[i] - centers[j]).sum() < tol]
+
+
 def prepare_simplex(counts: np.ndarray, *, num_endpoints: int, num_clusters: int, rho: float, metric: Metric,
                     algo: str, n_init: int, pool_size: int, seed: int, eps: float = 1e-6) -> SimplexPlan:
     """Stages 1-3 of spec §4.3-4.5 from the clients' label counts [K, L]."""
@@ -233,6 +239,11 @@ def prepare_simplex(counts: np.ndarray, *, num_endpoints: int, num_clusters: int
         raise SimplexError(f"sosicfl.rho must be > 0, got {rho}")
     points = lda_points(counts, num_endpoints, seed)
     clusters = cluster(points, num_clusters, metric, algo, n_init, seed=seed, eps=eps)
+    for i, j in coincident_centres(clusters.centers):
+        log.warning("sosicfl: clusters %d and %d share one centre %s: clients of different label distributions "
+                    "share a subregion. With M + 1 = %d endpoints LDA cannot place %d clusters apart; raise "
+                    "sosicfl.num_endpoints (5-Fold needs 6 on MNIST)", i, j, np.round(clusters.centers[i], 3),
+                    num_endpoints, num_clusters)
     eta = rho * mean_distance_to_simplex(clusters.centers, seed=seed)
     rng = np.random.default_rng(seed)
     pools = np.stack([sample_region(c, eta, pool_size, rng) for c in clusters.centers])
