@@ -196,8 +196,14 @@ def test_sosicfl_server_state_is_the_preparation_and_literal_weights_shrink_the_
     assignment = simplex["assignment"].tolist()
     assert len(set(assignment[:3])) == 1 and len(set(assignment[3:])) == 1 and assignment[0] != assignment[3]
     payload = alg.downlink(server, 0, 1)
-    assert payload["alphas"].shape == (1, 3)
-    assert float(torch.abs(payload["alphas"][0] - payload["center"]).sum()) <= simplex["eta"] + 1e-6
+    # a fresh draw for each local step (the paper's §3.2): as many as the longest client's steps
+    assert payload["alphas"].shape == (simplex["max_steps"], 3) and simplex["max_steps"] == 7  # 70 samples / 10
+    assert len({tuple(a.tolist()) for a in payload["alphas"]}) > 1  # drawn (with replacement) from the pool
+    assert (torch.abs(payload["alphas"] - payload["center"]).sum(1) <= simplex["eta"] + 1e-6).all()
+    per_round = build_algorithm("sosicfl", load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=100",
+                                                              "sosicfl.n_init=1", "sosicfl.alpha_resample='per_round'"])
+                                .algorithm_sections(), ctx.train, units)
+    assert per_round.downlink(server, 0, 1)["alphas"].shape == (1, 3)  # Omega_tr = 1: one alpha per round
     late = build_algorithm("sosicfl", load_config(None, ["sosicfl.late_start=0", "sosicfl.pool_size=100"])
                            .algorithm_sections(), ctx.train, units)
     assert torch.allclose(late.downlink(server, 0, 5)["center"], torch.full((3,), 1 / 3))  # t~ = infinity

@@ -51,10 +51,11 @@ class SosicFLSettings(Settings):
     pool_size: int = Field(10_000, ge=1, description="uniform points pre-sampled per cluster subregion")
     late_start: int = Field(1, ge=0, description="t~: round from which clients sample their subregion "
                             "(before: the whole simplex, scored at the centroid); 0 = never (t~ = infinity)")
-    alpha_resample: Literal["per_round", "per_step"] = Field(
-        "per_round", description="one alpha draw per client and round cycling over samples_per_round (paper), "
-        "or a fresh draw per mini-batch (FLOCO's code)")
-    samples_per_round: int = Field(1, ge=1, description="Omega_tr of SosicFL's own training (paper: 1)")
+    alpha_resample: Literal["per_step", "per_round"] = Field(
+        "per_step", description="a fresh alpha draw per local step (the paper's §3.2 step 2 and FLOCO's code), or "
+        "samples_per_round draws per client and round that the steps cycle over")
+    samples_per_round: int = Field(1, ge=1, description="Omega_tr of SosicFL's own training with alpha_resample = "
+                                   "per_round (the paper's Appendix A: 1)")
     eval_samples: int = Field(1, ge=1, description="Omega_te: a client's model is the single model at its cluster "
                               "centre (1, the paper's setting) or the softmax ensemble of this many models at "
                               "points of its subregion")
