@@ -325,3 +325,35 @@ def test_clusters_that_share_a_centre_are_named_in_a_warning(caplog: pytest.LogC
                                 n_init=2, pool_size=10, seed=0)
     messages = [r.getMessage() for r in caplog.records if "share one centre" in r.getMessage()]
     assert messages and "raise sosicfl.num_endpoints" in messages[0] and "M + 1 = 3" in messages[0]
+
+
+def test_sosicfl_plus_post_hoc_personalises_every_client_from_the_final_global_endpoints() -> None:
+    """plus_mode = post_hoc ("applying Ditto after SosicFL training"): no personal training during
+    the rounds, where a client is scored with the global endpoints at its centre; in the final
+    evaluation pass every client fine-tunes personal endpoints starting from the final global ones."""
+    from pflkit.algorithms import ClientSummary
+
+    config = load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=50", "sosicfl.n_init=1",
+                                "sosicfl.plus_mode='post_hoc'"])
+    last = tiny_context(round=1)  # TrainSettings.rounds = 1: round 1 trains, round 2 is the final pass
+    alg = build_algorithm("sosicfl_plus", config.algorithm_sections(), last.train, last.units)
+    counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 2 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 2
+    server = alg.prepare(alg.init_server(params_of(last, 0)), [ClientSummary(i, 70, c) for i, c in enumerate(counts)])
+    state = alg.init_client(params_of(last, 0), 0)
+    state["personal"] = {k: v + 1.0 for k, v in state["personal"].items()}  # anything but the global endpoints
+    payload = alg.downlink(server, 0, 1)
+    state, info = alg.local_init(payload, state, last)
+    assert "personal_loss" not in info
+    assert all(torch.equal(state["personal"][k], payload["global"][k]) for k in payload["global"])
+    trained, _, metrics = alg.local_train(payload, state, last)
+    assert "personal_loss" not in metrics  # no personal training in the rounds, not even the last
+    assert all(torch.equal(trained["personal"][k], payload["global"][k]) for k in payload["global"])
+    # the final pass: personal endpoints fine-tuned from the final global ones (a new download)
+    final = {**payload, "global": {k: v + 0.5 for k, v in payload["global"].items()}}
+    final_ctx = tiny_context(round=2)
+    state, info = alg.local_init(final, trained, final_ctx)
+    assert "personal_loss" in info
+    expected, _ = alg.personalise(final, {**trained, "personal": dict(final["global"])}, final_ctx)
+    for k in state["personal"]:
+        torch.testing.assert_close(state["personal"][k], expected["personal"][k])
+    assert any(not torch.equal(state["personal"][k], final["global"][k]) for k in final["global"])

@@ -68,7 +68,9 @@ class SosicFLSettings(Settings):
     plus_samples: int = Field(10, ge=1, description="SosicFL+: Omega_tr of the personal training (paper: 10)")
     plus_mode: Literal["every_round", "post_hoc"] = Field(
         "every_round", description="SosicFL+: personalise each time a client participates (like Ditto), or "
-        "only in the last training round")
+        "post hoc: after the last round every client fine-tunes personal endpoints from the final global ones "
+        "before its final evaluation (\"applying Ditto after SosicFL training\"); until then it is scored "
+        "with the global endpoints")
 
 
 def simplex_loss(names: list[str], num_endpoints: int, prox: float = 0.0) -> LossFn:
@@ -208,7 +210,30 @@ class SosicFL(Algorithm):
         state = {**state, "model": {**state["model"], **clone(payload["global"])}, "center": payload["center"].clone()}
         if "eval_alphas" in payload:
             state["eval_alphas"] = payload["eval_alphas"].clone()
+        if self.post_hoc:  # no personal endpoints yet: the global ones stand in (and are the start)
+            state["personal"] = {**state["personal"], **clone(payload["global"])}
         return state, {}
+
+    @property
+    def post_hoc(self) -> bool:
+        return self.personal and self.settings.plus_mode == "post_hoc"
+
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> tuple[State, dict[str, Any]]:
+        """SosicFL+ post hoc: in the final evaluation pass every client personalises first."""
+        if self.post_hoc and ctx.round > self.train.rounds:
+            state, personal_loss = self.personalise(payload, state, ctx)
+            return state, {"personal_loss": personal_loss}
+        return state, {}
+
+    def personalise(self, payload: Payload, state: State, ctx: ClientContext) -> tuple[State, Any]:
+        """E epochs of the personal endpoints on CE at the personal alphas + lambda/2 ||theta^ - theta||^2
+        toward the endpoints received this round (spec §4.10)."""
+        anchor = {k: v for k, v in payload["global"].items() if k in set(self.trainable)}
+        loss = simplex_loss(self.simplex, self.M1, self.settings.plus_lam)
+        personal, personal_loss = self.fit_simplex(state["personal"], payload["personal_alphas"], ctx, loss,
+                                                   aux={"anchor": anchor}, purpose="personal",
+                                                   stage="personal training")
+        return {**state, "personal": personal}, personal_loss
 
     def fit_simplex(self, params: Params, alphas: torch.Tensor, ctx: ClientContext, loss: LossFn, *,
                     aux: Any = None, purpose: str = "train", epochs: int | None = None,
@@ -223,13 +248,8 @@ class SosicFL(Algorithm):
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         metrics: dict[str, Any] = {}
-        if self.personal and (self.settings.plus_mode == "every_round" or ctx.round == self.train.rounds):
-            anchor = {k: v for k, v in payload["global"].items() if k in set(self.trainable)}
-            loss = simplex_loss(self.simplex, self.M1, self.settings.plus_lam)
-            personal, metrics["personal_loss"] = self.fit_simplex(
-                state["personal"], payload["personal_alphas"], ctx, loss, aux={"anchor": anchor},
-                purpose="personal", stage="personal training")
-            state = {**state, "personal": personal}
+        if self.personal and not self.post_hoc:
+            state, metrics["personal_loss"] = self.personalise(payload, state, ctx)
         model, metrics["train_loss"] = self.fit_simplex(state["model"], payload["alphas"], ctx,
                                                         simplex_loss(self.simplex, self.M1))
         return {**state, "model": model}, self.upload(model, ctx), metrics
