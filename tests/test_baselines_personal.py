@@ -266,6 +266,49 @@ def test_fedphp_step_with_mmd_and_hpm_update():
     assert hpm_eval.eval_params(nxt) is nxt["hpm"]
 
 
+def pfllib_mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """My transcription of PFLlib's clientphp.py MMD (kernel "rbf"): squared distances
+    ||a||^2 + ||b||^2 - 2 a.b without a clamp, K = sum over a in {10, 15, 20, 50} of exp(-D / (2a)),
+    the mean of K_xx + K_yy - 2 K_xy over the b x b matrix."""
+    def sq(a, b):
+        return (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.t()
+
+    def k(d):
+        return sum(torch.exp(-d / (2 * a)) for a in (10, 15, 20, 50))
+    return (k(sq(x, x)) + k(sq(y, y)) - 2 * k(sq(x, y))).mean()
+
+
+def test_fedphp_pfllib2022_blends_on_receive_scores_the_blend_and_distils_toward_the_global_model():
+    """PFLlib's FedPHP at FedALA's time (TsingZ0/PFLlib f1e313a clientphp.py set_parameters and train):
+    w <- (1 - mu_R) global + mu_R w_old with mu_R = mu * R / T, R counted from 0; scored before
+    training; loss (1 - lam) CE(w) + lam MMD(fc1 features of w, of the global model)."""
+    ctx = tiny_context(n_train=10, batch_size=10, lr=0.1, round=3)
+    ctx.train = dataclasses.replace(ctx.train, rounds=4)
+    alg = build("fedphp", ctx, "fedphp.lam=0.5", "fedphp.variant='pfllib2022'")
+    glob, old = params_of(ctx, 2), params_of(ctx, 1)
+    state = {**alg.init_client(old, 0)}
+    state, info = alg.local_init({"global": glob}, state, ctx)
+    mu_r = 0.9 * 2 / 4  # round 3 is PFLlib's R = 2
+    assert info["hpm_mu"] == pytest.approx(mu_r)
+    blended = {k: (1 - mu_r) * glob[k] + mu_r * old[k] for k in glob}
+    assert_params_close(state["model"], blended)
+    assert_params_close(alg.eval_params(state), blended)  # scored before training
+    new, upload, _ = alg.local_train({"global": glob}, state, ctx)
+    (x, y), = batch_pairs(ctx, "train", 1)
+    teacher = functional_call(ctx.model, glob, (x,), {"stop": 3}).detach()
+
+    def loss_fn(model, params, x, y):
+        feats = functional_call(model, params, (x,), {"stop": 3})
+        logits = functional_call(model, params, (feats,), {"start": 3})
+        return 0.5 * F.cross_entropy(logits, y) + 0.5 * pfllib_mmd(feats, teacher)
+
+    assert_params_close(new["model"], step(blended, grads(ctx.model, blended, x, y, loss_fn), 0.1))
+    first = tiny_context(round=1)
+    first.train = dataclasses.replace(first.train, rounds=4)
+    state, info = alg.local_init({"global": glob}, alg.init_client(old, 0), first)
+    assert info["hpm_mu"] == 0.0 and all(torch.equal(state["model"][k], glob[k]) for k in glob)
+
+
 @pytest.mark.parametrize("kt", ["mmd", "kd"])
 def test_fedphp_without_transfer_is_plain_sgd(kt):
     ctx = tiny_context(n_train=20, batch_size=10, lr=0.1)

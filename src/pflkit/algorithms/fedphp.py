@@ -11,6 +11,12 @@ Evaluated model: the locally trained w of the client's last participation (PFLli
 FedPHP after training; here evaluation follows local_init, so the trained w is kept in
 state["trained"], Theta^0 before the first participation); option ``eval_hpm`` scores v.
 With ``+ala`` ALA initialises the received model w ("model").
+
+``variant = "pfllib2022"`` is PFLlib's FedPHP at the time of the FedALA paper (TsingZ0/PFLlib
+f1e313a, ``clientphp.py``), whose numbers FedALA's tables report: no HPM; on receiving, the local
+model becomes w <- (1 - mu_R) Theta + mu_R w_old (mu_R = mu * R / T, R = t - 1 counting from 0 as
+PFLlib's rounds do), it is scored then, and trained on (1 - lam) CE(w) + lam MMD(features of w,
+features of the received global model Theta).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from torch.nn import functional as F
 
 from ..functional import Params, clone
 from ..functional.training import Batch, LossFn, Net, cross_entropy
-from .base import Algorithm, ClientContext, Payload, Settings, State, Trained
+from .base import Algorithm, ClientContext, Init, Payload, Settings, State, Trained
 from .registry import register
 
 
@@ -37,6 +43,9 @@ class FedPHPSettings(Settings):
                                     description="RBF kernel bandwidths s of the MMD (spec §2.9 [REF-CODE])")
     temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd'; spec §2.9 [UNCERTAIN])")
     eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w (spec §2.9 option)")
+    variant: Literal["hpm", "pfllib2022"] = Field(
+        "hpm", description="hpm: the paper's inherited private model (spec §2.9); pfllib2022: PFLlib's FedPHP of "
+        "FedALA's time (blend the global into the old local model on receiving, MMD toward the global model)")
 
 
 def mmd_rbf(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float],
@@ -100,14 +109,32 @@ class FedPHP(Algorithm):
     def loss(self) -> LossFn:
         return fedphp_loss(self.settings, body=len(self.units) - 1)
 
+    @property
+    def pfllib2022(self) -> bool:
+        return self.settings.variant == "pfllib2022"
+
+    def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
+        """pfllib2022: w <- (1 - mu_R) Theta + mu_R w_old; otherwise the overwrite."""
+        if not self.pfllib2022:
+            return super().receive(payload, state, ctx)
+        mu_r = hpm_coefficient(self.settings.mu, ctx.round - 1, self.train.rounds)
+        old, received = state["model"], payload["global"]
+        with torch.no_grad():
+            blended = {**old, **{k: (1 - mu_r) * received[k] + mu_r * old[k] for k in received}}
+        return {**state, "model": blended}, {"hpm_mu": mu_r}
+
     def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         # the teacher's training-mode forwards update its batch-norm statistics: give it a copy
+        if self.pfllib2022:  # the teacher is the received global model
+            return {"hpm": clone({**state["model"], **payload["global"]})}
         return {"hpm": clone(state["hpm"])}
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state, ctx),
                                stage="local training (CE + knowledge transfer)")
         w = fit.params
+        if self.pfllib2022:
+            return {**state, "model": w, "trained": w}, self.upload(w, ctx), {"train_loss": fit.loss}
         mu_t = hpm_coefficient(self.settings.mu, ctx.round, self.train.rounds)
         with torch.no_grad():
             new_hpm = {k: state["hpm"][k] * mu_t + w[k] * (1 - mu_t) for k in state["hpm"]}
@@ -115,4 +142,6 @@ class FedPHP(Algorithm):
                 {"train_loss": fit.loss, "hpm_mu": mu_t})
 
     def eval_params(self, state: State) -> Params:
+        if self.pfllib2022:  # scored after the blend, before training
+            return state["model"]
         return state["hpm"] if self.settings.eval_hpm else state["trained"]
