@@ -179,6 +179,9 @@ def test_sosicfl_runs_prepare_clusters_and_record_the_total_variance(tmp_path) -
         trained = [r for r in records if r["algorithm"] == name and "update_variance" in r]
         assert len(trained) == 2 and all(r["update_variance"] > 0 for r in trained)
         assert "best_global_accuracy" in summary[name] and "best_local_accuracy" in summary[name]
+        # Fig. 6 summarised: the mean total variance over the rounds
+        assert summary[name]["mean_update_variance"] == pytest.approx(np.mean([r["update_variance"] for r in trained]))
+    assert (tmp_path / "run" / "plots" / "total_variance.png").stat().st_size > 10_000  # Fig. 6 plotted
     plus = [r for r in records if r["algorithm"] == "sosicfl_plus" and "personal_loss" in r]
     assert plus
 
@@ -357,3 +360,36 @@ def test_sosicfl_plus_post_hoc_personalises_every_client_from_the_final_global_e
     for k in state["personal"]:
         torch.testing.assert_close(state["personal"][k], expected["personal"][k])
     assert any(not torch.equal(state["personal"][k], final["global"][k]) for k in final["global"])
+
+
+def test_simplex_pictures_draw_figure_5_with_the_global_panel_and_each_clients_lda_point(tmp_path, monkeypatch):
+    from pflkit.algorithms import TrainSettings
+    from pflkit.federation import build_partitions, initial_params
+    from pflkit.federation.checkpoint import load_checkpoint
+    from pflkit.functional import evaluate
+    from pflkit.run import simplex_report
+
+    config = _config(tmp_path, 'algorithms=["sosicfl"]', "test_set=official", "partition=kfold", "num_folds=3")
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    drawn = {}
+    real = simplex_report.plot_simplex_landscape
+    monkeypatch.setattr(simplex_report, "plot_simplex_landscape",
+                        lambda *a, **k: drawn.update(args=a, kwargs=k) or real(*a, **k))
+    pictures = simplex_report.simplex_pictures(tmp_path / "run", clients=[0, 5], points=50)
+    assert [p.name for p in pictures] == ["simplex-sosicfl.png", "landscape-sosicfl.png"]
+    alphas, accuracy, centers = drawn["args"][:3]
+    assert list(accuracy)[0] == "global model" and len(accuracy) == 3 and alphas.shape == (50, 3)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "sosicfl-seed0.pt")
+    simplex = state.server["simplex"]
+    clients = [label for label in accuracy if label.startswith("client")]
+    assert clients == [f"client {c} (cluster {int(simplex['assignment'][c])})" for c in (0, 5)]
+    np.testing.assert_allclose(drawn["kwargs"]["points"][clients[1]], simplex["points"][5].numpy())  # the dot
+    np.testing.assert_allclose(centers["global model"], np.full(3, 1 / 3), rtol=1e-6)  # the centroid's x
+    # the global panel's accuracy at the centroid is the global model's accuracy on the official test set
+    _, partitions = build_partitions(config, torch.device("cpu"))
+    data = next(iter(partitions.values()))
+    model = initial_params(config, data, 0, torch.device("cpu"))[0]
+    alg = build_algorithm("sosicfl", config.algorithm_sections(), TrainSettings.from_config(config), model.units())
+    at_centroid = simplex_report.landscape(model, alg, state.server["global"], alg.centroid[None], *data.global_test)
+    expected = evaluate(model, alg.global_params(state.server), *data.global_test)
+    assert float(at_centroid[0]) == pytest.approx(expected["correct"] / expected["num_samples"], abs=1e-6)

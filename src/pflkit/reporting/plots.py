@@ -21,9 +21,10 @@ def _save(fig: Any, path: Path, title: str = "") -> None:
 
 
 def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], path: Path,
-                  title: str = "", *, metric: str = "accuracy", label: str = "test accuracy (%)") -> None:
-    """``metric`` per evaluated round, one line per algorithm (mean ± std band over seeds);
-    algorithms that never record it are left out."""
+                  title: str = "", *, metric: str = "accuracy", label: str = "test accuracy (%)",
+                  scale: float = 100.0) -> None:
+    """``metric`` (times ``scale``: accuracies in %) per round that records it, one line per
+    algorithm (mean ± std band over seeds); algorithms that never record it are left out."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for alg in dict.fromkeys(a for a, _ in histories):
         runs = [[(r["round"], r[metric]) for r in h if metric in r]
@@ -32,7 +33,7 @@ def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]
         if not length:
             continue
         rounds = np.array([p[0] for p in runs[0][:length]])
-        acc = 100 * np.array([[p[1] for p in run[:length]] for run in runs])
+        acc = scale * np.array([[p[1] for p in run[:length]] for run in runs])
         mean = acc.mean(0)
         (line,) = ax.plot(rounds, mean, label=alg)
         if len(runs) > 1:
@@ -122,9 +123,13 @@ def plot_simplex_clusters(points: np.ndarray, assignment: np.ndarray, centers: n
 
 
 def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray], centers: Mapping[str, np.ndarray],
-                           path: Path, title: str = "") -> bool:
-    """Accuracy over simplex points, one panel per client (SosicFL Fig. 5); ``centers`` marks
-    each client's cluster centre. Drawn for 2 or 3 endpoints (returns False otherwise)."""
+                           path: Path, title: str = "", points: Mapping[str, np.ndarray] | None = None,
+                           labels: Mapping[str, str] | None = None) -> bool:
+    """Accuracy over simplex points, one panel per entry of ``accuracy`` (SosicFL Fig. 5: the
+    global model's panel first, then the clients'); x marks ``centers`` (a client's cluster
+    centre, the global model's centroid), a dot ``points`` (the client's own LDA point).
+    ``labels`` names each panel's colour bar (default: local test accuracy). Drawn for 2 or 3
+    endpoints (returns False otherwise)."""
     dims = np.asarray(alphas).shape[1]
     if dims not in (2, 3) or not accuracy:
         return False
@@ -132,11 +137,15 @@ def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray
     xy = _simplex_xy(alphas)
     for ax, (label, acc) in zip(axes[0], accuracy.items()):
         sc = ax.scatter(*xy.T, c=100 * np.asarray(acc), s=6, cmap="viridis")  # scaled to the panel's range
-        ax.scatter(*_simplex_xy(np.asarray(centers[label])[None]).T, marker="*", s=200, color="red",
-                   edgecolors="white", zorder=5)
+        if points is not None and label in points:
+            ax.scatter(*_simplex_xy(np.asarray(points[label])[None]).T, marker="o", s=70, color="red",
+                       edgecolors="white", zorder=5, label="its LDA point")
+        ax.scatter(*_simplex_xy(np.asarray(centers[label])[None]).T, marker="x", s=110, color="black",
+                   linewidths=2.5, zorder=6, label="cluster centre" if points and label in points else "centroid")
         _simplex_frame(ax, dims)
         ax.set_title(label, fontsize=9)
-        fig.colorbar(sc, ax=ax, fraction=0.046, label="local test accuracy (%)")
+        ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
+        fig.colorbar(sc, ax=ax, fraction=0.046, label=(labels or {}).get(label, "local test accuracy (%)"))
     _save(fig, path, title)
     return True
 

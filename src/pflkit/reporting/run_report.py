@@ -35,6 +35,9 @@ class RunReport:
         for method, entries in time_to_accuracy(histories, tta_bases, seeds).items():
             summary[method].update(entries)
         plot_accuracy(histories, plots / "accuracy.png", title)
+        if any("update_variance" in r for h in histories.values() for r in h):  # SosicFL Fig. 6
+            plot_accuracy(histories, plots / "total_variance.png", f"{title}: total variance of the head's updates",
+                          metric="update_variance", label="total variance of the last layer's updates", scale=1.0)
         if official:
             plot_accuracy(histories, plots / "global_accuracy.png", f"{title}: global model",
                           metric="global_accuracy", label="global test accuracy (%)")

@@ -26,7 +26,8 @@ HIGHER_IS_BETTER = ("accuracy", "mean_client_accuracy", "local_accuracy", "globa
 LOWER_IS_BETTER = ("local_risk", "local_kl")
 #: Training-round costs whose mean over rounds the summary keeps (communication, time split).
 PER_ROUND_COSTS = ("down_floats_per_client", "up_floats_per_client", "down_bytes", "up_bytes", "init_seconds",
-                   "train_seconds", "eval_seconds", "global_eval_seconds")
+                   "train_seconds", "eval_seconds", "global_eval_seconds",
+                   "update_variance")  # not a cost: SosicFL Fig. 6's total variance, its mean over rounds
 RUN_METRICS = ("best_accuracy", "final_accuracy", "best_mean_client_accuracy", "final_mean_client_accuracy",
                "mean_seconds_per_round")
 

@@ -53,29 +53,49 @@ def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | No
     if clients is None:
         clients = [int(np.flatnonzero(assignment == c)[0]) for c in np.unique(assignment)[:3]]
     alphas = torch.as_tensor(np.random.default_rng(seed).dirichlet(np.ones(alg.M1), size=points), dtype=torch.float32)
-    accuracy, centers = {}, {}
     for cid in clients:
         if not 0 <= cid < data.num_clients:
             raise ValueError(f"client {cid} does not exist (the run has {data.num_clients} clients)")
+    # Fig. 5, left: the global endpoints on the global test set (the official split, or else the
+    # clients' pooled test splits), the centroid marked
+    if data.global_test is not None:
+        global_x, global_y = data.global_test
+        where = "global test set"
+    else:
+        global_x = torch.cat([c.test_x for c in data.clients])
+        global_y = torch.cat([c.test_y for c in data.clients])
+        where = "pooled client test sets"
+    accuracy = {"global model": landscape(model, alg, state.server["global"], alphas, global_x, global_y)}
+    centers = {"global model": alg.centroid.numpy()}
+    labels = {"global model": f"accuracy on the {where} (%)"}
+    lda_points = {}
+    for cid in clients:  # Fig. 5, right: each client's model on its local test set
         own = state.clients.get(cid, {})
         params = own["personal"] if alg.personal and "personal" in own else state.server["global"]
-        test_x, test_y = data.clients[cid].test_x, data.clients[cid].test_y
-        head = len(alg.units) - 1
-        hits = []
-        with torch.no_grad():
-            if alg.simplex_layers == "head":  # the body is shared: its features once, the head per point
-                inputs, start = forward(model, realise(params, alg.simplex, alg.M1, alphas[0]), test_x,
-                                        stop=head, train=False), head
-            else:
-                inputs, start = test_x, 0
-            for alpha in alphas:
-                logits = forward(model, realise(params, alg.simplex, alg.M1, alpha), inputs, start=start, train=False)
-                hits.append(float((logits.argmax(1) == test_y).float().mean()))
         label = f"client {cid} (cluster {int(assignment[cid])})"
-        accuracy[label] = np.array(hits)
+        accuracy[label] = landscape(model, alg, params, alphas, data.clients[cid].test_x, data.clients[cid].test_y)
         centers[label] = alg.center(state.server, cid, state.rounds_done).numpy()
+        lda_points[label] = simplex["points"][cid].numpy()
     landscape_png = results.plots / f"landscape-{algorithm}.png"
     if plot_simplex_landscape(alphas.numpy(), accuracy, centers, landscape_png,
-                              f"{algorithm}: accuracy over {points} simplex points (round {state.rounds_done})"):
+                              f"{algorithm}: accuracy over {points} simplex points (round {state.rounds_done})",
+                              points=lda_points, labels=labels):
         out.append(landscape_png)
     return out
+
+
+def landscape(model: torch.nn.Module, alg: SosicFL, params: dict[str, torch.Tensor], alphas: torch.Tensor,
+              x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Accuracy of the model at each simplex point ``alphas`` on (x, y)."""
+    head = len(alg.units) - 1
+    hits = []
+    with torch.no_grad():
+        if alg.simplex_layers == "head":  # the body is shared: its features once, the head per point
+            inputs, start = forward(model, realise(params, alg.simplex, alg.M1, alphas[0]), x, stop=head,
+                                    train=False), head
+        else:
+            inputs, start = x, 0
+        for alpha in alphas:
+            logits = forward(model, realise(params, alg.simplex, alg.M1, alpha), inputs, start=start, train=False)
+            hits.append(float((logits.argmax(1) == y).float().mean()))
+    return np.array(hits)
