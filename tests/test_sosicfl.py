@@ -393,3 +393,19 @@ def test_simplex_pictures_draw_figure_5_with_the_global_panel_and_each_clients_l
     at_centroid = simplex_report.landscape(model, alg, state.server["global"], alg.centroid[None], *data.global_test)
     expected = evaluate(model, alg.global_params(state.server), *data.global_test)
     assert float(at_centroid[0]) == pytest.approx(expected["correct"] / expected["num_samples"], abs=1e-6)
+
+
+def test_every_weight_endpoint_is_an_independent_xavier_normal_draw_as_in_floco() -> None:
+    """FLOCO (dennis-grinwald/floco a25b3a1) initialises every endpoint the same way; pflkit's
+    endpoint 0 used to be the model's own (differently scaled) initial tensor."""
+    torch.manual_seed(0)
+    base = {"fc.weight": torch.nn.Linear(256, 40).weight.detach(), "fc.bias": torch.zeros(40)}
+    endpoints = make_endpoints(base, ["fc.weight"], 3)
+    xavier = (2 / (256 + 40)) ** 0.5
+    draws = [endpoints[f"fc.weight@{m}"] for m in range(3)]
+    assert all(abs(float(d.std()) / xavier - 1) < 0.05 for d in draws)
+    assert not torch.equal(draws[0], base["fc.weight"])
+    assert all(not torch.equal(draws[i], draws[j]) for i in range(3) for j in range(i + 1, 3))
+    assert torch.equal(endpoints["fc.bias"], base["fc.bias"])  # one shared bias
+    again = make_endpoints(base, ["fc.weight"], 3)  # keyed by the initial tensor: the same on every node
+    assert all(torch.equal(again[f"fc.weight@{m}"], draws[m]) for m in range(3))

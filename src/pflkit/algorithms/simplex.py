@@ -33,16 +33,17 @@ def endpoint_name(name: str, m: int) -> str:
 
 def make_endpoints(params: Mapping[str, torch.Tensor], names: list[str], num_endpoints: int) -> dict[str, torch.Tensor]:
     """``params`` with each of ``names`` replaced by ``num_endpoints`` independently initialised
-    endpoint tensors (spec §4.2): endpoint 0 is the model's own initial tensor; endpoint m > 0 is
-    a Xavier-normal draw (a 1-d tensor: its initial value plus N(0, 0.1^2) noise) from a generator
-    keyed by the initial tensor's bytes and m. Every engine, Flower node and resumed run thus
-    builds the same endpoints from the same initial model, which the run seed fixes."""
+    endpoint tensors (spec §4.2), all drawn the same way as FLOCO's code does (every endpoint an
+    independent Xavier-normal draw): a weight's endpoint m is Xavier-normal from a generator keyed
+    by the initial tensor's bytes and m; a 1-d tensor (``simplex_bias``) keeps its initial value
+    as endpoint 0 and adds N(0, 0.1^2) noise for the others. Every engine, Flower node and resumed
+    run thus builds the same endpoints from the same initial model, which the run seed fixes."""
     out = {k: v for k, v in params.items() if k not in names}
     for name in names:
         base = params[name]
         key = hashlib.sha256(base.detach().cpu().contiguous().numpy().tobytes()).digest()
         for m in range(num_endpoints):
-            if m == 0:
+            if m == 0 and base.dim() < 2:
                 out[endpoint_name(name, m)] = base.detach().clone()
                 continue
             g = torch.Generator().manual_seed(int.from_bytes(key[:7], "little") + m)
