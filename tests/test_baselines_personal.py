@@ -71,7 +71,7 @@ def test_perfedavg_defaults_alpha_beta_to_local_lr():
 
 def test_perfedavg_first_order_steps_on_independent_batches():
     ctx = tiny_context(n_train=20, batch_size=10, lr=0.1)
-    alg = build("perfedavg", ctx, "perfedavg.alpha=0.3", "perfedavg.beta=0.2")
+    alg = build("perfedavg", ctx, "perfedavg.alpha=0.3", "perfedavg.beta=0.2", "perfedavg.clip_norm=0")
     w0 = params_of(ctx, 2)
     new, upload, metrics = alg.local_train({"global": w0}, {"model": w0}, ctx)
     w = dict(w0)
@@ -83,9 +83,29 @@ def test_perfedavg_first_order_steps_on_independent_batches():
     assert "eval" not in new and metrics["train_loss"] > 0
 
 
+def test_perfedavg_clips_the_meta_gradient_before_the_beta_step():
+    ctx = tiny_context(n_train=20, batch_size=10, lr=0.1)
+    alg = build("perfedavg", ctx, "perfedavg.alpha=0.3", "perfedavg.beta=0.2", "perfedavg.clip_norm=0.05")
+    w0 = params_of(ctx, 2)
+    new = alg.local_train({"global": w0}, {"model": w0}, ctx)[0]["model"]
+    w = dict(w0)
+    clipped = 0
+    for (xb, yb), (xo, yo) in zip(batch_pairs(ctx, "train", 1), batch_pairs(ctx, "outer", 1)):
+        w_prime = step(w, grads(ctx.model, w, xb, yb), 0.3)
+        g = grads(ctx.model, w_prime, xo, yo)
+        norm = math.sqrt(sum(float((v ** 2).sum()) for v in g.values()))
+        coef = min(1.0, 0.05 / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_
+        clipped += coef < 1
+        w = step(w, {k: coef * v for k, v in g.items()}, 0.2)
+    assert clipped == 2  # it really engaged
+    assert_params_close(new, w)
+    assert build("perfedavg", ctx).settings.clip_norm == 10.0  # the default safety net
+
+
 def test_perfedavg_split_pairs_are_halves_of_a_double_batch():
     ctx = tiny_context(n_train=20, batch_size=5, lr=0.1)
-    alg = build("perfedavg", ctx, "perfedavg.batch_pairs='split'", "perfedavg.alpha=0.3", "perfedavg.beta=0.2")
+    alg = build("perfedavg", ctx, "perfedavg.batch_pairs='split'", "perfedavg.alpha=0.3", "perfedavg.beta=0.2",
+                "perfedavg.clip_norm=0")
     w0 = params_of(ctx, 2)
     new = alg.local_train({"global": w0}, {"model": w0}, ctx)[0]["model"]
     order = torch.randperm(20, generator=ctx.generator("train"))

@@ -40,8 +40,8 @@ class FedNHSettings(Settings):
                          "(the authors' code: 1.0 for the CNN, 20.0 for their ResNet-18), else fixed")
     learn_scale: bool = Field(True, description="train s with the body and average it on the server (the authors' "
                               "code); false: s stays fixed")
-    clip_norm: float | None = Field(10.0, gt=0, description="clip the local gradients' global L2 norm (the authors' "
-                                    "code: 10 in every method); null: no clipping")
+    clip_norm: float = Field(10.0, ge=0, description="clip the local gradients' global L2 norm (the authors' "
+                             "code: 10 in every method); 0: no clipping")
     body_weights: Literal["uniform", "samples"] = Field("uniform", description="server mean of bodies and s: uniform "
                                                           "(the authors' code) or sample-weighted (FedAvg)")
     prototype_init: Literal["orthogonal", "spread"] = Field(
@@ -135,7 +135,7 @@ class FedNH(Algorithm):
         fit = self.train_model({**state["model"], SCALE: state[SCALE]}, ctx,
                                cosine_loss(self.body, self.weight, None if learn else cfg.scale),
                                trainable=body + ([SCALE] if learn else []),
-                               optimizer=ctx.train.optimizer(clip_norm=cfg.clip_norm))
+                               optimizer=ctx.train.optimizer(clip_norm=cfg.clip_norm or None))
         model = {k: fit.params[k] for k in state["model"]}
         sums = ctx.class_sums(model, normalised_features(self.body))
         counts = ctx.label_counts
