@@ -381,7 +381,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "Invalid value for '--points': 0 is not in the range x>=1"),
     ("plot trajectory with no grid", _on_finished_run("plot", "trajectory", "RUN", "--client", "0", "--grid", "0"),
      "Invalid value for '--grid': 0 is not in the range x>=2"),
-    ("plot ala of a run without ALA", _on_finished_run("plot", "ala", "RUN"), "has no ALA method with recorded weights"),
+    ("plot ala of a run without ALA", _on_finished_run("plot", "ala", "RUN"),
+     "has no ALA method with recorded weights"),
     ("bench with an unknown engine", lambda tmp: ["bench", "--engines", "loop,gpu"], "unknown engine(s) gpu"),
 ]
 

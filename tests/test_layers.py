@@ -216,7 +216,8 @@ def test_the_checker_reports_forbidden_edges_of_every_form(tmp_path):
     (fed / "c.py").write_text("from pflkit import flower\n")
     (fed / "d.py").write_text("from .. import cli\n")
     (fed / "e.py").write_text("from ..bench_scale import y\n")
-    (fed / "f.py").write_text("def g():\n    from ..engines import z\n    from . import a\n    from .. import __version__\n")
+    (fed / "f.py").write_text("def g():\n    from ..engines import z\n    from . import a\n"
+                              "    from .. import __version__\n")
     (fed / "sub").mkdir()
     (fed / "sub" / "__init__.py").write_text("from ...reporting import summarize\n")
     (tmp_path / "config.py").write_text("from . import run\n")

@@ -8,7 +8,6 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 import tomli_w
@@ -206,8 +205,9 @@ def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
         fail(exc)
     failed = [cell for cell in record["cells"] if "error" in cell]
     if failed:
-        click.echo(f"error: {len(failed)} of {len(record['cells'])} cells failed ({', '.join(c['folder'] for c in failed)})"
-                   f"; their errors are above, in {out / 'sweep.md'} and in each cell's run.json", err=True)
+        names = ", ".join(c["folder"] for c in failed)
+        click.echo(f"error: {len(failed)} of {len(record['cells'])} cells failed ({names}); their errors are above, "
+                   f"in {out / 'sweep.md'} and in each cell's run.json", err=True)
         sys.exit(1)
 
 

@@ -51,7 +51,8 @@ class TrainSettings:
     @classmethod
     def from_config(cls, config: Any) -> "TrainSettings":
         return cls(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                   lr_decay=config.lr_decay, momentum=config.momentum, weight_decay=config.weight_decay, mixup=config.mixup,
+                   lr_decay=config.lr_decay, momentum=config.momentum, weight_decay=config.weight_decay,
+                   mixup=config.mixup,
                    mixup_alpha=config.mixup_alpha,
                    eval_batch_size=config.eval_batch_size, rounds=config.rounds, bn_buffers=config.bn_buffers)
 

@@ -22,7 +22,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..algorithms.context import Metrics
