@@ -119,7 +119,7 @@ def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
     assert (cfg.test_set, cfg.batch_size, cfg.lr, cfg.momentum, cfg.rounds, cfg.balance_cap) == \
         ("official", 64, 0.01, 0.9, 200, False)
     assert cfg.min_samples_per_client == 0 and len(cfg.seeds) == 5 and set(cfg.algorithms) <= FEDACD_METHODS
-    assert cfg.model == ("resnet18_gn" if cfg.dataset == "tiny_imagenet" else "cifar_cnn")  # FedNH's lineage
+    assert cfg.model == ("resnet18_gn" if cfg.dataset == "tiny_imagenet" else "conv2cifar")  # FedNH's lineage
     # [RECON]: FedNH's and FedNTD's code on the same settings; weight decay as theirs (Tiny: the spec's 1e-3 too)
     assert (cfg.lr_decay, cfg.weight_decay) == (0.99, 1e-3 if cfg.dataset == "tiny_imagenet" else 1e-5)
     header = path.read_text().split("\n", 1)[0]

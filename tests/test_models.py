@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pflkit.algorithms import TrainSettings, build_algorithm
+from pflkit.algorithms import TrainSettings, available, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, SingleClientContext, VmapEngine
@@ -425,3 +426,91 @@ def test_resnet18_gn_is_fednhs_resnet18_with_group_norm_and_a_cifar_stem():
     assert forward(model, params, x64, train=False, stop=4).shape == (1, 256, 16, 16)
     assert forward(model, params, x64, train=False, stop=5).shape == (1, 512)
     assert count_parameters(model) == sum(p.numel() for p in reference.parameters())
+
+
+class SuPerFedTwoCNN(nn.Module):
+    """SuPerFed's TwoCNN (vaseline555/SuPerFed 06860db, src/models/models.py), as read: the
+    "simple CNN (hahn2022connecting)" SosicFL cites, with torch.nn modules."""
+
+    def __init__(self, in_channels: int, classes: int, flat: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Conv2d(in_channels, 32, 5, padding=1, bias=False), nn.ReLU(),
+                                    nn.MaxPool2d(2, padding=1), nn.Conv2d(32, 64, 5, padding=1, bias=False),
+                                    nn.ReLU(), nn.MaxPool2d(2, padding=1), nn.Flatten())
+        self.classifier = nn.Sequential(nn.Linear(flat, 200, bias=False), nn.ReLU(), nn.Linear(200, 200, bias=False),
+                                        nn.ReLU(), nn.Linear(200, classes, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.layers(x))
+
+
+class FedNHConv2Cifar(nn.Module):
+    """FedNH's Conv2Cifar (Yutong-Dai/FedNH 60c3161, src/flbase/models/CNN.py), as read."""
+
+    def __init__(self, classes: int) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Conv2d(3, 64, 5), nn.Conv2d(64, 64, 5)
+        self.fc1, self.fc2 = nn.Linear(64 * 5 * 5, 384), nn.Linear(384, 192)
+        self.prototype = nn.Linear(192, classes, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.prototype(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+@pytest.mark.parametrize("size,flat", [(28, 3136), (32, 4096)])
+def test_simple_cnn_is_superfeds_two_cnn(size, flat):
+    model = build_model("simple_cnn", (3, size, size), 10)
+    reference = SuPerFedTwoCNN(3, 10, flat)
+    ours = dict(model.named_parameters())
+    theirs = dict(zip([n for n, _ in reference.named_parameters()], ours.values()))
+    reference.load_state_dict(theirs, strict=True)  # same shapes in the same order, no biases anywhere
+    assert not any(n.endswith("bias") for n in ours)
+    x = torch.randn(3, 3, size, size, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(forward(model, ours, x, train=False), reference(x), rtol=1e-5, atol=1e-6)
+    assert [n for n, _ in model.units()] == ["conv1", "conv2", "fc1", "fc2", "classifier"]
+
+
+def test_conv2cifar_is_fednhs_model_and_cifar_cnn_keeps_a_classifier_bias():
+    model = build_model("conv2cifar", (3, 32, 32), 7)
+    reference = FedNHConv2Cifar(7)
+    ours = dict(model.named_parameters())
+    reference.load_state_dict(dict(zip([n for n, _ in reference.named_parameters()], ours.values())), strict=True)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(forward(model, ours, x, train=False), reference(x), rtol=1e-5, atol=1e-6)
+    assert "fc.bias" not in ours and "fc.bias" in dict(build_model("cifar_cnn", (3, 32, 32), 7).named_parameters())
+
+
+def _image_data(sizes: list[int], side: int, seed: int = 0) -> FederatedData:
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(10, 1, side, side, generator=g)
+    clients = []
+    for i, n in enumerate(sizes):
+        y = torch.randint(0, 10, (n + 4,), generator=g)
+        x = means[y] + 0.5 * torch.randn(n + 4, 1, side, side, generator=g)
+        clients.append(ClientData(i, x[:n], y[:n], x[n:], y[n:]))
+    return FederatedData.from_clients(clients, 10, "toy")
+
+
+HEADLESS_ALGORITHMS = [a for a in available() if "+ala" not in a] + ["fedavg+ala", "fednh+ala"]
+
+
+@pytest.mark.parametrize("model_name", ["conv2cifar", "simple_cnn"])
+@pytest.mark.parametrize("name", HEADLESS_ALGORITHMS)
+def test_every_algorithm_trains_a_model_whose_classifier_has_no_bias(name, model_name):
+    """The bias-free heads of FedNH's Conv2Cifar and SuPerFed's TwoCNN: every method runs on them
+    (CReFF and FedNH keep no classifier bias then, as FedNH's ports do) and learns something."""
+    data = _image_data([24, 30, 18], side=16)
+    cfg = load_config(None, ["fedala.max_start_epochs=2", "fedrep.head_epochs=1", "ditto.personal_epochs=1",
+                             "creff.match_steps=2", "creff.retrain_epochs=2"])
+    torch.manual_seed(0)
+    model = build_model(model_name, (1, 16, 16), 10)
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    train = TrainSettings(batch_size=8, local_epochs=1, lr=0.05)
+    alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
+    result = simulate_rounds(RoundSetup(alg, data, model, model.units(), train, seed=3), LoopEngine(), init, 1)
+    losses = [r["train_loss"] for r in result.history if "train_loss" in r]
+    assert losses and all(np.isfinite(losses))
+    accuracies = [r["accuracy"] for r in result.history if "accuracy" in r]
+    assert accuracies and all(0 <= a <= 1 for a in accuracies)

@@ -226,13 +226,13 @@ def test_bad_sosicfl_settings_are_named() -> None:
         load_config(None, ["sosicfl.num_endpoints=1"])
 
 
-@pytest.mark.parametrize("name,shape,params,units", [("simple_cnn", (3, 32, 32), 875_010, 4),
+@pytest.mark.parametrize("name,shape,params,units", [("simple_cnn", (3, 32, 32), 914_800, 5),
                                                       ("mobilenet_v2", (3, 64, 64), 2_480_072, 20),
                                                       ("squeezenet1_1", (3, 32, 32), 825_096, 10)])
 def test_sosicfl_models_have_torchvision_sizes_and_a_declared_head(name, shape, params, units) -> None:
     from pflkit.models import build_model, head_names
     model = build_model(name, shape, 200 if name != "simple_cnn" else 10)
-    # torchvision's counts for 200 classes; SimpleCNN: 2,400 + 51,200 + 4,096 x 200 + 200 + 2,010
+    # torchvision's counts for 200 classes; SimpleCNN (no biases): 2,400 + 51,200 + 4,096 x 200 + 200 x 200 + 200 x 10
     assert sum(p.numel() for p in model.parameters()) == params
     assert len(model.units()) == units
     assert head_names(model.units())[0].endswith("weight") and model(torch.randn(2, *shape)).shape[1] in (10, 200)

@@ -57,33 +57,38 @@ class CReFFSettings(Settings):
     send_retrained: bool = Field(False, description="send the re-trained classifier to the clients too")
 
 
-def head_gradients(weight: str, bias: str, body: int) -> Any:
-    """Per sample, the cross-entropy gradient of a linear head: [(p - e_y) h^T, p - e_y] flattened."""
+def head_gradients(weight: str, bias: str | None, body: int) -> Any:
+    """Per sample, the cross-entropy gradient of a linear head: [(p - e_y) h^T, p - e_y] flattened
+    (without the bias part for a head without bias)."""
     def fn(net: Net, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = net(params, x, stop=body, train=False).flatten(1)
-        err = torch.softmax(F.linear(h, params[weight], params[bias]), dim=-1) - one_hot(y, params[weight].shape[0])
-        return torch.cat([(err[:, :, None] * h[:, None, :]).flatten(1), err], dim=1)
+        b = params[bias] if bias is not None else None
+        err = torch.softmax(F.linear(h, params[weight], b), dim=-1) - one_hot(y, params[weight].shape[0])
+        rows = (err[:, :, None] * h[:, None, :]).flatten(1)
+        return torch.cat([rows, err], dim=1) if bias is not None else rows
     return fn
 
 
-def classifier_gradient(features: torch.Tensor, label: int, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+def classifier_gradient(features: torch.Tensor, label: int, weight: torch.Tensor,
+                        bias: torch.Tensor | None) -> torch.Tensor:
     """The mean cross-entropy gradient of the classifier (weight, bias) on ``features`` of one class,
     flattened as ``head_gradients`` (differentiable in ``features``)."""
     err = torch.softmax(F.linear(features, weight, bias), dim=-1) - one_hot(
         torch.full((len(features),), label, device=features.device), weight.shape[0])
-    return torch.cat([(err.t() @ features).flatten() / len(features), err.mean(0)])
+    rows = (err.t() @ features).flatten() / len(features)
+    return torch.cat([rows, err.mean(0)]) if bias is not None else rows
 
 
-def matching_distance(synthetic: torch.Tensor, real: torch.Tensor, classes: int) -> torch.Tensor:
+def matching_distance(synthetic: torch.Tensor, real: torch.Tensor, classes: int, bias: bool = True) -> torch.Tensor:
     """The authors' 'ours' distance of two flattened classifier gradients [C*d + C]: the sum over
     the C rows of the weight gradient of 1 - cos, plus 1 - cos of the bias gradient, each cosine
-    <a, b> / (|a| |b| + 1e-6)."""
+    <a, b> / (|a| |b| + 1e-6). Without ``bias`` the gradients are [C*d], the rows only (FedNH's port)."""
     def distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return (1 - (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1) + 1e-6)).sum()
 
-    d = (synthetic.numel() - classes) // classes
+    d = (synthetic.numel() - (classes if bias else 0)) // classes
     rows = distance(synthetic[:classes * d].reshape(classes, d), real[:classes * d].reshape(classes, d))
-    return rows + distance(synthetic[classes * d:], real[classes * d:])
+    return rows + distance(synthetic[classes * d:], real[classes * d:]) if bias else rows
 
 
 def fresh_linear(dim: int, classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,23 +99,24 @@ def fresh_linear(dim: int, classes: int, generator: torch.Generator) -> tuple[to
     return weight, bias
 
 
-def retrain_classifier(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, epochs: int, batch: int,
-                       lr: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Train (``weight``, ``bias``) on the federated features [C, m, d] (labels: their class) with
-    plain SGD over ``epochs`` epochs of shuffled mini-batches (the last one smaller)."""
+def retrain_classifier(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, epochs: int,
+                       batch: int, lr: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Train (``weight``, ``bias``; no bias: ``None``) on the federated features [C, m, d] (labels:
+    their class) with plain SGD over ``epochs`` epochs of shuffled mini-batches (the last one smaller)."""
     C, m, d = features.shape
     x = features.reshape(C * m, d)
     y = torch.arange(C, device=x.device).repeat_interleave(m)
-    w, b = weight.clone().requires_grad_(True), bias.clone().requires_grad_(True)
+    trained = [t.clone().requires_grad_(True) for t in (weight, bias) if t is not None]
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator).to(x.device)
         for start in range(0, len(x), batch):
             rows = order[start:start + batch]
-            gw, gb = torch.autograd.grad(F.cross_entropy(F.linear(x[rows], w, b), y[rows]), [w, b])
+            loss = F.cross_entropy(F.linear(x[rows], *trained), y[rows])
+            grads = torch.autograd.grad(loss, trained)
             with torch.no_grad():
-                w -= lr * gw
-                b -= lr * gb
-    return w.detach(), b.detach()
+                for t, g in zip(trained, grads):
+                    t -= lr * g
+    return trained[0].detach(), (trained[1].detach() if bias is not None else None)
 
 
 @register
@@ -121,8 +127,13 @@ class CReFF(Algorithm):
 
     def __init__(self, settings: Any, train: Any, units: Any) -> None:
         super().__init__(settings, train, units)
-        self.weight, self.bias = head_names(units)[:2]
+        head = head_names(units)
+        self.weight = head[0]
+        self.bias: str | None = head[1] if len(head) > 1 else None  # FedNH's Conv2Cifar has none
         self.body = len(units) - 1
+
+    def _head(self, weight: torch.Tensor, bias: torch.Tensor | None) -> Params:
+        return {self.weight: weight, **({self.bias: bias} if self.bias is not None and bias is not None else {})}
 
     def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         weight = server["global"][self.weight]
@@ -130,8 +141,7 @@ class CReFF(Algorithm):
         g = torch_generator(seed, "server", 0, "creff")
         features = torch.randn(C, self.settings.features, d, generator=g)
         w, b = fresh_linear(d, C, g)
-        return {**server, "seed": seed, "features": features.to(weight),
-                "head": {self.weight: w.to(weight), self.bias: b.to(weight)}}
+        return {**server, "seed": seed, "features": features.to(weight), "head": self._head(w.to(weight), b.to(weight))}
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         payload = super().downlink(server, client_id, round)
@@ -158,24 +168,26 @@ class CReFF(Algorithm):
         target = (holders[..., None] * grads).sum(0) / holders.sum(0).clamp(min=1)[:, None]
         classes = torch.nonzero(holders.sum(0) > 0).flatten().tolist()
         head = server["head"]
-        weight, bias = head[self.weight].detach(), head[self.bias].detach()
+        weight = head[self.weight].detach()
+        bias = head[self.bias].detach() if self.bias is not None else None
         features = self.match(server["features"], target, classes, weight, bias)
         C, _, d = features.shape
         g = torch_generator(int(server["seed"]), "server", round, "creff")
         fresh_w, fresh_b = fresh_linear(d, C, g)
-        new_w, new_b = retrain_classifier(features, fresh_w.to(weight), fresh_b.to(bias), cfg.retrain_epochs,
+        start_b = fresh_b.to(weight) if bias is not None else None
+        new_w, new_b = retrain_classifier(features, fresh_w.to(weight), start_b, cfg.retrain_epochs,
                                           cfg.retrain_batch or self.train.batch_size, cfg.retrain_lr, g)
         return {**server, "global": {**server["global"], **merged}, "features": features,
-                "head": {self.weight: new_w, self.bias: new_b}}
+                "head": self._head(new_w, new_b)}
 
     def match(self, features: torch.Tensor, target: torch.Tensor, classes: list[int], weight: torch.Tensor,
-              bias: torch.Tensor) -> torch.Tensor:
+              bias: torch.Tensor | None) -> torch.Tensor:
         """``match_steps`` SGD steps on the features, the sum over ``classes`` of the matching distance."""
         features = features.clone().requires_grad_(True)
         C = weight.shape[0]
         for _ in range(self.settings.match_steps if classes else 0):
-            loss = sum(matching_distance(classifier_gradient(features[c], c, weight, bias), target[c], C)
-                       for c in classes)
+            loss = sum(matching_distance(classifier_gradient(features[c], c, weight, bias), target[c], C,
+                                         bias=bias is not None) for c in classes)
             (grad,) = torch.autograd.grad(loss, [features])  # type: ignore[arg-type]
             with torch.no_grad():
                 features -= self.settings.feature_lr * grad

@@ -6,7 +6,7 @@ from typing import Callable
 
 from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, num_outputs,
                    parameter_names, reference_layer_idx, top_unit_names)
-from .cnn import CifarCNN, DigitsCNN, FedAvgCNN, SimpleCNN
+from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, SimpleCNN
 from .mobile import MobileNetV2, SqueezeNet, load_pretrained
 from .resnet import ResNet18, ResNet18GN
 from .text import FastText
@@ -15,6 +15,7 @@ MODELS: dict[str, Callable[..., UnitModel]] = {
     "fedavg_cnn": FedAvgCNN,
     "digits_cnn": DigitsCNN,
     "cifar_cnn": CifarCNN,
+    "conv2cifar": Conv2Cifar,
     "simple_cnn": SimpleCNN,
     "resnet18": ResNet18,
     "resnet18_gn": ResNet18GN,
@@ -56,5 +57,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
 
 
 __all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN", "CifarCNN",
-           "SimpleCNN", "ResNet18", "ResNet18GN", "MobileNetV2", "SqueezeNet", "load_pretrained", "FastText", "buffer_names",
-           "num_outputs", "parameter_names", "top_unit_names", "head_names", "count_parameters", "reference_layer_idx"]
+           "Conv2Cifar", "SimpleCNN", "ResNet18", "ResNet18GN", "MobileNetV2", "SqueezeNet", "load_pretrained",
+           "FastText", "buffer_names", "num_outputs", "parameter_names", "top_unit_names", "head_names",
+           "count_parameters", "reference_layer_idx"]

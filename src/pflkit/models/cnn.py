@@ -73,12 +73,14 @@ class DigitsCNN(UnitModel):
 class CifarCNN(UnitModel):
     """The simple CIFAR CNN of FedROD/FedNH ("Conv2Cifar", spec §7.6), FedACD's CIFAR model:
     conv(5x5, 64) -> pool -> conv(5x5, 64) -> pool -> fc1(384) -> fc2(192) -> fc(C).
-    Units: conv1, conv2, fc1, fc2, fc."""
+    Units: conv1, conv2, fc1, fc2, fc. ``head_bias=False`` (registered as ``conv2cifar``) drops
+    the classifier's bias, as FedNH's code (Yutong-Dai/FedNH ``models/CNN.py``, Conv2Cifar) does."""
 
     unit_modules = ("conv1", "conv2", "fc1", "fc2", "fc")
     linear_head = True
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> None:
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32,
+                 head_bias: bool = True) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:
@@ -87,7 +89,7 @@ class CifarCNN(UnitModel):
         self.conv2 = nn.Conv2d(64, 64, kernel_size=5)
         self.fc1 = nn.Linear(64 * side * side, 384)
         self.fc2 = nn.Linear(384, 192)
-        self.fc = nn.Linear(192, num_classes)
+        self.fc = nn.Linear(192, num_classes, bias=head_bias)
 
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         p = params
@@ -99,16 +101,26 @@ class CifarCNN(UnitModel):
             return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"], p["fc1.bias"]))
         if index == 3:
             return F.relu(F.linear(x, p["fc2.weight"], p["fc2.bias"]))
-        return F.linear(x, p["fc.weight"], p["fc.bias"])
+        return F.linear(x, p["fc.weight"], p.get("fc.bias"))
+
+
+class Conv2Cifar(CifarCNN):
+    """FedNH's Conv2Cifar exactly: :class:`CifarCNN` without the classifier's bias (the FedNH /
+    FedACD lineage; FedROD's and CReFF's ports in FedNH's code use it too)."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> None:
+        super().__init__(in_channels, num_classes, image_size, head_bias=False)
 
 
 class SimpleCNN(UnitModel):
-    """SosicFL's SimpleCNN (SuPerFed's "TwoCNN", spec §7.4): conv(5x5, 32, pad 1, no bias) ->
-    pool(2, pad 1) -> conv(5x5, 64, pad 1, no bias) -> pool(2, pad 1) -> fc1(200) -> classifier(C).
-    The flattened size follows the input (4096 for 32x32, 3136 for 28x28). Units: conv1, conv2,
-    fc1, classifier (the head SosicFL makes a simplex)."""
+    """SosicFL's SimpleCNN: the "simple CNN (hahn2022connecting)" it cites is SuPerFed's TwoCNN
+    (vaseline555/SuPerFed 06860db ``src/models/models.py``, its final version):
+    conv(5x5, 32, pad 1) -> pool(2, pad 1) -> conv(5x5, 64, pad 1) -> pool(2, pad 1) -> fc1(200)
+    -> fc2(200) -> classifier(C), ReLU between, no biases anywhere. SuPerFed resizes CIFAR-10 to
+    28x28 (3136 features); here the flattened size follows the input (4096 for 32x32, 3136 for
+    28x28). Units: conv1, conv2, fc1, fc2, classifier (the head SosicFL makes a simplex)."""
 
-    unit_modules = ("conv1", "conv2", "fc1", "classifier")
+    unit_modules = ("conv1", "conv2", "fc1", "fc2", "classifier")
     linear_head = True
 
     def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> None:
@@ -120,8 +132,9 @@ class SimpleCNN(UnitModel):
             raise ValueError(f"SimpleCNN needs images of at least 8x8 pixels, got {image_size}")
         self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5, padding=1, bias=False)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=1, bias=False)
-        self.fc1 = nn.Linear(64 * side * side, 200)
-        self.classifier = nn.Linear(200, num_classes)
+        self.fc1 = nn.Linear(64 * side * side, 200, bias=False)
+        self.fc2 = nn.Linear(200, 200, bias=False)
+        self.classifier = nn.Linear(200, num_classes, bias=False)
 
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         p = params
@@ -130,5 +143,7 @@ class SimpleCNN(UnitModel):
         if index == 1:
             return F.max_pool2d(F.relu(F.conv2d(x, p["conv2.weight"], padding=1)), 2, padding=1)
         if index == 2:
-            return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"], p["fc1.bias"]))
-        return F.linear(x, p["classifier.weight"], p["classifier.bias"])
+            return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"]))
+        if index == 3:
+            return F.relu(F.linear(x, p["fc2.weight"]))
+        return F.linear(x, p["classifier.weight"])
