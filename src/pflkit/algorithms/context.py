@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -64,10 +64,12 @@ class TrainSettings:
         return dataclasses.replace(self, lr=self.lr * self.lr_decay ** max(min(round, self.rounds) - 1, 0),
                                    lr_decay=1.0)
 
-    def optimizer(self, lr: float | None = None, *, clip_norm: float | None = None, **lrs: float) -> SGD:
+    def optimizer(self, lr: float | None = None, *, clip_norm: float | None = None, plain: Iterable[str] = (),
+                  **lrs: float) -> SGD:
         """The local optimiser at the local lr (or ``lr``); ``lrs`` set per-parameter rates;
-        ``clip_norm`` clips the gradients' global norm."""
-        return SGD(self.lr if lr is None else lr, self.momentum, self.weight_decay, lrs, clip_norm)
+        ``clip_norm`` clips the gradients' global norm; ``plain`` parameters get neither weight
+        decay nor momentum."""
+        return SGD(self.lr if lr is None else lr, self.momentum, self.weight_decay, lrs, clip_norm, frozenset(plain))
 
 
 # ---- what a fit iterates over ---------------------------------------------------------------

@@ -5,7 +5,8 @@ Local objective per batch: the balanced-softmax loss of the generic model (logit
 n_j the client's samples of class j; classes it lacks drop out), which trains the body and the
 generic head, plus cross-entropy of z_g + z_p, where the personal head z_p sees the detached
 features and z_g is detached, which trains the personal head only (as PFLlib's two optimisers on
-one forward). The personal head starts as a copy of the initial head. Upload: body and generic
+one forward; the personal head's optimiser is plain SGD at the lr, without the run's momentum and
+weight decay, as in both). The personal head starts as a copy of the initial head. Upload: body and generic
 head; server: FedAvg. Global model: the generic one. Personalised model: the body with head
 weights W_g + W_p (the sum of two linear heads' logits is one linear head).
 """
@@ -51,8 +52,11 @@ class FedROD(Algorithm):
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         params = {**state["model"], **{PERSONAL + k: v for k, v in state["personal"].items()}}
+        personal_names = [PERSONAL + k for k in self.head]
+        # the personal head's optimiser is plain SGD at the lr (PFLlib clientrod.py, FedNH FedROD.py)
         fit = self.train_model(params, ctx, fedrod_loss(self.body, self.head), aux={"counts": ctx.label_counts},
-                               trainable=[*self.parameter_names, *(PERSONAL + k for k in self.head)])
+                               trainable=[*self.parameter_names, *personal_names],
+                               optimizer=ctx.train.optimizer(plain=personal_names))
         model = {k: fit.params[k] for k in state["model"]}
         personal = {k: fit.params[PERSONAL + k] for k in self.head}
         return ({**state, "model": model, "personal": personal}, self.upload(model, ctx), {"train_loss": fit.loss})

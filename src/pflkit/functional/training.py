@@ -166,7 +166,8 @@ def autograd_value_and_grad(fn: Callable[..., Tensor]) -> GradFn:
 class SGD:
     """Mini-batch SGD as ``torch.optim.SGD`` (no dampening, no Nesterov): with weight decay
     g <- g + wd * w; with momentum b <- m * b + g (b = g at the first step); w <- w - lr * b.
-    ``lrs`` gives some parameters their own learning rate. ``clip_norm`` first scales the
+    ``lrs`` gives some parameters their own learning rate; ``plain`` names parameters stepped
+    by plain SGD (no weight decay, no momentum: FedROD's personal head). ``clip_norm`` first scales the
     gradients so that their global L2 norm is at most ``clip_norm``
     (``torch.nn.utils.clip_grad_norm_``: coefficient min(1, clip_norm / (norm + 1e-6)); per client
     in a batched context). Its state (the momentum buffers) is created fresh by every ``fit``
@@ -177,6 +178,7 @@ class SGD:
     weight_decay: float = 0.0
     lrs: Mapping[str, float] = field(default_factory=dict)
     clip_norm: float | None = None
+    plain: frozenset[str] = frozenset()
 
     def init(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
@@ -190,18 +192,28 @@ class SGD:
         steps = [grads[k] for k in names]
         if self.clip_norm is not None:
             steps = clip_by_global_norm(steps, self.clip_norm, batched=rows is not None)
-        if self.weight_decay:
-            steps = torch._foreach_add(steps, leaves, alpha=self.weight_decay)
-        if self.momentum:
-            buffers = [state[k] if rows is None else state[k][rows] for k in names]
+        shaped = [i for i, k in enumerate(names) if k not in self.plain]  # weight decay and momentum apply
+        if self.weight_decay and shaped:
+            decayed = torch._foreach_add([steps[i] for i in shaped], [leaves[i] for i in shaped],
+                                         alpha=self.weight_decay)
+            steps = _put(steps, shaped, decayed)
+        if self.momentum and shaped:
+            buffers = [state[names[i]] if rows is None else state[names[i]][rows] for i in shaped]
             torch._foreach_mul_(buffers, self.momentum)
-            torch._foreach_add_(buffers, steps)
-            steps = buffers
+            torch._foreach_add_(buffers, [steps[i] for i in shaped])
+            steps = _put(steps, shaped, buffers)
         if not self.lrs:
             torch._foreach_add_(leaves, steps, alpha=-self.lr)
             return
         for name, leaf, step in zip(names, leaves, steps):
             leaf.add_(step, alpha=-self.lrs.get(name, self.lr))
+
+
+def _put(items: Sequence[Tensor], at: Sequence[int], values: Sequence[Tensor]) -> list[Tensor]:
+    out = list(items)
+    for i, v in zip(at, values):
+        out[i] = v
+    return out
 
 
 def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float, batched: bool = False) -> list[Tensor]:
@@ -273,12 +285,13 @@ def probability_matrix(sums: Tensor, counts: Tensor, floor: float = 1e-8) -> Ten
     return torch.where(present, sums / counts.clamp(min=1)[..., None], uniform).clamp(min=floor)
 
 
-def template_kl(P: Tensor, counts: Tensor, gamma: float) -> Tensor:
+def template_kl(P: Tensor, counts: Tensor, gamma: float, rows: str = "mean") -> Tensor:
     """s = mean over the classes present (counts > 0) of KL(P_i || T_i), with the template
-    T_ii = gamma, T_ij = (1 - gamma) / (C - 1) (FedACD Eq. 10 [RECON], spec §3.9)."""
+    T_ii = gamma, T_ij = (1 - gamma) / (C - 1) (FedACD Eq. 10 [RECON], spec §3.9);
+    ``rows = "samples"`` weights each class's row by its sample count instead."""
     C = P.shape[-1]
     eye = torch.eye(C, dtype=P.dtype, device=P.device)
     T = eye * gamma + (1 - eye) * ((1 - gamma) / (C - 1))
-    rows = (P * (P.log() - T.log())).sum(-1)
-    present = (counts > 0).to(P.dtype)
-    return (rows * present).sum(-1) / present.sum(-1).clamp(min=1)
+    kl = (P * (P.log() - T.log())).sum(-1)
+    weight = (counts > 0).to(P.dtype) if rows == "mean" else counts.to(P.dtype)
+    return (kl * weight).sum(-1) / weight.sum(-1).clamp(min=1e-12)
