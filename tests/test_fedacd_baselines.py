@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import dataclasses
 import math
 
 import pytest
@@ -104,6 +105,9 @@ def test_template_score_and_softmax_aggregation():
     rows = (P * (P.log() - T.log())).sum(1)
     assert float(template_kl(P, torch.tensor([4, 2]), gamma)) == pytest.approx(float(rows.mean()), rel=1e-6)
     assert float(template_kl(P, torch.tensor([4, 0]), gamma)) == pytest.approx(float(rows[0]), abs=1e-7)
+    # fedacd.score_rows = "samples": rows weighted by the class counts
+    assert float(template_kl(P, torch.tensor([4, 2]), gamma, "samples")) == \
+        pytest.approx(float((4 * rows[0] + 2 * rows[1]) / 6), rel=1e-6)
     ctx = tiny_context()
     server = {"global": params_of(ctx, 1)}
     a, b = params_of(ctx, 2), params_of(ctx, 3)
@@ -521,3 +525,22 @@ def test_fedrods_adaptability_metrics_score_its_uploaded_generic_model(monkeypat
     state["personal"] = {k: v + 1.0 for k, v in state["personal"].items()}
     assert alg.local_model(state) is state["model"]
     assert not torch.equal(alg.eval_params(state)["fc.weight"], state["model"]["fc.weight"])
+
+
+@pytest.mark.parametrize("p_update", ["epoch", "round"])
+def test_fedacd_p_update_decides_whether_P_follows_the_epochs(p_update, monkeypatch):
+    """p_update = "round" trains all epochs against the round-start P; "epoch" re-estimates it."""
+    import pflkit.algorithms.fedacd as fedacd
+
+    seen = []
+    original = fedacd.adjustment
+    monkeypatch.setattr(fedacd, "adjustment", lambda P, *a: (seen.append(P.detach().clone()), original(P, *a))[1])
+    ctx = tiny_context(n_train=20)
+    ctx.train = dataclasses.replace(ctx.train, local_epochs=2)
+    alg = build("fedacd", ctx, f'fedacd.p_update="{p_update}"', "fedacd.mixup=false")
+    alg.local_train({"global": params_of(ctx, 1)}, {"model": params_of(ctx, 1)}, ctx)
+    per_epoch = len(seen) // 2
+    assert per_epoch >= 1 and len(seen) == 2 * per_epoch
+    first, second = seen[0], seen[per_epoch]
+    assert all(torch.equal(first, P) for P in seen[:per_epoch])  # fixed within an epoch
+    assert torch.equal(first, second) == (p_update == "round")

@@ -48,6 +48,12 @@ class FedACDSettings(Settings):
                         "the run's mixup_alpha sets Beta(a, a)")
     p_ema: float = Field(0.0, ge=0, lt=1, description="per-epoch update of P: P <- ema P + (1 - ema) new "
                          "(0: replace, spec §3.3 [RECON]; 0.9: the EMA option)")
+    p_update: Literal["epoch", "round"] = Field("epoch", description="when P is re-estimated during local "
+                                                "training: after every epoch (spec §3.3 [RECON]) or never within the "
+                                                "round (the round-start estimate from the received model)")
+    score_rows: Literal["mean", "samples"] = Field("mean", description="the score s averages KL(P_i || T_i) over "
+                                                   "the client's classes (mean, spec §3.9 [RECON]) or weights each "
+                                                   "class by its samples")
     agg: Literal["softmax_neg_score", "inverse_score", "softmax_neg_score_x_n", "uniform", "samples"] = Field(
         "softmax_neg_score", description="aggregation weights (Eq. 11 [RECON]): softmax(-s), 1/s, n_m softmax(-s), "
         "uniform (Table 8's ablation) or sample counts")
@@ -123,10 +129,11 @@ class FedACD(Algorithm):
         params = {**model, P: P0, SUMS: torch.zeros_like(P0), WEIGHTS: torch.zeros_like(P0[..., 0])}
         data = TrainBatches("train", self.train.local_epochs, mixup=cfg.mixup)  # its own setting, not the run's
         fit = ctx.fit(params, fedacd_loss(cfg, C), aux={"counts": counts}, data=data, carry=[P, SUMS, WEIGHTS],
-                      epoch_end=reestimate(cfg.p_ema), trainable=self.parameter_names)
+                      epoch_end=reestimate(cfg.p_ema) if cfg.p_update == "epoch" else None,
+                      trainable=self.parameter_names)
         trained = {k: fit.params[k] for k in model}
         P_after = probability_matrix(ctx.class_sums(trained, probabilities), counts)
-        score = template_kl(P_after, counts, cfg.gamma)
+        score = template_kl(P_after, counts, cfg.gamma, cfg.score_rows)
         return ({**state, "model": trained}, self.upload(trained, ctx, score=score),
                 {"train_loss": fit.loss, "score": score})
 
