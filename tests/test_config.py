@@ -138,7 +138,8 @@ SOSICFL_SETTINGS = {"simple_cnn": (500, 0.3, 50, 5, 0.02, 0.5, 0.01),
 @pytest.mark.parametrize("path", sorted((CONFIGS / "paper").glob("sosicfl-*.toml")), ids=lambda p: p.stem)
 def test_sosicfl_configs_have_the_papers_setting_and_name_their_table(path):
     cfg = load_config(path, ["data_dir='/x'"])
-    assert (cfg.rounds, cfg.join_ratio, cfg.batch_size, cfg.local_epochs, cfg.lr, cfg.momentum, cfg.fedprox.mu) == \
+    mu = cfg.fedprox.mu if "fedprox" in cfg.algorithms else SOSICFL_SETTINGS[cfg.model][-1]  # no FedProx, no [fedprox]
+    assert (cfg.rounds, cfg.join_ratio, cfg.batch_size, cfg.local_epochs, cfg.lr, cfg.momentum, mu) == \
         SOSICFL_SETTINGS[cfg.model]
     assert (cfg.test_set, cfg.num_clients, cfg.eval_every, cfg.eval_all_clients, len(cfg.seeds)) == \
         ("official", 100, 10, True, 5)
@@ -152,3 +153,36 @@ def test_sosicfl_configs_have_the_papers_setting_and_name_their_table(path):
         assert cfg.algorithms == ["fedavg", "sosicfl"]  # the baseline the figures compare with
     assert path.read_text().startswith("# SosicFL Table") or path.read_text().startswith("# SosicFL Figure")
     assert "[UNCERTAIN]" in path.read_text()
+
+
+def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="pflkit.config"):
+        load_config(None, ["partition=iid", "classes_per_client=3", "fedala.p=3", 'algorithms=["fedavg"]',
+                           "num_folds=3", 'test_set="client_split"', "train_fraction=0.5"])
+    text = caplog.text
+    assert "classes_per_client = 3 is not used: only partition = pathological reads it" in text
+    assert "num_folds = 3 is not used: only partition = kfold reads it" in text
+    assert "[fedala] is not used: no method of algorithms = ['fedavg'] reads it" in text
+    assert "train_fraction" not in text  # client_split reads it
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pflkit.config"):
+        load_config(None, ["partition=pathological", "classes_per_client=3", "fedala.p=2", "sosicfl.num_endpoints=4",
+                           'algorithms=["fedprox+ala", "sosicfl_all"]'])
+    assert "not used" not in caplog.text  # +ala reads [fedala]; sosicfl_all reads [sosicfl]
+
+
+def test_no_shipped_config_sets_a_key_it_does_not_use(caplog):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    for path in sorted(root.rglob("*.toml")):
+        if "[sweep]" in path.read_text():
+            continue
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pflkit.config"):
+            try:
+                load_config(path)
+            except ConfigError as exc:  # file datasets need a folder
+                assert "needs data_dir" in str(exc)
+                load_config(path, ["data_dir='/x'"])
+        assert "not used" not in caplog.text, (path, caplog.text)

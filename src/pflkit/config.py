@@ -8,6 +8,7 @@ adding an algorithm adds its section here without editing this file.
 from __future__ import annotations
 
 import copy
+import logging
 
 import difflib
 import tomllib
@@ -20,6 +21,21 @@ from . import personalize  # noqa: F401  (registers the +ala modifier and its [f
 from .algorithms import ALGORITHMS, Settings, config_sections, parse_name
 from .data import DATASETS, FILE_DATASETS
 from .models import DEFAULT_MODEL, MODELS
+
+log = logging.getLogger(__name__)
+
+# keys that only one kind of partition or test set reads: key -> (what reads it, is it read here?)
+_PARTITION_KEYS: dict[str, tuple[str, Any]] = {
+    "alpha": ("partition = dirichlet or label_dirichlet", lambda c: c.partition in ("dirichlet", "label_dirichlet")),
+    "balance_cap": ("partition = dirichlet", lambda c: c.partition == "dirichlet"),
+    "num_folds": ("partition = kfold", lambda c: c.partition == "kfold"),
+    "primary_fraction": ("partition = kfold", lambda c: c.partition == "kfold"),
+    "classes_per_client": ("partition = pathological", lambda c: c.partition == "pathological"),
+    "balanced": ("partition = pathological", lambda c: c.partition == "pathological"),
+    "min_samples_per_client": ("partition = dirichlet or pathological",
+                               lambda c: c.partition in ("dirichlet", "pathological")),
+    "train_fraction": ('test_set = "client_split"', lambda c: c.test_set == "client_split"),
+}
 
 
 class ConfigError(ValueError):
@@ -378,7 +394,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *,
         merge(data, *parse_override(item))
     if overrides:
         source += " + command-line overrides"
-    return build_config(data, source)
+    config = build_config(data, source)
+    for line in unused_keys(data, config):
+        log.warning("%s: %s", source, line)
+    return config
+
+
+def unused_keys(data: Mapping[str, Any], config: BaseConfig) -> list[str]:
+    """The keys set in ``data`` that the chosen setting never reads (a partition's parameter
+    under another partition, a method's section with no method of it in ``algorithms``), each
+    with what would read it: a user who sets them most likely meant another setting."""
+    lines = [f"{key} = {data[key]!r} is not used: only {reader} reads it"
+             for key, (reader, used) in _PARTITION_KEYS.items() if key in data and not used(config)]
+    sections = config_sections()
+    read = set()
+    for name in config.algorithms:
+        base, modifiers = parse_name(name)
+        read.add(ALGORITHMS[base].section or base)
+        read.update(m.section for m in modifiers)
+    for key in data:
+        if key in sections and key not in read:
+            lines.append(f"[{key}] is not used: no method of algorithms = {list(config.algorithms)} reads it")
+    return lines
 
 
 def to_dict(config: BaseConfig) -> dict[str, Any]:
