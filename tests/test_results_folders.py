@@ -72,6 +72,26 @@ def test_a_second_process_is_refused_and_a_stopped_run_says_how_to_continue(tmp_
     assert len(recorded) == len(set(recorded))  # the refused processes wrote nothing
 
 
+def test_an_interrupted_sweep_says_the_whole_command_to_continue_with(tmp_path):
+    out = tmp_path / "sweep"
+    command = [sys.executable, "-m", "pflkit.cli", "sweep", *FAST, "rounds=100000", "lr=[0.05,0.1]", "--out", str(out),
+               "--metric", "final_accuracy", "--quiet"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        cell = out / "lr=0.05"
+        wait_for(lambda: (cell / "metrics.jsonl").is_file() and len(rows(cell)) >= 2, "two rounds of the first cell",
+                 proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = err.decode()
+    assert proc.returncode == 130, text[-2000:]
+    assert "Traceback" not in text
+    assert f"--out {out} --metric final_accuracy): finished cells are kept and the interrupted one resumes" in text
+
+
 def test_a_run_interrupted_in_process_resumes_to_the_same_rows(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", *FAST, "rounds=4", "--out", str(out), "--quiet"])

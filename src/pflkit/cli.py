@@ -194,7 +194,8 @@ def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
     from .federation import stop_on_signals
     from .run.sweep import run_sweep
 
-    words = " ".join(shlex.quote(w) for w in ["pflkit", "sweep", *args, "--out", str(out)])
+    metric_words = ["--metric", metric] if metric != "best_accuracy" else []
+    words = " ".join(shlex.quote(w) for w in ["pflkit", "sweep", *args, "--out", str(out), *metric_words])
     try:
         config, overrides = _split(args)
         with stop_on_signals():
