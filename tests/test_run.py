@@ -192,3 +192,28 @@ def test_refuses_to_overwrite_a_results_folder(tmp_path, fast_config):
     assert result.exit_code == 2 and "already exists" in result.output
     result = CliRunner().invoke(main, ["run", "--resume", str(out)])
     assert result.exit_code == 2 and "not a pflkit results folder" in result.output
+
+
+def test_seconds_per_round_counts_the_final_pass_where_a_one_round_run_meets_alas_start_phase(tmp_path, fast_config):
+    from pflkit.reporting.summary import run_metrics
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["run", *fast_config, "rounds=1", 'algorithms=["fedavg","fedala"]',
+                                       "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for algorithm in ("fedavg", "fedala"):
+        rows = [r for r in history if r["algorithm"] == algorithm]
+        trained, final = rows[1], rows[-1]
+        assert final["final_pass_seconds"] > 0
+        summary = run_metrics(rows)
+        # one training round: every pass a user waits for, over one round
+        assert summary["seconds_per_round"] == pytest.approx(trained["seconds"] + final["final_pass_seconds"])
+        assert summary["mean_seconds_per_round"] == pytest.approx(trained["seconds"])
+    fedala = [r for r in history if r["algorithm"] == "fedala"]
+    # round 1: ALA is idle (nothing received yet); the final pass runs its start phase, and counts it
+    assert fedala[1]["ala_epochs"] == 0 and fedala[-1]["final_pass_init_seconds"] > 0
+    summary = json.loads((out / "summary.json").read_text())["fedala"]
+    assert summary["init_seconds_per_round"] == pytest.approx(fedala[1].get("init_seconds", 0.0)
+                                                              + fedala[-1]["final_pass_init_seconds"])
+    assert summary["init_seconds_per_round"] > 0
