@@ -84,6 +84,21 @@ def test_fedrep_uploads_body_only_and_keeps_its_head():
         assert torch.equal(merged[k], server["global"][k])  # server head untouched
 
 
+def test_fedrep_clip_norm_bounds_every_step_of_both_phases():
+    ctx = tiny_context(n_train=30)  # 3 batches of 10 per epoch, lr 0.1
+    payload = {"global": params_of(ctx, 2)}
+    head = head_names(ctx.units)
+    for clip, bounded in ((1e-4, True), (0.0, False)):
+        alg = build("fedrep", ctx, "fedrep.head_epochs=2", f"fedrep.clip_norm={clip}")
+        state, _ = alg.local_init(payload, alg.init_client(params_of(ctx, 1), 0), ctx)
+        new, _, _ = alg.local_train(payload, state, ctx)
+        moved = {name: torch.cat([(new["model"][k] - state["model"][k]).flatten() for k in names]).norm()
+                 for name, names in (("head", head), ("body", [k for k in state["model"] if k not in head]))}
+        # each step moves the trained part by at most lr * clip: 6 head steps, then 3 body steps
+        assert (float(moved["head"]) <= 6 * 0.1 * 1e-4 * 1.001 and float(moved["body"]) <= 3 * 0.1 * 1e-4 * 1.001) \
+            == bounded, moved
+
+
 def test_ditto_personal_model_is_evaluated_and_anchored_to_global():
     ctx = tiny_context()
     glob = params_of(ctx, 2)

@@ -17,6 +17,8 @@ from .registry import register
 
 class FedRepSettings(Settings):
     head_epochs: int = Field(5, ge=1, description="tau, head-only epochs per round (App. G: 5)")
+    clip_norm: float = Field(0.0, ge=0, description="clip each step's gradient at this global L2 norm in both "
+                             "phases (not in the paper or PFLlib; 0: off)")
 
 
 @register
@@ -34,8 +36,11 @@ class FedRep(Algorithm):
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         head = head_names(self.units)
         body = [k for k in state["model"] if k not in head]
+        opt = ctx.train.optimizer(clip_norm=self.settings.clip_norm or None)
         head_fit = self.train_model(state["model"], ctx, classification_loss, purpose="head",
-                                    epochs=self.settings.head_epochs, trainable=head, stage="head training")
-        fit = self.train_model(head_fit.params, ctx, classification_loss, trainable=body, stage="body training")
+                                    epochs=self.settings.head_epochs, trainable=head, stage="head training",
+                                    optimizer=opt)
+        fit = self.train_model(head_fit.params, ctx, classification_loss, trainable=body, stage="body training",
+                               optimizer=opt)
         return ({**state, "model": fit.params}, self.upload(subset(fit.params, body), ctx),
                 {"train_loss": fit.loss, "head_loss": head_fit.loss})
