@@ -120,6 +120,8 @@ def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
         ("official", 64, 0.01, 0.9, 200, False)
     assert cfg.min_samples_per_client == 0 and len(cfg.seeds) == 5 and set(cfg.algorithms) <= FEDACD_METHODS
     assert cfg.model == ("resnet18_gn" if cfg.dataset == "tiny_imagenet" else "conv2cifar")  # FedNH's lineage
+    assert cfg.fednh.scale == (20.0 if cfg.dataset == "tiny_imagenet" else 1.0)  # FedNH's ResNetModNH / its CNN
+    assert "feddecorr" not in cfg.algorithms or cfg.feddecorr.beta == (0.05 if cfg.dataset == "cifar100" else 0.1)
     # [RECON]: FedNH's and FedNTD's code on the same settings; weight decay as theirs (Tiny: the spec's 1e-3 too)
     assert (cfg.lr_decay, cfg.weight_decay) == (0.99, 1e-3 if cfg.dataset == "tiny_imagenet" else 1e-5)
     header = path.read_text().split("\n", 1)[0]
@@ -169,6 +171,18 @@ def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
         load_config(None, ["partition=pathological", "classes_per_client=3", "fedala.p=2", "sosicfl.num_endpoints=4",
                            'algorithms=["fedprox+ala", "sosicfl_all"]'])
     assert "not used" not in caplog.text  # +ala reads [fedala]; sosicfl_all reads [sosicfl]
+    # read in less obvious places: PFLlib's iid is its pathological rule; the official split still sizes
+    # PFLlib's default minimum of a Dirichlet partition with train_fraction
+    for read in (["partition=iid", 'partition_rng="pfllib"', "balanced=true"],
+                 ['test_set="official"', "partition=dirichlet", "train_fraction=0.9"]):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="pflkit.config"):
+            load_config(None, read)
+        assert "not used" not in caplog.text, read
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pflkit.config"):
+        load_config(None, ['test_set="official"', "partition=label_dirichlet", "train_fraction=0.9", "balanced=true"])
+    assert "train_fraction = 0.9 is not used" in caplog.text and "balanced = True is not used" in caplog.text
 
 
 def test_no_shipped_config_sets_a_key_it_does_not_use(caplog):

@@ -31,11 +31,19 @@ _PARTITION_KEYS: dict[str, tuple[str, Any]] = {
     "num_folds": ("partition = kfold", lambda c: c.partition == "kfold"),
     "primary_fraction": ("partition = kfold", lambda c: c.partition == "kfold"),
     "classes_per_client": ("partition = pathological", lambda c: c.partition == "pathological"),
-    "balanced": ("partition = pathological", lambda c: c.partition == "pathological"),
-    "min_samples_per_client": ("partition = dirichlet or pathological",
-                               lambda c: c.partition in ("dirichlet", "pathological")),
-    "train_fraction": ('test_set = "client_split"', lambda c: c.test_set == "client_split"),
+    # PFLlib's iid is its pathological rule with every class
+    "balanced": ("partition = pathological (or iid with partition_rng = pfllib)", lambda c: _pathological_rule(c)),
+    "min_samples_per_client": ("partition = dirichlet or pathological (or iid with partition_rng = pfllib)",
+                               lambda c: c.partition == "dirichlet" or _pathological_rule(c)),
+    # the official split still sizes PFLlib's default minimum with it
+    "train_fraction": ('test_set = "client_split", or the default minimum of partition = dirichlet or pathological',
+                       lambda c: c.test_set == "client_split" or (c.min_samples_per_client is None and (
+                           c.partition == "dirichlet" or _pathological_rule(c)))),
 }
+
+
+def _pathological_rule(config: Any) -> bool:
+    return config.partition == "pathological" or (config.partition == "iid" and config.partition_rng == "pfllib")
 
 
 class ConfigError(ValueError):
