@@ -102,4 +102,4 @@ class ParallelEngine:
         return new_jobs, metrics
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)  # a stopped run does not train the queued clients
