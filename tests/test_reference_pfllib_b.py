@@ -22,11 +22,13 @@ docs/algorithms.md does not (yet) document.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import numpy as np
 import pytest
 import torch
+from helpers import params_of
 from torch.nn import functional as F
 
 from pflkit.algorithms import ClientSummary, TrainBatches, TrainSettings, build_algorithm
@@ -36,8 +38,8 @@ from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext
 from pflkit.models import build_model, reference_layer_idx
 
-from helpers import params_of
-
+# a remaining difference from the reference: the comparison must fail, by its assertion
+XFAIL_DIFFERS = functools.partial(pytest.mark.xfail, strict=True, raises=AssertionError)
 RTOL, ATOL = 1e-5, 1e-6
 
 
@@ -158,7 +160,7 @@ def test_perfedavg_matches_pfllib_two_train_calls_on_split_double_batches_and_fe
     assert_params_close(merged, {k: 0.25 * expected[k] + 0.75 * other[k] for k in expected})
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib's evaluate_one_step adapts the received model with two steps "
+@XFAIL_DIFFERS(reason="PFLlib's evaluate_one_step adapts the received model with two steps "
                    "(lr on one test batch, then beta at that point on a second test batch, no restore) on the "
                    "client's test data; pflkit takes one alpha step on one training batch (perfedavg.py:122-126)")
 def test_perfedavg_evaluated_model_is_pfllib_train_one_step():
@@ -266,7 +268,7 @@ def test_fedamp_cloud_coefficients_and_client_step_match_pfllib():
     assert_params_close(upload["params"], params_in(clients[0].model))
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib f1e313a clientAMP.set_parameters weighs the client's *previous "
+@XFAIL_DIFFERS(reason="PFLlib f1e313a clientAMP.set_parameters weighs the client's *previous "
                    "cloud model* u_i by coef_self (u_i <- sum_j xi_ij w_j + xi_ii u_i; the initial model until "
                    "round 2), fixed in PFLlib 0998c54 (2023-04-08) to xi_ii w_i; pflkit: xi_ii w_i (fedamp.py:86)")
 def test_fedamp_two_rounds_match_pfllib_f1e313a():
@@ -371,7 +373,7 @@ def test_fedfomo_weights_combination_and_training_match_pfllib_for_the_same_base
     assert_params_close(upload["params"], params_in(ref.model))
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib f1e313a clientFomo weighs against its *previous combined model* "
+@XFAIL_DIFFERS(reason="PFLlib f1e313a clientFomo weighs against its *previous combined model* "
                    "(old_model, cloned before training) and counts its own trained model among the received "
                    "ones; pflkit weighs the other clients' models against its own trained model "
                    "(fedfomo.py:57, 64)")
@@ -392,7 +394,7 @@ def test_fedfomo_two_rounds_combine_as_pfllib():
     assert_params_close(state["model"], params_in(ref.model))
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib's FedFomo.evaluate() runs before client.train(), which combines "
+@XFAIL_DIFFERS(reason="PFLlib's FedFomo.evaluate() runs before client.train(), which combines "
                    "first: it scores the model each client trained in the previous round; pflkit scores the "
                    "combined model before training (fedfomo.py:82, eval_params)")
 def test_fedfomo_evaluated_model_is_pfllibs():
@@ -406,7 +408,7 @@ def test_fedfomo_evaluated_model_is_pfllibs():
     assert_params_close(alg.eval_params(state), trained[0])  # PFLlib: the client's model as it trained it
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib adds the raw (unclipped) weight vector to P[i] (serverfomo.py "
+@XFAIL_DIFFERS(reason="PFLlib adds the raw (unclipped) weight vector to P[i] (serverfomo.py "
                    "receive_models, clientfomo.weight_vector_update); pflkit adds the clipped weights "
                    "(fedfomo.py:75, 87): only the top-M choice with num_models < N depends on it")
 def test_fedfomo_affinity_accumulates_raw_weights_as_pfllib():
@@ -515,7 +517,7 @@ def test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_
     assert max(abs(a - b) for a, b in zip(theirs.ps, new["p"].tolist())) > 1e-4
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib starts every client's p at 1/N (clientapple.py __init__, "
+@XFAIL_DIFFERS(reason="PFLlib starts every client's p at 1/N (clientapple.py __init__, "
                    "self.ps) and uses the data shares p0 only in the proximal term; pflkit starts p at p0 "
                    "(apple.py:96)")
 def test_apple_first_p_is_uniform_as_in_pfllib():
@@ -524,7 +526,7 @@ def test_apple_first_p_is_uniform_as_in_pfllib():
     torch.testing.assert_close(state["p"], torch.tensor(ref.ps, dtype=state["p"].dtype))
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib's client uploads model_c = deepcopy(self.model), the mixture "
+@XFAIL_DIFFERS(reason="PFLlib's client uploads model_c = deepcopy(self.model), the mixture "
                    "sum_j p_j w_j^c of its last batch (clientapple.py train, end), not its trained core, and its next "
                    "evaluate() scores that same model; pflkit uploads the core (apple.py:123-125)")
 def test_apple_upload_is_pfllibs_model_c():
@@ -535,7 +537,7 @@ def test_apple_upload_is_pfllibs_model_c():
     assert_params_close(upload["params"], params_in(ref.model_c))
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib's proximal step on p is lamda*mu*(p - p0) (the gradient of "
+@XFAIL_DIFFERS(reason="PFLlib's proximal step on p is lamda*mu*(p - p0) (the gradient of "
                    "lamda*mu/2 ||p - p0||^2); pflkit's loss lamda*mu*||p - p0||^2 steps 2*lamda*mu*(p - p0) "
                    "(apple.py:69)")
 def test_apple_proximal_step_on_p_is_pfllibs():
@@ -550,7 +552,7 @@ def test_apple_proximal_step_on_p_is_pfllibs():
     torch.testing.assert_close(new["p"], torch.tensor(ref.ps, dtype=new["p"].dtype), rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.xfail(strict=True, reason="PFLlib's lamda is 1 in its first round (R = 0) and, in round R >= 1, "
+@XFAIL_DIFFERS(reason="PFLlib's lamda is 1 in its first round (R = 0) and, in round R >= 1, "
                    "(cos((R-1) pi / int(L T)) + 1) / 2, set at the end of the previous round; pflkit's round r "
                    "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py:39-46, 118): two rounds ahead")
 def test_apple_lambda_schedule_is_pfllibs():

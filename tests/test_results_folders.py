@@ -29,6 +29,12 @@ def rows(folder: Path) -> list[tuple[str, int, int]]:
             for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())]
 
 
+def numbers(folder: Path) -> list[dict]:
+    """metrics.jsonl without its wall-clock fields."""
+    return [{k: v for k, v in r.items() if "seconds" not in k}
+            for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())]
+
+
 def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     """Wait until ``condition()`` holds; fail naming ``what`` (and the process's output) if it never does."""
     deadline = time.monotonic() + timeout
@@ -92,7 +98,7 @@ def test_an_interrupted_sweep_says_the_whole_command_to_continue_with(tmp_path):
     assert f"--out {out} --metric final_accuracy): finished cells are kept and the interrupted one resumes" in text
 
 
-def test_a_run_interrupted_in_process_resumes_to_the_same_rows(tmp_path):
+def test_a_complete_run_resumed_again_changes_nothing(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", *FAST, "rounds=4", "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
@@ -192,3 +198,6 @@ def test_a_stop_signal_during_a_write_still_ends_as_an_interruption(tmp_path, ho
     result = CliRunner().invoke(main, ["run", "--resume", str(tmp_path / "run"), "--quiet"])
     assert result.exit_code == 0, result.output
     assert [r[2] for r in rows(tmp_path / "run")] == [0, 1, 2, 3, 4, 5]
+    # and the resumed rows are an uninterrupted run's, number for number
+    run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
+    assert numbers(tmp_path / "run") == numbers(tmp_path / "full")
