@@ -37,7 +37,7 @@ from .checkpoint import load_checkpoint
 
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -130,7 +130,7 @@ class ResultsFolder:
         if self.status()["status"] == "complete":
             raise FileExistsError(f"results folder {self.root} holds a complete run; choose another out")
         self.check_resumable()
-        saved = tomllib.loads(self.config_path.read_text())
+        saved = tomllib.loads(self.config_path.read_text(encoding="utf-8"))
         if saved != dict(config):
             keys = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
             raise FileExistsError(f"results folder {self.root} holds an unfinished run of another config "
@@ -143,8 +143,10 @@ class ResultsFolder:
         if "config_sha256" not in extra and (self.root / "run.json").is_file():
             try:
                 kept = {"config_sha256": self.status()["config_sha256"]}
-            except (RuntimeError, KeyError):
-                pass
+            except (RuntimeError, KeyError):  # an unreadable run.json: the digest of the config the folder holds
+                if self.config_path.is_file():
+                    kept = {"config_sha256": config_digest(self.config_path.read_text(encoding="utf-8",
+                                                                                      errors="replace"))}
         info = {"status": status, "pflkit_version": __version__, "host": socket.gethostname(), "pid": os.getpid(),
                 "updated": dt.datetime.now().isoformat(timespec="seconds"), **kept, **extra}
         _atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
@@ -172,7 +174,8 @@ class ResultsFolder:
         if not self.config_path.is_file():
             raise FileNotFoundError(f"{self.root} has no config.toml: it cannot be resumed")
         digest = status.get("config_sha256")
-        if digest is not None and digest != config_digest(self.config_path.read_text(errors="replace")):
+        text = self.config_path.read_text(encoding="utf-8", errors="replace")
+        if digest is not None and digest != config_digest(text):
             raise RuntimeError(f"{self.config_path} was edited after the run started, so its checkpoints and "
                                "metrics belong to another config: restore the file, or start a new run with the "
                                f"edited config (pflkit run {self.config_path} --out NEW_FOLDER)")
