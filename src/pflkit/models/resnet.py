@@ -12,7 +12,7 @@ parameters plus the running means/variances, all floating tensors under torchvis
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
@@ -74,6 +74,26 @@ def block_forward(block: BasicBlock, name: str, params: Mapping[str, torch.Tenso
     return F.relu(out + shortcut)
 
 
+def add_stages(model: nn.Module, block: Callable[[int, int, int], nn.Module]) -> None:
+    """The four stages of torchvision's ResNet-18 (two blocks each) as ``layer1``..``layer4``."""
+    channels = 64
+    for i, (width, stride) in enumerate(STAGES, start=1):
+        setattr(model, f"layer{i}", nn.Sequential(block(channels, width, stride), block(width, width, 1)))
+        channels = width
+
+
+def stage_forward(model: nn.Module, index: int, x: torch.Tensor,
+                  run_block: Callable[[nn.Module, str, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Stage ``index`` (1-4) block by block; after stage 4 the global average pooling, so the head
+    sees 512-d features."""
+    layer = f"layer{index}"
+    for j, block in enumerate(getattr(model, layer)):
+        x = run_block(block, f"{layer}.{j}", x)
+    if index == 4:
+        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), -3)
+    return x
+
+
 class ResNet18(UnitModel):
     """torchvision's ``resnet18(weights=None, num_classes=C)`` at native resolution (spec §7.2).
 
@@ -93,11 +113,7 @@ class ResNet18(UnitModel):
             raise ValueError(f"ResNet18 needs images of at least 32x32 pixels, got {image_size}")
         self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
         self.bn1 = batch_norm_module(64)
-        channels = 64
-        for i, (width, stride) in enumerate(STAGES, start=1):
-            setattr(self, f"layer{i}", nn.Sequential(BasicBlock(channels, width, stride),
-                                                     BasicBlock(width, width, 1)))
-            channels = width
+        add_stages(self, BasicBlock)
         self.fc = nn.Linear(512, num_classes)
         for module in self.modules():  # torchvision's default initialisation
             if isinstance(module, nn.Conv2d):
@@ -113,12 +129,7 @@ class ResNet18(UnitModel):
             x = F.relu(batch_norm(params, "bn1", x, train))
             return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
         if index <= 4:
-            layer = f"layer{index}"
-            for j, block in enumerate(getattr(self, layer)):
-                x = block_forward(block, f"{layer}.{j}", params, x, train)
-            if index == 4:  # global average pooling: the head sees 512-d features
-                x = torch.flatten(F.adaptive_avg_pool2d(x, 1), -3)
-            return x
+            return stage_forward(self, index, x, lambda block, name, h: block_forward(block, name, params, h, train))
         return F.linear(x, params["fc.weight"], params["fc.bias"])
 
 
@@ -176,11 +187,7 @@ class ResNet18GN(UnitModel):
             raise ValueError(f"ResNet18GN needs images of at least 8x8 pixels, got {image_size}")
         self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
         self.bn1 = nn.GroupNorm(GN_GROUPS, 64)
-        channels = 64
-        for i, (width, stride) in enumerate(STAGES, start=1):
-            setattr(self, f"layer{i}", nn.Sequential(GroupNormBlock(channels, width, stride),
-                                                     GroupNormBlock(width, width, 1)))
-            channels = width
+        add_stages(self, GroupNormBlock)
         self.fc = nn.Linear(512, num_classes)
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
@@ -190,10 +197,5 @@ class ResNet18GN(UnitModel):
         if index == 0:
             return F.relu(group_norm(params, "bn1", F.conv2d(x, params["conv1.weight"], padding=1)))
         if index <= 4:
-            layer = f"layer{index}"
-            for j, block in enumerate(getattr(self, layer)):
-                x = gn_block_forward(block, f"{layer}.{j}", params, x)
-            if index == 4:
-                x = torch.flatten(F.adaptive_avg_pool2d(x, 1), -3)
-            return x
+            return stage_forward(self, index, x, lambda block, name, h: gn_block_forward(block, name, params, h))
         return F.linear(x, params["fc.weight"], params["fc.bias"])
