@@ -171,6 +171,10 @@ def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
         load_config(None, ["partition=pathological", "classes_per_client=3", "fedala.p=2", "sosicfl.num_endpoints=4",
                            'algorithms=["fedprox+ala", "sosicfl_all"]'])
     assert "not used" not in caplog.text  # +ala reads [fedala]; sosicfl_all reads [sosicfl]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="pflkit.config"):  # a file's sections for methods not run now
+        load_config(CONFIGS / "mnist_fedala.toml", ["data_dir='/x'", 'algorithms=["fedavg"]'])
+    assert "not used" not in caplog.text
     # read in less obvious places: PFLlib's iid is its pathological rule; the official split still sizes
     # PFLlib's default minimum of a Dirichlet partition with train_fraction
     for read in (["partition=iid", 'partition_rng="pfllib"', "balanced=true"],

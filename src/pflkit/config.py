@@ -403,15 +403,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *,
     if overrides:
         source += " + command-line overrides"
     config = build_config(data, source)
-    for line in unused_keys(data, config):
+    typed = {parse_override(item)[0][0] for item in overrides}
+    for line in unused_keys(data, config, typed):
         log.warning("%s: %s", source, line)
     return config
 
 
-def unused_keys(data: Mapping[str, Any], config: BaseConfig) -> list[str]:
-    """The keys set in ``data`` that the chosen setting never reads (a partition's parameter
-    under another partition, a method's section with no method of it in ``algorithms``), each
-    with what would read it: a user who sets them most likely meant another setting."""
+def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | None = None) -> list[str]:
+    """The keys set in ``data`` that the chosen setting never reads, each with what would read it:
+    a partition's parameter under another partition, and a method's section that no method in
+    ``algorithms`` reads, where the user ``typed`` it on the command line (a paper config keeps the
+    sections of all its methods, and running a few of them is ordinary)."""
     lines = [f"{key} = {data[key]!r} is not used: only {reader} reads it"
              for key, (reader, used) in _PARTITION_KEYS.items() if key in data and not used(config)]
     sections = config_sections()
@@ -421,7 +423,7 @@ def unused_keys(data: Mapping[str, Any], config: BaseConfig) -> list[str]:
         read.add(ALGORITHMS[base].section or base)
         read.update(m.section for m in modifiers)
     for key in data:
-        if key in sections and key not in read:
+        if key in sections and key not in read and (typed is None or key in typed):
             lines.append(f"[{key}] is not used: no method of algorithms = {list(config.algorithms)} reads it")
     return lines
 
