@@ -17,8 +17,9 @@ from .registry import register
 
 class FedRepSettings(Settings):
     head_epochs: int = Field(5, ge=1, description="tau, head-only epochs per round (App. G: 5)")
-    clip_norm: float = Field(0.0, ge=0, description="clip each step's gradient at this global L2 norm in both "
-                             "phases (not in the paper or PFLlib; 0: off)")
+    clip_norm: float = Field(10.0, ge=0, description="clip each step's gradient at this global L2 norm in both "
+                             "phases (pflkit's, not the paper's or PFLlib's: at FedALA's lr 0.1 unclipped "
+                             "FedRep blows up at some seeds; 0: off, PFLlib's)")
 
 
 @register
