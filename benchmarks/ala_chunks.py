@@ -23,8 +23,7 @@ from pflkit.algorithms import ClientSummary
 from pflkit.bench import BENCH_TRAIN, bench_model
 from pflkit.data import PartitionSpec, load_dataset
 from pflkit.data.federated import FederatedData
-from pflkit.engines import RoundSetup
-from pflkit.engines.parallel import ParallelEngine
+from pflkit.engines import ParallelEngine, RoundSetup
 from pflkit.federation.driver import RoundDriver
 
 
@@ -38,7 +37,7 @@ def receive_seconds(setup: RoundSetup, driver: RoundDriver, init: dict, summarie
         for t in (1, 2):
             plan = driver.plan(state, t)
             t0 = time.perf_counter()
-            jobs, received = engine._receive_batched(setup, plan.jobs, t)
+            jobs, received = engine.receive(setup, plan.jobs, t)
             seconds.append(time.perf_counter() - t0)
             torch.set_num_threads(1)
             driver.finish(state, plan, engine.run(setup, plan.jobs, t))

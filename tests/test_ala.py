@@ -186,13 +186,13 @@ def test_weight_statistics_of_a_hand_set_w() -> None:
     from pflkit.personalize.ala import weight_statistics
     units = [("fc1", ["fc1.weight"]), ("fc", ["fc.weight", "fc.bias"])]
     w = {"fc.weight": torch.tensor([[0.0, 1.0], [0.5, 0.5]]), "fc.bias": torch.tensor([1.0, 1.0])}
-    stats = weight_statistics(w, units)
+    stats = {k: float(v) for k, v in weight_statistics(w, units).items()}  # one client: 0-dim tensors
     values = torch.tensor([0.0, 1.0, 0.5, 0.5, 1.0, 1.0])
     assert set(stats) == {"ala_w_mean.fc", "ala_w_std.fc", "ala_w_zero.fc", "ala_w_one.fc"}  # fc1 not blended
     assert stats["ala_w_mean.fc"] == pytest.approx(4 / 6) and stats["ala_w_zero.fc"] == pytest.approx(1 / 6)
     assert stats["ala_w_one.fc"] == pytest.approx(3 / 6)
     assert stats["ala_w_std.fc"] == pytest.approx(float(values.std(unbiased=False)))
-    batched = weight_statistics({k: torch.stack([v, torch.ones_like(v)]) for k, v in w.items()}, units, batched=True)
+    batched = weight_statistics({k: torch.stack([v, torch.ones_like(v)]) for k, v in w.items()}, units, client_dims=1)
     assert batched["ala_w_mean.fc"].tolist() == pytest.approx([4 / 6, 1.0])
     assert batched["ala_w_one.fc"].tolist() == pytest.approx([0.5, 1.0])
 

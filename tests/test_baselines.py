@@ -11,10 +11,9 @@ from torch.nn import functional as F
 
 from pflkit.algorithms import ClientSummary, build_algorithm
 from pflkit.algorithms.apple import loss_scale
-from pflkit.algorithms.context import training_part
-from pflkit.algorithms.fedfomo import validation_part
+from pflkit.engines.schedule import training_part
 from pflkit.config import ConfigError, load_config
-from pflkit.engines.base import ClientJob, RoundSetup, run_client
+from pflkit.engines import ClientJob, RoundSetup, run_client
 from pflkit.functional import NonFiniteLossError, evaluate, forward
 
 from helpers import batch_pairs, params_of, sgd_reference, tiny_context
@@ -163,7 +162,8 @@ def test_fedfomo_weights_models_by_validation_gain_per_distance():
     old = {k: 6 * v for k, v in params_of(ctx, 1).items()}  # confident and wrong: a poor model
     received = [params_of(ctx, s) for s in (2, 3, 4)]
     received.append({k: v.clone() for k, v in old.items()})  # no gain, weight 0
-    val_x, val_y = validation_part(ctx.data, 0.2)
+    validation = ctx.holdout(0.2)
+    val_x, val_y = validation.x, validation.y
     assert len(val_y) == 8 and torch.equal(val_x, ctx.data.train_x[-8:])
     loss = lambda p: evaluate(ctx.model, p, val_x, val_y)["loss_sum"] / 8  # noqa: E731
     w = [max(0.0, (loss(old) - loss(t)) / (math.sqrt(sq(t, old)) + 1e-5)) for t in received]

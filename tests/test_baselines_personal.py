@@ -20,7 +20,7 @@ from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
 from pflkit.algorithms.partialfed import mix_units, select_units, temperature
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
-from pflkit.engines.base import ClientJob, RoundSetup, run_client
+from pflkit.engines import ClientJob, RoundSetup, run_client
 from pflkit.functional import NonFiniteLossError, evaluate
 from pflkit.models import build_model
 

@@ -9,7 +9,7 @@ import torch
 from pflkit.algorithms import TrainSettings, available, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
-from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, VmapEngine
+from pflkit.engines import ClientExecutor, LoopEngine, ParallelEngine, RoundSetup, VmapEngine
 from pflkit.engines.batched import batching_blocker
 from pflkit.models import build_model
 from pflkit.personalize import ALASettings, AdaptiveLocalAggregation
@@ -121,9 +121,9 @@ def test_vmap_engine_matches_loop_for_every_batched_algorithm(name, monkeypatch)
     data = make_data([30, 45, 12, 60, 7])
     reference = run(name, LoopEngine(), data)
     chunks = []
-    real = VmapEngine._run_chunk
-    monkeypatch.setattr(VmapEngine, "_run_chunk",
-                        lambda self, setup, jobs, round: chunks.append(len(jobs)) or real(self, setup, jobs, round))
+    real = ClientExecutor._run_group
+    monkeypatch.setattr(ClientExecutor, "_run_group", lambda self, setup, jobs, round, ctx, received:
+                        chunks.append(len(jobs)) or real(self, setup, jobs, round, ctx, received))
     for chunk in (2, 64):
         chunks.clear()
         batched = run(name, VmapEngine(chunk_size=chunk), data)
@@ -147,9 +147,9 @@ def test_vmap_engine_runs_the_unbatchable_algorithms_client_by_client(caplog):
     data = make_data([30, 45, 12, 60, 7])
     for name in UNBATCHED:
         caplog.clear()
-        with caplog.at_level("INFO", logger="pflkit.engines.vmap"):
+        with caplog.at_level("INFO", logger="pflkit.engines.executor"):
             fallback = run(name, VmapEngine(), data)
-        assert [r.getMessage() for r in caplog.records if r.name == "pflkit.engines.vmap"] == [
+        assert [r.getMessage() for r in caplog.records if r.name == "pflkit.engines.executor"] == [
             f"vmap engine: {vmap_fallback(name)}; running {name}'s clients one by one"]
         assert "client code" in vmap_fallback(name)
         assert_same_state(run(name, LoopEngine(), data), fallback)

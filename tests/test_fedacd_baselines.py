@@ -500,7 +500,7 @@ def test_lr_decay_is_a_config_key_that_reaches_training():
 def test_fedrods_adaptability_metrics_score_its_uploaded_generic_model(monkeypatch, tmp_path):
     """FedACD's Tables 3 and 9 score each client's local model, the one it uploads: FedROD's generic
     model (body and W_g), not its personalised head W_g + W_p."""
-    import pflkit.engines.base as engine_base
+    import pflkit.engines.executor as engine_base
 
     scored = []
     real = engine_base.adaptability_metrics

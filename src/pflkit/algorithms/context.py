@@ -72,41 +72,7 @@ class TrainSettings:
         return SGD(self.lr if lr is None else lr, self.momentum, self.weight_decay, lrs, clip_norm, frozenset(plain))
 
 
-# ---- what a fit iterates over ---------------------------------------------------------------
-def batch_order(n: int, batch_size: int, generator: torch.Generator) -> list[Tensor]:
-    """One epoch of index batches of one client: a fresh permutation, full batches only
-    (drop_last), except that fewer than ``batch_size`` samples make one batch of all of them."""
-    if n == 0:
-        return []
-    full = n // batch_size if n >= batch_size else 1
-    size = batch_size if n >= batch_size else n
-    order = torch.randperm(n, generator=generator)
-    return [order[k * size:(k + 1) * size] for k in range(full)]
-
-
-def split_halves(n: int, batch_size: int) -> int:
-    """Size of B in PFLlib's split pairs for a batch of ``n`` samples (B' is the rest)."""
-    return min(batch_size, (n + 1) // 2)
-
-
-def training_part(n: int, holdout: float) -> int:
-    """How many leading training samples remain when the last ``holdout`` share is held out
-    (at least one held out and one kept; a client with one sample keeps it)."""
-    if not holdout or n < 2:
-        return n
-    return n - min(n - 1, max(1, int(n * holdout)))
-
-
-def sample_positions(n: int, fraction: float, sampling: str, generator: torch.Generator) -> Tensor:
-    """Positions (in a client's training data) of a ``fraction`` sample: at least one sample."""
-    k = max(1, int(fraction * n))
-    if sampling == "random":
-        return torch.randperm(n, generator=generator)[:k]
-    start = int(torch.randint(0, n - k + 1, (1,), generator=generator))
-    return torch.arange(start, start + k)
-
-
-
+# ---- what a fit iterates over (the engines' schedule module draws the batches) -----------------
 @dataclass(frozen=True)
 class TrainBatches:
     """The client's training samples in mini-batches of ``batch_size`` (default: the run's),
@@ -205,10 +171,18 @@ class ClientContext(Protocol):
     units: Units
     train: TrainSettings
     algorithm: str
-    batched: bool
 
     @property
     def client_ids(self) -> list[int]: ...
+
+    @property
+    def client_shape(self) -> tuple[int, ...]:
+        """The leading shape of per-client values: () for one client, (K,) for K batched clients
+        (``torch.zeros(ctx.client_shape)`` is one number per client)."""
+
+    def generator(self, purpose: str, k: int = 0) -> torch.Generator:
+        """A fresh generator of client ``k`` (of ``client_ids``) for this round and ``purpose``: the
+        same draws on every engine."""
 
     @property
     def client_index(self) -> PerClient:
@@ -248,6 +222,10 @@ class ClientContext(Protocol):
         names entries the loss updates itself: it then returns ``(value, {name: new value})``
         (e.g. running statistics of the batches); ``epoch_end`` maps them after every epoch.
         Raises NonFiniteLossError naming the stage when a loss is NaN/inf."""
+
+    def holdout(self, fraction: float) -> Sample:
+        """The last ``fraction`` of the client's training samples, which ``TrainBatches(holdout=...)``
+        leaves out (a client with one training sample validates on it); FedFomo's validation set."""
 
     def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
         """At least one of the client's training samples: ``fraction`` of them, a uniform subset

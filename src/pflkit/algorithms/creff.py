@@ -102,7 +102,11 @@ def fresh_linear(dim: int, classes: int, generator: torch.Generator) -> tuple[to
 def retrain_classifier(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, epochs: int,
                        batch: int, lr: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Train (``weight``, ``bias``; no bias: ``None``) on the federated features [C, m, d] (labels:
-    their class) with plain SGD over ``epochs`` epochs of shuffled mini-batches (the last one smaller)."""
+    their class) with plain SGD over ``epochs`` epochs of shuffled mini-batches (the last one smaller).
+
+    A server-side loop by hand, not ``ctx.fit``: the server has no client context (no client data,
+    streams or batching to share), and this is one classifier on in-memory features; the step is
+    CReFF's code's plain ``w -= lr * g`` (no momentum, no weight decay, whatever the clients use)."""
     C, m, d = features.shape
     x = features.reshape(C * m, d)
     y = torch.arange(C, device=x.device).repeat_interleave(m)

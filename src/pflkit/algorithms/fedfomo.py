@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from ..data.federated import ClientData
 from ..functional import Params, evaluate
 from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
-from .context import PER_CLIENT, TrainBatches, training_part
+from .context import PER_CLIENT, TrainBatches
 from .registry import register
 
 
@@ -29,15 +28,6 @@ class FedFomoSettings(Settings):
                                    "clients, the FedALA setting M = N)")
     val_ratio: float = Field(0.2, gt=0, lt=1, description="share of the training data held out for the "
                              "model weights [REF-CODE, spec §2.10]")
-
-
-def validation_part(data: ClientData, val_ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The held-out validation samples: the last ``val_ratio`` of the training data (a client
-    with a single training sample validates on it)."""
-    n = training_part(data.num_train, val_ratio)
-    if n == data.num_train:
-        return data.train_x, data.train_y
-    return data.train_x[n:], data.train_y[n:]
 
 
 @register
@@ -60,12 +50,12 @@ class FedFomo(Algorithm):
         return {"models": [server["models"][j] for j in chosen], "ids": torch.tensor(chosen, dtype=torch.long)}
 
     def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
-        val_x, val_y = validation_part(ctx.data, self.settings.val_ratio)  # type: ignore[attr-defined]
+        validation = ctx.holdout(self.settings.val_ratio)  # what local training leaves out
         old = state["model"]
         names = self.parameter_names
 
         def val_loss(params: Params) -> float:
-            result = evaluate(ctx.model, params, val_x, val_y, self.train.eval_batch_size)
+            result = evaluate(ctx.model, params, validation.x, validation.y, self.train.eval_batch_size)
             return result["loss_sum"] / result["num_samples"]
 
         base_loss = val_loss(old)

@@ -55,7 +55,8 @@ SCALE = "fednh.scale"  # the learnable scale s in the server and client states
 
 def spread_prototypes(num: int, dim: int, steps: int, seed: int = 0) -> torch.Tensor:
     """``num`` unit vectors in ``dim`` dimensions pushed apart (minimising a smooth maximum of their
-    pairwise cosines), from a seeded Gaussian start."""
+    pairwise cosines), from a seeded Gaussian start. Server-side and once per run, on one tensor
+    with no client data: ``torch.optim.SGD`` as in FedNH's code, not a client ``ctx.fit``."""
     g = torch.Generator().manual_seed(seed)
     points = F.normalize(torch.randn(num, dim, generator=g), dim=1).requires_grad_(True)
     opt = torch.optim.SGD([points], lr=0.1)

@@ -146,7 +146,9 @@ class PartialFed(Algorithm):
                 out[STRATEGY_LOSS] = train[STRATEGY_LOSS] + value
                 out[STRATEGY_STEPS] = train[STRATEGY_STEPS] + 1
             out[POS] = train[POS] + 1
-            # both kinds of loss are summed in their own counters and checked by name after the fit
+            # Not fit's loss accounting: it has one mean and one NaN check per fit, and this fit runs two
+            # kinds of step. Each kind sums its loss and steps in its own entries of the step's state
+            # (trainable only in name: the step sets them), checked by kind after the fit; fit sees 0.
             return out, torch.zeros((), device=value.device)
         return step
 
@@ -160,7 +162,7 @@ class PartialFed(Algorithm):
         params = {**state["model"], S: state["strategy"], POS: torch.tensor(offset), **counters}
         names = self.parameter_names
         glob = {k: v.detach() for k, v in payload["global"].items()}
-        fit = ctx.fit(params, step=self.batch_step(ctx, tau, ctx.generator("gates")),  # type: ignore[attr-defined]
+        fit = ctx.fit(params, step=self.batch_step(ctx, tau, ctx.generator("gates")),
                       trainable=[*names, S, POS, *COUNTERS], aux={"global": glob},
                       data=TrainBatches("train", self.train.local_epochs), stage="local training")
         out = fit.params

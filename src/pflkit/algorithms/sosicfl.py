@@ -238,9 +238,7 @@ class SosicFL(Algorithm):
     def fit_simplex(self, params: Params, alphas: torch.Tensor, ctx: ClientContext, loss: LossFn, *,
                     aux: Any = None, purpose: str = "train", epochs: int | None = None,
                     stage: str = "local training") -> tuple[Params, Any]:
-        step = torch.zeros((), dtype=alphas.dtype, device=alphas.device)
-        if ctx.batched:
-            step = step.expand(alphas.shape[0]).clone()
+        step = torch.zeros(ctx.client_shape, dtype=alphas.dtype, device=alphas.device)
         fit = ctx.fit({**params, ALPHAS: alphas, STEP: step}, loss, aux=aux, trainable=self.trainable,
                       carry=[STEP], stage=stage,
                       data=TrainBatches(purpose, self.train.local_epochs if epochs is None else epochs))

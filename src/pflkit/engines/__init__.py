@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from .base import ClientJob, ClientResult, Engine, RoundSetup, run_client
+from .base import ClientJob, ClientResult, Engine, RoundSetup
 from .batched import BatchedClientContext
 from .client import SingleClientContext
-from .loop import LoopEngine
-from .parallel import ParallelEngine, default_workers
-from .vmap import VmapEngine
+from .executor import ClientExecutor, LoopEngine, ParallelEngine, VmapEngine, default_workers, run_client
 
 ENGINES = ("loop", "parallel", "vmap")
 
@@ -26,4 +24,5 @@ def build_engine(name: str, *, workers: int | None = None, device: str = "cpu") 
 
 
 __all__ = ["ClientJob", "ClientResult", "Engine", "RoundSetup", "run_client", "BatchedClientContext",
-           "SingleClientContext", "LoopEngine", "ParallelEngine", "VmapEngine", "build_engine", "default_workers"]
+           "SingleClientContext", "ClientExecutor", "LoopEngine", "ParallelEngine", "VmapEngine", "build_engine",
+           "default_workers"]

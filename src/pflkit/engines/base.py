@@ -1,8 +1,7 @@
-"""What every engine executes: the client part of a round, from the same algorithm functions."""
+"""What every engine executes: client jobs and their results, and what is fixed for a run's rounds."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -10,9 +9,9 @@ import torch
 from torch import nn
 
 from ..algorithms.base import Algorithm, Payload, State, Upload
-from ..algorithms.context import Metrics, TrainSettings
+from ..algorithms.context import TrainSettings
 from ..data.federated import FederatedData
-from ..functional import Params, evaluate, prediction_logits
+from ..functional import Params, prediction_logits
 from ..functional.training import probability_matrix, probability_sums, template_kl
 from ..models import Units
 from .client import SingleClientContext
@@ -54,40 +53,6 @@ class RoundSetup:
     def context(self, client_id: int, round: int) -> SingleClientContext:
         return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,  # type: ignore
                                    self.units, self.train, self.algorithm.name)
-
-
-def run_client(setup: RoundSetup, job: ClientJob, round: int,
-               received: Metrics | None = None) -> ClientResult:
-    """local_init -> (evaluate) -> (local_train) for one client (spec §0.2 skeleton).
-
-    ``received`` holds the metrics of a ``receive`` step an engine already ran (batched
-    across clients); ``job.state`` is then the received state and only ``after_receive`` runs here.
-    """
-    alg = setup.algorithm
-    assert job.state is not None
-    ctx = setup.context(job.client_id, round)
-    t0 = time.perf_counter()
-    if received is None:
-        state, metrics = alg.local_init(job.payload, job.state, ctx)
-        metrics = {**metrics, "init_seconds": time.perf_counter() - t0}
-    else:
-        state, prepared = alg.after_receive(job.payload, job.state, ctx)
-        metrics = {**received, **prepared}
-        metrics["init_seconds"] = metrics.get("init_seconds", 0.0) + time.perf_counter() - t0
-    evaluation = None
-    if job.evaluate:
-        t_eval = time.perf_counter()
-        evaluation = evaluate(setup.model, alg.eval_params(state), ctx.data.test_x, ctx.data.test_y,
-                              setup.train.eval_batch_size)
-        metrics["eval_seconds"] = time.perf_counter() - t_eval
-    upload = None
-    if job.train:
-        t1 = time.perf_counter()
-        state, upload, train_metrics = alg.local_train(job.payload, state, ctx)
-        metrics.update(train_metrics, train_seconds=time.perf_counter() - t1)
-        if setup.adaptability is not None:
-            metrics.update(adaptability_metrics(setup, job.client_id, alg.local_model(state)))
-    return ClientResult(job.client_id, state, upload, evaluation, metrics)
 
 
 @torch.no_grad()

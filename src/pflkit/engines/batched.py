@@ -12,26 +12,37 @@ streams as in ``SingleClientContext``, so results agree up to float reassociatio
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 from torch.utils._pytree import tree_map
 
-from ..algorithms.context import (DataSpec, EpochEnd, Fit, PairedBatches, PerClient, Sample, SampleBatches, SampleMap,
-                                  SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings, Transform, batch_order,
-                                  sample_positions, training_part)
+from ..algorithms.context import (DataSpec, EpochEnd, Fit, Metrics, PairedBatches, PerClient, Sample, SampleBatches,
+                                  SampleMap, SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings, Transform)
 from ..data.federated import ClientData, FederatedData
-from ..functional import Params, numpy_generator, torch_generator
+from ..functional import Params, torch_generator
 from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, mix, net_of, prediction_logits
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import class_sums
+from .schedule import ClientSchedule, holdout_positions, sample_positions
+from .stacking import stack, unstack
+
+log = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """Say once per process that a batched context runs a step client by client."""
+    if message not in _logged:
+        _logged.add(message)
+        log.info("batched context: %s", message)
 
 
 @dataclass
@@ -50,7 +61,6 @@ class _Schedule:
 class BatchedClientContext:
     """``ClientContext`` for K clients at once (see the module docstring)."""
 
-    batched = True
     provides: frozenset[str] = frozenset()
 
     def __init__(self, client_ids: list[int], round: int, seed: int, data: FederatedData, model: UnitModel,
@@ -74,6 +84,11 @@ class BatchedClientContext:
     @property
     def client_ids(self) -> list[int]:
         return self._ids
+
+    @property
+    def client_shape(self) -> tuple[int, ...]:
+        """Per-client values carry this leading dimension: [K, ...]."""
+        return (len(self._ids),)
 
     @property
     def client_index(self) -> Tensor:
@@ -100,6 +115,9 @@ class BatchedClientContext:
 
     @torch.no_grad()
     def class_sums(self, params: Params, fn: SampleMap) -> Tensor:
+        # each client's pass is a few large evaluation batches: vmapping them would pad every client
+        # to the largest one for little gain
+        _log_once("class_sums run client by client (a few large batches each)")
         return torch.stack([class_sums(self._net, {k: v[i] for k, v in params.items()}, fn, c.train_x, c.train_y,
                                        self.num_classes, self.train.eval_batch_size)
                             for i, c in enumerate(self.clients)])
@@ -118,6 +136,7 @@ class BatchedClientContext:
         lengths = sample.lengths.tolist()
         if sample.x.device.type == "cpu":
             # vmapped convolutions become grouped convolutions, slow on CPU: one large batch per client
+            _log_once("features on CPU run client by client (vmapped convolutions are slow on CPU)")
             parts = [forward(self.model, {k: v[i] for k, v in params.items()}, sample.x[i, :n], stop=stop, train=True)
                      for i, n in enumerate(lengths)]
             out = parts[0].new_zeros((len(parts), sample.x.shape[1], *parts[0].shape[1:]))
@@ -130,14 +149,20 @@ class BatchedClientContext:
         return sample.with_inputs(torch.cat([run(params, x[:, i:i + per_step]) for i in range(0, x.shape[1], per_step)],
                                             dim=1))
 
-    def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
-        rows = [c.train_rows[sample_positions(c.num_train, fraction, sampling, self.generator(purpose, k))
-                             .to(self.device)] for k, c in enumerate(self.clients)]
+    def holdout(self, fraction: float) -> Sample:
+        return self._padded([c.train_rows[holdout_positions(c.num_train, fraction)] for c in self.clients])
+
+    def _padded(self, rows: list[Tensor]) -> Sample:
+        """The samples at dataset ``rows`` of each client, padded to [K, n_max] with their lengths."""
         lengths = torch.tensor([len(r) for r in rows], device=self.device)
         padded = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long, device=self.device)
         for i, r in enumerate(rows):
             padded[i, :len(r)] = r
         return Sample(self.fed.x[padded], self.fed.y[padded], lengths)
+
+    def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
+        return self._padded([c.train_rows[sample_positions(c.num_train, fraction, sampling, self.generator(purpose, k))
+                                          .to(self.device)] for k, c in enumerate(self.clients)])
 
     @torch.no_grad()
     def evaluate(self, params: Params) -> list[dict[str, float]]:
@@ -163,34 +188,41 @@ class BatchedClientContext:
             loss += (ce * m).sum(1)
         return [{"correct": int(correct[k]), "loss_sum": float(loss[k]), "num_samples": sizes[k]} for k in range(K)]
 
+    @staticmethod
+    def gather(values: list[Any]) -> Any:
+        """The clients' values stacked to [K, ...] (see ``stacking``)."""
+        return stack(values)
+
+    @staticmethod
+    def split(value: Any, k: int, template: Any = None) -> Any:
+        """Client ``k``'s own copy of a stacked value; Python scalars follow ``template``."""
+        return unstack(value, k, template)
+
+    @staticmethod
+    def split_metrics(metrics: Metrics, k: int) -> dict[str, Any]:
+        return {key: item(v, k) for key, v in metrics.items()}
+
     # ---- data schedules ----------------------------------------------------------------------
-    def _train_schedule(self, spec: TrainBatches, generators: list[torch.Generator],
-                        budgets: list[int | None], mixers: list[np.random.Generator] | None) -> _Schedule:
-        """One epoch of ``spec`` for every client; ``budgets`` caps each client's steps (and is
-        debited); ``mixers`` draw each batch's mixup coefficient and partners (as the
-        per-client context does)."""
-        b = spec.batch_size or self.train.batch_size
-        orders = []
-        for k, (c, g) in enumerate(zip(self.clients, generators)):
-            order = batch_order(training_part(c.num_train, spec.holdout), b, g)
-            if budgets[k] is not None:
-                order = order[:budgets[k]]
-                budgets[k] -= len(order)  # type: ignore[operator]
-            orders.append(order)
-        steps = torch.tensor([len(o) for o in orders])
+    def _train_schedule(self, schedules: list[ClientSchedule]) -> _Schedule:
+        """The next epoch of every client's schedule as row tables."""
+        epochs = [schedule.next_epoch() for schedule in schedules]
+        b = max(schedule.batch_size for schedule in schedules)
+        steps = torch.tensor([len(e.batches) for e in epochs])
         S = max(int(steps.max()), 1)
-        rows = torch.zeros(len(orders), S, b, dtype=torch.long)
-        mask = torch.zeros(len(orders), S, b)
-        lam = torch.ones(len(orders), S) if mixers is not None else None
-        perm = torch.arange(b).repeat(len(orders), S, 1) if mixers is not None else None
-        a = self.train.mixup_alpha
-        for k, (order, client) in enumerate(zip(orders, self.clients)):
-            for s, idx in enumerate(order):
-                rows[k, s, :len(idx)] = client.train_rows.cpu()[idx]
+        K = len(epochs)
+        rows = torch.zeros(K, S, b, dtype=torch.long)
+        mask = torch.zeros(K, S, b)
+        mixing = epochs[0].mixup is not None
+        lam = torch.ones(K, S) if mixing else None
+        perm = torch.arange(b).repeat(K, S, 1) if mixing else None
+        for k, (epoch, client) in enumerate(zip(epochs, self.clients)):
+            train_rows = client.train_rows.cpu()
+            for s, idx in enumerate(epoch.batches):
+                rows[k, s, :len(idx)] = train_rows[idx]
                 mask[k, s, :len(idx)] = 1.0
-                if mixers is not None:
-                    lam[k, s] = mixers[k].beta(a, a)  # type: ignore[index]
-                    perm[k, s, :len(idx)] = torch.as_tensor(mixers[k].permutation(len(idx)))  # type: ignore[index]
+                if epoch.mixup is not None:
+                    lam[k, s], partners = epoch.mixup[s]  # type: ignore[index]
+                    perm[k, s, :len(idx)] = torch.as_tensor(partners)  # type: ignore[index]
         to = (lambda t: t.to(self.device) if t is not None else None)  # noqa: E731
         return _Schedule(to(rows), to(mask), steps, to(lam), to(perm))
 
@@ -342,12 +374,10 @@ class _Plan:
 class _TrainPlan(_Plan):
     def __init__(self, ctx: BatchedClientContext, spec: TrainBatches) -> None:
         self.ctx, self.spec = ctx, spec
-        # one generator per client for all epochs: the per-client context draws them in the same order
-        self.generators = [ctx.generator(spec.purpose, k) for k in range(len(ctx.clients))]
-        self.budgets: list[int | None] = [spec.max_steps] * len(ctx.clients)
-        mixing = ctx.train.mixup if spec.mixup is None else spec.mixup
-        self.mixers = ([numpy_generator(ctx.seed, "client", ctx.round, i, spec.purpose, "mixup")
-                        for i in ctx.client_ids] if mixing else None)
+        # one schedule per client for all epochs, drawn in order (the per-client context's draws)
+        train = ctx.train
+        self.clients = [ClientSchedule(spec, c.num_train, train.batch_size, ctx.seed, ctx.round, i, train.mixup,
+                                       train.mixup_alpha) for i, c in zip(ctx.client_ids, ctx.clients)]
         self.schedules: list[_Schedule] = []
 
     def fixed_epochs(self) -> int:
@@ -355,7 +385,7 @@ class _TrainPlan(_Plan):
 
     def schedule(self, epoch: int) -> _Schedule:
         while len(self.schedules) <= epoch:  # epochs are drawn in order from the generators
-            self.schedules.append(self.ctx._train_schedule(self.spec, self.generators, self.budgets, self.mixers))
+            self.schedules.append(self.ctx._train_schedule(self.clients))
         return self.schedules[epoch]
 
     def steps(self, epoch: int) -> Tensor:

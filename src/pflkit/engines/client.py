@@ -13,21 +13,21 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, PairedBatches, PerClient, Sample,
+from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, Metrics, PairedBatches, PerClient, Sample,
                                   SampleBatches, SampleMap, SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings,
-                                  Transform,
-                                  batch_order, sample_positions, split_halves, training_part)
+                                  Transform)
 from ..data.federated import ClientData
-from ..functional import Params, numpy_generator, torch_generator
+from ..functional import Params, evaluate, torch_generator
 from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, check_finite, forward, mix, net_of
 from ..models import UnitModel, Units, buffer_names, num_outputs
+from .schedule import ClientSchedule, holdout_positions, sample_positions, split_halves
 
 
 class SingleClientContext:
     """``ClientContext`` for one client (see ``pflkit.algorithms.context``)."""
 
-    batched = False
     provides = frozenset({PER_CLIENT})
+    client_shape: tuple[int, ...] = ()  # per-client values are plain numbers and tensors
 
     def __init__(self, client_id: int, round: int, seed: int, data: ClientData, model: UnitModel, units: Units,
                  train: TrainSettings, algorithm: str = "") -> None:
@@ -59,7 +59,7 @@ class SingleClientContext:
     def net(self) -> Net:
         return self._net
 
-    def generator(self, purpose: str) -> torch.Generator:
+    def generator(self, purpose: str, k: int = 0) -> torch.Generator:
         """A fresh generator for (seed, round, client, purpose): the same draws on every engine."""
         return torch_generator(self.seed, "client", self.round, self.client_id, purpose)
 
@@ -74,26 +74,19 @@ class SingleClientContext:
 
     def _train_epochs(self, spec: TrainBatches, open_ended: bool = False) -> Iterator[list[Batch]]:
         x, y = self.data.train_x, self.data.train_y
-        n = training_part(len(y), spec.holdout)
-        x, y = x[:n], y[:n]
-        b = spec.batch_size or self.train.batch_size
-        generator = self.generator(spec.purpose)
-        mixing = self.train.mixup if spec.mixup is None else spec.mixup
-        mixer = numpy_generator(self.seed, "client", self.round, self.client_id, spec.purpose, "mixup")
-        steps = 0
+        schedule = ClientSchedule(spec, len(y), self.train.batch_size, self.seed, self.round, self.client_id,
+                                  self.train.mixup, self.train.mixup_alpha)
         for _ in (itertools.count() if open_ended else range(spec.epochs)):
-            epoch = []
-            for idx in batch_order(len(y), b, generator):
-                if spec.max_steps is not None and steps >= spec.max_steps:
-                    break
+            epoch = schedule.next_epoch()
+            batches = []
+            for s, idx in enumerate(epoch.batches):
                 idx = idx.to(x.device)
-                if mixing:
-                    lam, perm = mixer.beta(self.train.mixup_alpha, self.train.mixup_alpha), mixer.permutation(len(idx))
-                    epoch.append(mix(x[idx], y[idx], lam, torch.as_tensor(perm, device=x.device)))
+                if epoch.mixup is not None:
+                    lam, perm = epoch.mixup[s]
+                    batches.append(mix(x[idx], y[idx], lam, torch.as_tensor(perm, device=x.device)))
                 else:
-                    epoch.append(Batch(x[idx], y[idx]))
-                steps += 1
-            yield epoch
+                    batches.append(Batch(x[idx], y[idx]))
+            yield batches
 
     def _epochs(self, data: DataSpec, open_ended: bool) -> Iterator[list[Any]]:
         if isinstance(data, TrainBatches):
@@ -125,6 +118,10 @@ class SingleClientContext:
         idx = sample_positions(len(y), fraction, sampling, self.generator(purpose)).to(x.device)
         return Sample(x[idx], y[idx])
 
+    def holdout(self, fraction: float) -> Sample:
+        rows = holdout_positions(self.data.num_train, fraction)
+        return Sample(self.data.train_x[rows], self.data.train_y[rows])
+
     def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
         return not all(torch.equal(a[k], b[k]) for k in a if k in b)
 
@@ -140,6 +137,27 @@ class SingleClientContext:
     @torch.no_grad()
     def features(self, params: Params, sample: Sample, stop: int) -> Sample:
         return sample.with_inputs(forward(self.model, params, sample.x, stop=stop, train=True))
+
+    # ---- what the executor needs ------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, params: Params) -> list[dict[str, float]]:
+        """The client's correct predictions, loss sum and test size (a list of one)."""
+        return [evaluate(self.model, params, self.data.test_x, self.data.test_y, self.train.eval_batch_size)]
+
+    @staticmethod
+    def gather(values: list[Any]) -> Any:
+        """The one client's value (a batched context stacks K of them)."""
+        (value,) = values
+        return value
+
+    @staticmethod
+    def split(value: Any, k: int, template: Any = None) -> Any:
+        return value
+
+    @staticmethod
+    def split_metrics(metrics: Metrics, k: int) -> dict[str, Any]:
+        """The client's metrics as Python values (0-dim tensors become numbers)."""
+        return {key: v.item() if isinstance(v, Tensor) and v.dim() == 0 else v for key, v in metrics.items()}
 
     # ---- training --------------------------------------------------------------------------
     def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,

@@ -18,7 +18,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ..engines.base import ClientJob, RoundSetup, run_client
+from ..engines import ClientJob, RoundSetup, run_client
 from . import serde
 from .node import (add_version, config_from_text, load_state, node_setup, save_state, state_before, state_file,
                    state_key, versions_from_record, versions_to_record)

@@ -129,22 +129,20 @@ def closed_form_step(eta: float, num_classes: int) -> StepFn:
     return step
 
 
-def weight_statistics(weights: Params, units: Units, batched: bool = False) -> Metrics:
+def weight_statistics(weights: Params, units: Units, client_dims: int = 0) -> Metrics:
     """Per ALA unit, the mean and std of the client's learned W and the shares of its elements at
     0 and at 1 (``ala_w_mean.<unit>``, ``ala_w_std.<unit>``, ``ala_w_zero.<unit>``,
-    ``ala_w_one.<unit>``); per client (batched: [K] tensors)."""
+    ``ala_w_one.<unit>``); per client: tensors of the ``client_dims`` leading dimensions."""
     out: Metrics = {}
-    start = 1 if batched else 0
     for unit, members in units:
         present = [weights[k] for k in members if k in weights]
         if not present:
             continue
-        w = torch.cat([t.flatten(start) for t in present], dim=-1)
-        out[f"ala_w_mean.{unit}"] = w.mean(-1) if batched else float(w.mean())
-        out[f"ala_w_std.{unit}"] = w.std(-1, unbiased=False) if batched else float(w.std(unbiased=False))
-        zero, one = (w == 0).to(w.dtype).mean(-1), (w == 1).to(w.dtype).mean(-1)
-        out[f"ala_w_zero.{unit}"] = zero if batched else float(zero)
-        out[f"ala_w_one.{unit}"] = one if batched else float(one)
+        w = torch.cat([t.flatten(client_dims) for t in present], dim=-1)
+        out[f"ala_w_mean.{unit}"] = w.mean(-1)
+        out[f"ala_w_std.{unit}"] = w.std(-1, unbiased=False)
+        out[f"ala_w_zero.{unit}"] = (w == 0).to(w.dtype).mean(-1)
+        out[f"ala_w_one.{unit}"] = (w == 1).to(w.dtype).mean(-1)
     return out
 
 
@@ -264,7 +262,7 @@ class AdaptiveLocalAggregation:
             initialised = {**fixed, **{k: torch.addcmul(local_top[k], delta[k], weights[k]) for k in top}}
         started = state["started"] | active
         metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss,
-                            **weight_statistics(weights, self.units, ctx.batched)}
+                            **weight_statistics(weights, self.units, len(ctx.client_shape))}
         if fit.history is not None:  # per-epoch losses (the start phase's curve, paper Fig. 3)
             metrics["ala_epoch_losses"] = fit.history  # type: ignore[assignment]
         return {k: initialised[k] for k in local}, ALAState(weights=weights, started=started), metrics  # type: ignore

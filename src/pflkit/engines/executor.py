@@ -1,0 +1,223 @@
+"""The one client executor: a round's client jobs run in groups, each group on one context.
+
+A group is one client on the reference ``SingleClientContext`` or K clients on a
+``BatchedClientContext``; :func:`run_group` runs the client part of a round (spec §0.2
+skeleton: local_init -> evaluate -> local_train) for a group, whatever its size, and splits the
+results back per client. The engines are this executor with other numbers:
+
+* ``loop``: groups of one, one after another (the reference);
+* ``parallel``: groups of one spread over worker threads (largest first, so the idle tail of a
+  round is at most one client's work), and for algorithms whose ``receive`` trains (ALA) that
+  step first on batched groups of ``receive_chunk`` clients, since its many tiny steps would
+  serialise on Python's GIL;
+* ``vmap``: batched groups of ``chunk_size`` clients (made for GPUs).
+
+Groups are cut from the clients sorted by training-set size (largest first): within a batched
+group the clients that still have batches at a step are then a prefix (no padding work), and the
+groups do not depend on the number of workers, so neither do the numbers. Algorithms or models
+that cannot share a batched context (``batching_blocker``) run in groups of one, logged once.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Callable, Sequence, TypeVar
+
+from torch import nn
+
+from ..algorithms.context import Metrics
+from .base import ClientJob, ClientResult, RoundSetup, adaptability_metrics
+from .batched import BatchedClientContext, batching_blocker, size_order
+from .client import SingleClientContext
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+Context = SingleClientContext | BatchedClientContext
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def group_context(setup: RoundSetup, client_ids: Sequence[int], round: int, batched: bool) -> Context:
+    """The context of a group: the reference per-client context, or a batched one."""
+    if batched:
+        return BatchedClientContext(list(client_ids), round, setup.seed, setup.data, setup.model, setup.units,
+                                    setup.train, setup.algorithm.name)
+    (client_id,) = client_ids
+    return setup.context(client_id, round)
+
+
+def run_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int, ctx: Context,
+              received: Sequence[Metrics | None] | None = None) -> list[ClientResult]:
+    """local_init -> (evaluate) -> (local_train) for the group's clients on ``ctx``.
+
+    ``received`` holds the metrics of a ``receive`` step that already ran (:func:`receive_group`);
+    the jobs' states are then the received ones and only ``after_receive`` runs here. A group's
+    wall times are shared equally among its clients, so that a round's sums stay meaningful."""
+    alg, K = setup.algorithm, len(jobs)
+    payload = ctx.gather([job.payload for job in jobs])
+    state = ctx.gather([job.state for job in jobs])
+    t0 = time.perf_counter()
+    if received is None:
+        state, metrics = alg.local_init(payload, state, ctx)
+    else:
+        state, metrics = alg.after_receive(payload, state, ctx)
+    seconds = {"init_seconds": time.perf_counter() - t0}
+    evaluations = None
+    if jobs[0].evaluate:
+        t1 = time.perf_counter()
+        evaluations = ctx.evaluate(alg.eval_params(state))
+        seconds["eval_seconds"] = time.perf_counter() - t1
+    upload, train_metrics = None, {}
+    if jobs[0].train:
+        t2 = time.perf_counter()
+        state, upload, train_metrics = alg.local_train(payload, state, ctx)
+        seconds["train_seconds"] = time.perf_counter() - t2
+    out = []
+    for k, job in enumerate(jobs):
+        before = dict(received[k] or {}) if received is not None else {}
+        client_metrics = {**before, **ctx.split_metrics({**metrics, **train_metrics}, k)}
+        for key, value in seconds.items():
+            client_metrics[key] = before.get(key, 0.0) + value / K
+        client_state = ctx.split(state, k, job.state)
+        client_upload = None
+        if upload is not None:
+            client_upload = ctx.split(upload, k, {"num_samples": 0})
+            if setup.adaptability is not None:
+                client_metrics.update(adaptability_metrics(setup, job.client_id, alg.local_model(client_state)))
+        evaluation = evaluations[k] if evaluations is not None else None
+        out.append(ClientResult(job.client_id, client_state, client_upload, evaluation, client_metrics))
+    return out
+
+
+def receive_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int,
+                  ctx: Context) -> tuple[list[ClientJob], list[Metrics]]:
+    """Only ``receive`` for the group's clients: their jobs with the received states, and its metrics."""
+    t0 = time.perf_counter()
+    state, info = setup.algorithm.receive(ctx.gather([job.payload for job in jobs]),
+                                          ctx.gather([job.state for job in jobs]), ctx)
+    seconds = (time.perf_counter() - t0) / len(jobs)
+    return ([replace(job, state=ctx.split(state, k, job.state)) for k, job in enumerate(jobs)],
+            [{**ctx.split_metrics(info, k), "init_seconds": seconds} for k in range(len(jobs))])
+
+
+def run_client(setup: RoundSetup, job: ClientJob, round: int, received: Metrics | None = None) -> ClientResult:
+    """One client's part of a round on its own context (Flower's ClientApp, tests)."""
+    return run_group(setup, [job], round, group_context(setup, [job.client_id], round, False),
+                     None if received is None else [received])[0]
+
+
+class ClientExecutor:
+    """Runs the client jobs of a round in groups (see the module docstring); results in job order.
+
+    ``chunk_size``: clients per group (1: per-client contexts; more: batched contexts);
+    ``workers``: threads the groups are spread over (each with its own model skeleton);
+    ``receive_chunk``: batch the ``receive`` step of algorithms that train in it in groups of
+    this size first (None: no separate receive step)."""
+
+    def __init__(self, name: str, *, chunk_size: int = 1, workers: int = 1, receive_chunk: int | None = None) -> None:
+        self.name = name
+        self.chunk_size = chunk_size
+        self.workers = workers
+        self.receive_chunk = receive_chunk
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pflkit-client") if workers > 1 else None
+        self._local = threading.local()
+        self._logged: set[str] = set()
+
+    def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
+        jobs, received = self.receive(setup, jobs, round)
+        batched = self.chunk_size > 1 and self._batchable(setup, "clients")
+        groups = self._groups(setup, jobs, self.chunk_size if batched else 1)
+
+        def run(group: list[int]) -> list[ClientResult]:
+            ctx_setup, group_jobs, _, ctx = self._on_worker(setup, jobs, group, round, batched)
+            before = [received[j] for j in group]
+            return self._run_group(ctx_setup, group_jobs, round, ctx, None if before[0] is None else before)
+        results: dict[int, ClientResult] = {}
+        for group, out in zip(groups, self._map(run, groups)):
+            results.update(zip(group, out))
+        return [results[j] for j in range(len(jobs))]
+
+    def receive(self, setup: RoundSetup, jobs: list[ClientJob],
+                round: int) -> tuple[list[ClientJob], list[Metrics | None]]:
+        """With ``receive_chunk``, the ``receive`` step of an algorithm that trains in it, on batched
+        groups: the jobs with their received states and the step's metrics (else the jobs as they are)."""
+        received: list[Metrics | None] = [None] * len(jobs)
+        if not (self.receive_chunk and setup.algorithm.trains_on_receive
+                and self._batchable(setup, "local initialisation")):
+            return jobs, received
+        groups = self._groups(setup, jobs, self.receive_chunk)
+        outputs = self._map(lambda group: receive_group(*self._on_worker(setup, jobs, group, round, True)), groups)
+        jobs = list(jobs)
+        for group, (new_jobs, metrics) in zip(groups, outputs):
+            for j, job, info in zip(group, new_jobs, metrics):
+                jobs[j], received[j] = job, info
+        return jobs, received
+
+    def _run_group(self, setup: RoundSetup, jobs: list[ClientJob], round: int, ctx: Context,
+                   received: list[Metrics | None] | None) -> list[ClientResult]:
+        return run_group(setup, jobs, round, ctx, received)
+
+    def _batchable(self, setup: RoundSetup, what: str) -> bool:
+        blocker = batching_blocker(setup.algorithm, setup.model, setup.data)
+        if blocker is not None and blocker not in self._logged:
+            self._logged.add(blocker)
+            log.info("%s engine: %s; running %s's %s one by one", self.name, blocker, setup.algorithm.name, what)
+        return blocker is None
+
+    @staticmethod
+    def _groups(setup: RoundSetup, jobs: Sequence[ClientJob], size: int) -> list[list[int]]:
+        order = size_order(setup.data, [job.client_id for job in jobs])
+        return [order[start:start + size] for start in range(0, len(order), size)]
+
+    def _on_worker(self, setup: RoundSetup, jobs: Sequence[ClientJob], group: list[int], round: int,
+                   batched: bool) -> tuple[RoundSetup, list[ClientJob], int, Context]:
+        """The setup (this thread's model skeleton), jobs, round and context of a group."""
+        if self._pool is not None:
+            setup = replace(setup, model=self._model(setup.model))
+        group_jobs = [jobs[j] for j in group]
+        return setup, group_jobs, round, group_context(setup, [job.client_id for job in group_jobs], round, batched)
+
+    def _model(self, model: nn.Module) -> nn.Module:
+        """This worker thread's copy of the model skeleton (module calls swap its parameters)."""
+        cache = getattr(self._local, "models", None)
+        if cache is None or cache[0] is not model:
+            cache = self._local.models = (model, copy.deepcopy(model))
+        return cache[1]
+
+    def _map(self, fn: Callable[[list[int]], T], groups: list[list[int]]) -> list[T]:
+        if self._pool is None or len(groups) <= 1:
+            return [fn(group) for group in groups]
+        return list(self._pool.map(fn, groups))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)  # a stopped run does not train the queued clients
+
+
+class LoopEngine(ClientExecutor):
+    """The reference: one client after another."""
+
+    def __init__(self) -> None:
+        super().__init__("loop")
+
+
+class ParallelEngine(ClientExecutor):
+    """Clients over worker threads (PyTorch kernels release the GIL; the dataset stays shared)."""
+
+    def __init__(self, workers: int | None = None, ala_chunk_size: int = 8) -> None:
+        super().__init__("parallel", workers=workers or default_workers(), receive_chunk=ala_chunk_size)
+
+
+class VmapEngine(ClientExecutor):
+    """Chunks of clients batched with ``torch.func.vmap`` (default 64 per chunk, which bounds memory)."""
+
+    def __init__(self, chunk_size: int = 64) -> None:
+        super().__init__("vmap", chunk_size=chunk_size)
