@@ -34,11 +34,11 @@ def test_core_package_does_not_import_flower():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def _message(config_text, name, seed, round, payload, node_id, evaluate=True):
+def _message(config_text, name, seed, round, payload, node_id, evaluate=True, message_type=MessageType.TRAIN):
     content = RecordDict({"pflkit": ConfigRecord({"config": config_text, "algorithm": name, "seed": seed,
                                                    "round": round, "evaluate": evaluate})})
     serde.put(content, "payload", payload)
-    message = Message(content, dst_node_id=node_id, message_type=MessageType.TRAIN, group_id=str(round))
+    message = Message(content, dst_node_id=node_id, message_type=message_type, group_id=str(round))
     message.metadata.__dict__["_message_id"] = f"m{round}-{node_id}"
     return message
 
@@ -93,6 +93,43 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
     c = serde.get(resent.content, "upload")["params"]
     assert all(torch.equal(a[name], c[name]) for name in a)
     assert [v["round"] for v in serde.get(contexts[0].state, key)["versions"]] == [4, 3]
+
+
+def test_a_node_parses_each_config_text_once_and_builds_each_runs_algorithm_once(monkeypatch):
+    """Every message of a run reuses the node's parsed config and built algorithm; another config
+    text or algorithm gets its own."""
+    import tomli_w
+    from pflkit.algorithms import build_algorithm
+    from pflkit.config import build_config
+    from pflkit.flower import node
+
+    LocalGrid(client_app, [])  # sets Flower's process identity for message construction
+    parsed, built = [], []
+    monkeypatch.setattr(node, "build_config", lambda data, source: parsed.append(data["name"])
+                        or build_config(data, source))
+    monkeypatch.setattr(node, "build_algorithm", lambda name, *args: built.append(name) or build_algorithm(name, *args))
+    texts = {n: tomli_w.dumps(to_dict(load_config(None, OVERRIDES + [f"name={n}"]))) for n in ("cache-a", "cache-b")}
+    payload = {"global": node_setup(texts["cache-a"], {"partition-id": 0}, 0).init}
+
+    def send(text, name, round, context, message_type=MessageType.TRAIN):
+        reply = client_app(_message(text, name, 0, round, payload, 10, message_type=message_type), context)
+        assert not reply.has_error(), reply.error
+
+    def fresh_context():  # a new Flower run
+        return Context(run_id=1, node_id=10, state=RecordDict(), run_config={}, node_config={"partition-id": 0})
+
+    context = fresh_context()
+    for t in (1, 2, 3):
+        send(texts["cache-a"], "fedavg", t, context)
+    send(texts["cache-a"], "fedavg", 4, context, MessageType.EVALUATE)
+    assert (parsed, built) == (["cache-a"], ["fedavg"])
+    send(texts["cache-a"], "fedala", 1, context)
+    send(texts["cache-a"], "fedala", 2, context)
+    assert (parsed, built) == (["cache-a"], ["fedavg", "fedala"])
+    send(texts["cache-b"], "fedavg", 1, fresh_context())
+    assert (parsed, built) == (["cache-a", "cache-b"], ["fedavg", "fedala", "fedavg"])
+    send(texts["cache-a"], "fedavg", 4, context)  # the first run's entries are still cached
+    assert (parsed, built) == (["cache-a", "cache-b"], ["fedavg", "fedala", "fedavg"])
 
 
 def run_both(tmp_path, config) -> tuple[list[dict], list[dict]]:

@@ -18,10 +18,10 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ..engines import ClientJob, RoundSetup, run_client
+from ..engines import ClientJob, run_client
 from . import serde
-from .node import (add_version, config_from_text, load_state, node_setup, save_state, state_before, state_file,
-                   state_key, versions_from_record, versions_to_record)
+from .node import (add_version, load_state, node_run, node_setup, save_state, state_before, state_file, state_key,
+                   versions_from_record, versions_to_record)
 
 log = logging.getLogger("flwr")  # Flower's handler prints it in the SuperNode's log
 app = ClientApp()
@@ -52,10 +52,9 @@ def evaluate(message: Message, context: Context) -> Message:
 
 def _client_round(message: Message, context: Context, train: bool) -> Message:
     meta = message.content["pflkit"]
-    config = config_from_text(str(meta["config"]))
     name, seed, round = str(meta["algorithm"]), int(meta["seed"]), int(meta["round"])
-    setup = node_setup(str(meta["config"]), context.node_config, seed)
-    algorithm = setup.algorithm(config, name)
+    run = node_run(str(meta["config"]), context.node_config, name, seed)
+    setup, algorithm = run.setup, run.algorithm
     key = state_key(name, seed)
     path = state_file(context.node_config, key)
     if serde.has(context.state, key):
@@ -72,9 +71,7 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
                                f"(its saved rounds: {[r for r, _ in versions]})")
         state = algorithm.init_client(setup.init, setup.client_id)
     payload = serde.get(message.content, "payload", setup.device)
-    gamma = config.metrics.template_gamma if config.metrics.adaptability else None
-    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed, gamma)
-    result = run_client(round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train),
+    result = run_client(run.round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train),
                         round)
     content = RecordDict()
     metrics: dict[str, Any] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}

@@ -16,6 +16,7 @@ from ..algorithms import Algorithm, TrainSettings, build_algorithm
 from ..config import BaseConfig, build_config
 from ..data import DataError, load_dataset, load_pfllib
 from ..data.federated import ClientData, FederatedData
+from ..engines.base import RoundSetup
 from ..functional import to_device
 from ..models import UnitModel
 from ..federation.setup import initial_params, partition_dataset, partition_seed, resolve_device
@@ -24,7 +25,9 @@ NUM_CLASSES = {"digits": 10, "mnist": 10, "synthetic": 10, "cifar10": 10, "cifar
                "agnews": 4}
 
 
+@functools.lru_cache(maxsize=8)
 def config_from_text(text: str) -> BaseConfig:
+    """The config a ServerApp sent, parsed once per text in this process (configs are frozen)."""
     return build_config(tomllib.loads(text), "config sent by the ServerApp")
 
 
@@ -109,6 +112,30 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
     model, init = initial_params(config, data, seed, device)
     train = TrainSettings.from_config(config)
     return NodeSetup(client_id, data, model, init, train, device)
+
+
+@dataclass
+class NodeRun:
+    """One run (config, algorithm, seed) on this node: what each of its messages reuses."""
+    config: BaseConfig
+    setup: NodeSetup
+    algorithm: Algorithm
+    round_setup: RoundSetup
+
+
+def node_run(config_text: str, node_config: Mapping[str, Any], name: str, seed: int) -> NodeRun:
+    """Build (and cache in this process) one run's config, node setup, algorithm and round setup."""
+    return _node_run(config_text, tuple(sorted(node_config.items())), name, seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _node_run(config_text: str, node_items: tuple, name: str, seed: int) -> NodeRun:
+    config = config_from_text(config_text)
+    setup = _node_setup(config_text, node_items, seed)
+    algorithm = setup.algorithm(config, name)
+    gamma = config.metrics.template_gamma if config.metrics.adaptability else None
+    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed, gamma)
+    return NodeRun(config, setup, algorithm, round_setup)
 
 
 def state_file(node_config: Mapping[str, Any], key: str) -> Path | None:
