@@ -11,18 +11,7 @@ from pflkit.data.downloads import (
 )
 from pflkit.data.errors import DataError, PartitionError
 from pflkit.data.idx import read_idx, write_idx
-from pflkit.data.partition import (
-    PARTITION_METHODS,
-    ClientSplit,
-    PartitionSpec,
-    class_counts,
-    partition,
-    partition_dirichlet,
-    partition_iid,
-    partition_pathological,
-    split_clients,
-    split_train_test,
-)
+from pflkit.data.partition import PARTITION_METHODS, ClientSplit, PartitionSpec, class_counts, split_clients
 from pflkit.data.pfllib import load_pfllib
 from pflkit.data.sources import DATASETS, FILE_DATASETS, Dataset, download_mnist, load_dataset
 from pflkit.data.tiny_imagenet import load_tiny_imagenet
@@ -50,12 +39,7 @@ __all__ = [
     "load_dataset",
     "load_pfllib",
     "load_tiny_imagenet",
-    "partition",
-    "partition_dirichlet",
-    "partition_iid",
-    "partition_pathological",
     "read_idx",
     "split_clients",
-    "split_train_test",
     "write_idx",
 ]
