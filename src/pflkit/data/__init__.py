@@ -2,6 +2,7 @@
 
 from pflkit.data.agnews import basic_english, build_vocab, load_agnews
 from pflkit.data.cifar import load_cifar
+from pflkit.data.dataset import Dataset
 from pflkit.data.downloads import (
     download,
     download_agnews,
@@ -13,7 +14,7 @@ from pflkit.data.errors import DataError, PartitionError
 from pflkit.data.idx import read_idx, write_idx
 from pflkit.data.partition import PARTITION_METHODS, ClientSplit, PartitionSpec, class_counts, split_clients
 from pflkit.data.pfllib import load_pfllib
-from pflkit.data.sources import DATASETS, FILE_DATASETS, Dataset, download_mnist, load_dataset
+from pflkit.data.sources import DATASETS, FILE_DATASETS, download_mnist, load_dataset
 from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = [
