@@ -1,8 +1,9 @@
 """SosicFL's partitions: k-Fold groups (spec §5.3 [RECON]) and the client-wise label Dirichlet
 with equal client sizes (spec §5.6 [RECON]).
 
-Both give every client floor(N / K) samples drawn without replacement, with class counts by the
-largest-remainder rule; clients are returned in the order they were drawn.
+Both give every client the same number of samples, floor(N / K) (k-Fold: fewer for all where a
+class runs short), drawn without replacement with class counts by the largest-remainder rule;
+clients come in the order they were drawn.
 """
 
 from __future__ import annotations
