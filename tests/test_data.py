@@ -24,17 +24,18 @@ from pflkit.data import (
     DataError,
     Dataset,
     PartitionError,
+    PartitionSpec,
     class_counts,
     download_mnist,
     load_dataset,
-    partition,
-    partition_dirichlet,
-    partition_iid,
-    partition_pathological,
     read_idx,
-    split_train_test,
+    split_clients,
     write_idx,
 )
+from pflkit.data.partition.dirichlet import partition_dirichlet
+from pflkit.data.partition.iid import partition_iid
+from pflkit.data.partition.pathological import partition_pathological
+from pflkit.data.partition.test_sets import split_train_test
 
 torch.set_num_threads(1)
 
@@ -300,7 +301,10 @@ METHODS = ["iid", "dirichlet", "pathological"]
 
 
 def _split(labels: np.ndarray, method: str, seed: int, **kw: object) -> list[np.ndarray]:
-    return partition(labels, method=method, num_clients=20, rng=np.random.default_rng(seed), **kw)
+    """Every client's samples (training and test data together, sorted) as ``split_clients`` gives them
+    for 20 clients, the partition seed ``seed`` and the spec keys ``kw``."""
+    split = split_clients(labels, PartitionSpec(method=method, num_clients=20, **kw), seed)
+    return [np.sort(np.concatenate([tr, te])) for tr, te in zip(split.train, split.test)]
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -478,8 +482,8 @@ def test_class_counts(mnist_like: np.ndarray) -> None:
 
 
 def _dispatched(labels: np.ndarray, method: str, seed: int = 3, **kw: object) -> tuple[list[np.ndarray], np.ndarray]:
-    """``partition``'s parts (checked disjoint, sorted, non-empty int64) and their class counts."""
-    parts = partition(labels, method=method, num_clients=20, rng=np.random.default_rng(seed), **kw)
+    """``split_clients``'s parts (checked disjoint, sorted, non-empty int64) and their class counts."""
+    parts = _split(labels, method, seed, **kw)
     assert len(parts) == 20
     for p in parts:
         assert p.dtype == np.int64 and len(p) > 0 and np.all(np.diff(p) > 0)
@@ -496,8 +500,8 @@ def _top_share(counts: np.ndarray) -> float:
 
 @pytest.mark.parametrize("method", PARTITION_METHODS)
 def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
-    """``partition(method=...)`` gives what each method promises, checked on the parts themselves
-    (10 classes x 700 samples, 20 clients), and forwards its keyword arguments."""
+    """``split_clients`` gives what each method promises, checked on the clients' samples themselves
+    (10 classes x 700 samples, 20 clients), and passes the spec's keys on to the method."""
     parts, counts = _dispatched(mnist_like, method)
     sizes = counts.sum(1)
     # every method covers the pool here: 7000 = 20 x 350, and pathological's 20 x 2 slots cover 10 classes
@@ -512,17 +516,15 @@ def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
         assert skewed > 0.5 and spread < 0.2  # alpha=0.1 concentrates labels; alpha=1000 is near-iid
         assert (counts > 0).sum(1).mean() < 6
         for seed in range(10):  # the cap really is on by default ...
-            assert max(len(p) for p in partition(mnist_like, method=method, num_clients=20,
-                                                 rng=np.random.default_rng(seed))) < 350 + 700
-        uncapped = [max(len(p) for p in partition(mnist_like, method=method, num_clients=20, balance_cap=False,
-                                                  min_samples_per_client=0, rng=np.random.default_rng(seed)))
+            assert max(len(p) for p in _split(mnist_like, method, seed)) < 350 + 700
+        # (2 samples: the fewest a client can split into training and test data)
+        uncapped = [max(len(p) for p in _split(mnist_like, method, seed, balance_cap=False, min_samples_per_client=2))
                     for seed in range(10)]
         assert max(uncapped) >= 350 + 700  # ... and balance_cap=False reaches the partitioner
         _, counts100 = _dispatched(mnist_like, method, min_samples_per_client=100, seed=0)
         assert counts100.sum(1).min() >= 100
         with pytest.raises(PartitionError, match="min_samples_per_client=400"):
-            partition(mnist_like, method=method, num_clients=20, rng=np.random.default_rng(0),
-                      min_samples_per_client=400)
+            _split(mnist_like, method, 0, min_samples_per_client=400)
     elif method == "pathological":
         assert np.all((counts > 0).sum(1) == 2)  # classes_per_client defaults to 2
         assert len(set((counts > 0).sum(1))) == 1
@@ -533,7 +535,7 @@ def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
         _, five = _dispatched(mnist_like, method, classes_per_client=5, balanced=True)
         assert np.all((five > 0).sum(1) == 5) and np.all(five[five > 0] == 70)  # 10 clients per class
         with pytest.raises(PartitionError, match="classes_per_client=11"):
-            partition(mnist_like, method=method, num_clients=20, rng=np.random.default_rng(0), classes_per_client=11)
+            _split(mnist_like, method, 0, classes_per_client=11)
     elif method == "kfold":  # 2 folds: clients 0-9 lean on classes 0-4, clients 10-19 on classes 5-9
         assert np.all(sizes == 350)
         for group, primary, other in ((slice(0, 10), slice(0, 5), slice(5, 10)),
@@ -552,7 +554,7 @@ def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
 
 def test_partition_dispatch_unknown_method(mnist_like: np.ndarray) -> None:
     with pytest.raises(PartitionError, match="unknown partition method 'kmeans'; available: iid, dirichlet"):
-        partition(mnist_like, method="kmeans", num_clients=20, rng=np.random.default_rng(0))
+        _split(mnist_like, "kmeans", 0)
 
 
 def test_idx_header_matches_struct(tmp_path: Path) -> None:

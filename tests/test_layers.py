@@ -166,7 +166,7 @@ def test_real_edges_are_seen():
     """Imports the source is known to hold, in several forms, are found (guards a blind scanner)."""
     found = edges()
     assert ("config", "personalize") in found  # config.py: `from . import personalize`
-    assert ("data", "functional") in found  # data/partition.py: absolute `from pflkit.functional.streams ...`
+    assert ("data", "functional") in found  # data/partition/spec.py: absolute `from pflkit.functional.streams ...`
     assert ("federation", ROOT) in found  # federation/results.py: `from .. import __version__`
     assert ("cli", "bench_scale") in found  # cli.py: a lazy `from .bench_scale import ...`
 

@@ -2,6 +2,7 @@
 
 from pflkit.data.agnews import basic_english, build_vocab, load_agnews
 from pflkit.data.cifar import load_cifar
+from pflkit.data.dataset import Dataset
 from pflkit.data.downloads import (
     download,
     download_agnews,
@@ -11,20 +12,9 @@ from pflkit.data.downloads import (
 )
 from pflkit.data.errors import DataError, PartitionError
 from pflkit.data.idx import read_idx, write_idx
-from pflkit.data.partition import (
-    PARTITION_METHODS,
-    ClientSplit,
-    PartitionSpec,
-    class_counts,
-    partition,
-    partition_dirichlet,
-    partition_iid,
-    partition_pathological,
-    split_clients,
-    split_train_test,
-)
+from pflkit.data.partition import PARTITION_METHODS, ClientSplit, PartitionSpec, class_counts, split_clients
 from pflkit.data.pfllib import load_pfllib
-from pflkit.data.sources import DATASETS, FILE_DATASETS, Dataset, download_mnist, load_dataset
+from pflkit.data.sources import DATASETS, FILE_DATASETS, download_mnist, load_dataset
 from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = [
@@ -50,12 +40,7 @@ __all__ = [
     "load_dataset",
     "load_pfllib",
     "load_tiny_imagenet",
-    "partition",
-    "partition_dirichlet",
-    "partition_iid",
-    "partition_pathological",
     "read_idx",
     "split_clients",
-    "split_train_test",
     "write_idx",
 ]

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from pflkit.data.errors import DataError
-from pflkit.data.sources import Dataset
+from pflkit.data.dataset import Dataset
 
 __all__ = ["MAX_LEN", "UNK", "basic_english", "build_vocab", "encode", "load_agnews", "read_agnews_csv"]
 

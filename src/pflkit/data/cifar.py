@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pflkit.data.errors import DataError
-from pflkit.data.sources import Dataset
+from pflkit.data.dataset import Dataset
 
 __all__ = ["CIFAR", "load_cifar"]
 

@@ -10,7 +10,7 @@ import torch
 
 from .errors import DataError, PartitionError
 from .partition import PartitionSpec, class_counts, split_clients, stratified_test_split
-from .sources import Dataset
+from .dataset import Dataset
 
 
 def official_split(data: Dataset) -> tuple[np.ndarray, np.ndarray]:

@@ -1,24 +1,28 @@
 """Centralised datasets as tensors (normalised images or token ids), before any federated split.
 
 FedALA pools the official train and test sets and partitions the pool (spec
-§5.1, §5.5), so every loader here returns one pool of samples. The readers of
-the real datasets live in their own modules (cifar, tiny_imagenet, agnews) and
-are imported lazily so that, e.g., Pillow is needed only for Tiny-ImageNet.
+§5.1, §5.5), so every loader here returns one pool of samples (:class:`Dataset`,
+in dataset.py). This module reads the built-in sets (digits, synthetic, MNIST) and
+dispatches by name (:func:`load_dataset`) to the readers of the other datasets, which
+live in their own modules (cifar, tiny_imagenet, agnews).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from pflkit.data.agnews import load_agnews
+from pflkit.data.cifar import load_cifar
+from pflkit.data.dataset import Dataset
 from pflkit.data.errors import DataError
 from pflkit.data.fetch import fetch, md5_check
 from pflkit.data.idx import read_idx
+from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
-__all__ = ["DATASETS", "FILE_DATASETS", "Dataset", "download_mnist", "load_dataset"]
+__all__ = ["DATASETS", "FILE_DATASETS", "download_mnist", "load_dataset"]
 
 # What data_dir must hold for each dataset read from files (config validation and error messages).
 FILE_DATASETS: dict[str, str] = {
@@ -31,57 +35,6 @@ FILE_DATASETS: dict[str, str] = {
 }
 DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic", "cifar10", "cifar100", "tiny_imagenet", "agnews",
                              "pfllib")
-
-
-@dataclass(frozen=True, eq=False)
-class Dataset:
-    """A pool of labelled samples, ``y`` int64 ``[n]`` and ``x`` either
-
-    * images: float32 ``[n, C, H, W]`` (normalised), ``vocab_size`` None, or
-    * token ids: int64 ``[n, L]`` in ``0..vocab_size-1`` (``vocab_size`` required).
-    """
-
-    name: str
-    x: torch.Tensor
-    y: torch.Tensor
-    num_classes: int
-    vocab_size: int | None = None
-    #: The first ``official_train`` samples are the dataset's official training split, the rest
-    #: its official test split (None: the dataset has no official split).
-    official_train: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.x.dtype == torch.int64 and self.x.dim() == 2:
-            if self.vocab_size is None or self.vocab_size < 1:
-                raise ValueError(f"Dataset {self.name!r}: token ids x (int64 [n, L]) need vocab_size >= 1, "
-                                 f"got {self.vocab_size}")
-            if self.x.numel() and (int(self.x.min()) < 0 or int(self.x.max()) >= self.vocab_size):
-                raise ValueError(f"Dataset {self.name!r}: token ids must be in 0..{self.vocab_size - 1}, "
-                                 f"found {int(self.x.min())}..{int(self.x.max())}")
-        elif self.x.dtype != torch.float32 or self.x.dim() != 4:
-            raise ValueError(
-                f"Dataset {self.name!r}: x must be float32 [n, C, H, W] (images) or int64 [n, L] "
-                f"(token ids), got {self.x.dtype} {tuple(self.x.shape)}"
-            )
-        elif self.vocab_size is not None:
-            raise ValueError(f"Dataset {self.name!r}: vocab_size is only for token ids, not images")
-        if self.y.dtype != torch.int64 or self.y.dim() != 1:
-            raise ValueError(
-                f"Dataset {self.name!r}: y must be int64 [n], got {self.y.dtype} {tuple(self.y.shape)}"
-            )
-        if len(self.x) != len(self.y):
-            raise ValueError(f"Dataset {self.name!r}: {len(self.x)} images but {len(self.y)} labels")
-        if self.official_train is not None and not 0 <= self.official_train <= len(self.y):
-            raise ValueError(f"Dataset {self.name!r}: official_train={self.official_train} is outside its "
-                             f"{len(self.y)} samples")
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one sample, ``(C, H, W)`` or ``(L,)``."""
-        return tuple(self.x.shape[1:])
-
-    def __len__(self) -> int:
-        return len(self.y)
 
 
 def _normalize_unit(x: np.ndarray) -> torch.Tensor:
@@ -218,16 +171,10 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test
     if name == "synthetic":
         return _load_synthetic()
     if name in ("cifar10", "cifar100"):
-        from pflkit.data.cifar import load_cifar
-
         return load_cifar(name, _require_dir(name, data_dir))
     if name == "tiny_imagenet":
-        from pflkit.data.tiny_imagenet import load_tiny_imagenet
-
         return load_tiny_imagenet(_require_dir(name, data_dir), include_val=official_test)
     if name == "agnews":
-        from pflkit.data.agnews import load_agnews
-
         return load_agnews(_require_dir(name, data_dir))
     if name == "pfllib":
         raise DataError("dataset 'pfllib' holds per-client splits, not one pool: "
