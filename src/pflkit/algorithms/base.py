@@ -168,6 +168,11 @@ class Algorithm:
     def global_params(self, server: State) -> Params:
         return server["global"]
 
+    def round_metrics(self, client_metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+        """What the method reports of a training round beyond the driver's means of the clients'
+        numeric metrics, from every participant's metrics (client id -> metrics); default: nothing."""
+        return {}
+
     def head_update(self, server: State, upload: SentUpload) -> torch.Tensor | None:
         """The upload's change of the last layer, flattened (the total variance of updates, spec
         §4.13); None where the upload carries no head."""

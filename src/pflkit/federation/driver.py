@@ -101,7 +101,8 @@ def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False
 
 def training_metrics(round: int, results: Sequence[ClientResult], seconds: float) -> dict[str, Any]:
     """Round wall time, sample-weighted train loss and per-client diagnostics of one round
-    (client means, ignoring clients for which a diagnostic is NaN; sums for ``*_seconds``)."""
+    (client means, ignoring clients for which a diagnostic is NaN; sums for ``*_seconds``); what
+    else a method reports of its round comes from its ``Algorithm.round_metrics``."""
     weights = np.array([r.upload["num_samples"] for r in results if r.upload is not None], dtype=float)
     losses = np.array([r.metrics.get("train_loss", np.nan) for r in results], dtype=float)
     out: dict[str, Any] = {"train_round": round, "seconds": seconds,
@@ -113,12 +114,6 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
         if not len(values):
             continue
         out[key] = float(values.sum() if key.endswith("_seconds") else values.mean())
-        if key == "ala_epochs":
-            out["ala_epochs_max"] = float(values.max())
-    starts = {str(r.client_id): [float(v) for v in r.metrics["ala_epoch_losses"]] for r in results
-              if len(r.metrics.get("ala_epoch_losses") or []) > 1}
-    if starts:  # ALA's start phase: each client's weight-learning loss per epoch (paper Fig. 3)
-        out["ala_start_losses"] = starts
     return out
 
 
@@ -246,6 +241,7 @@ class RoundDriver:
         info = state.server.pop(ROUND_INFO, None)  # what the server rule reports (FedACD's weights)
         record = self._record(state, plan.round - 1, evaluated, plan)
         state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        state.pending.update(self.algorithm.round_metrics({r.client_id: r.metrics for r in results}))
         if info:
             state.pending.update(info)
         state.pending.update(communication(plan.jobs, results))

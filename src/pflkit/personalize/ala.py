@@ -26,7 +26,7 @@ the ``+ala`` name modifier and the ``fedala`` alias with the algorithm registry.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Mapping, TypedDict
 
 import numpy as np
 import torch
@@ -299,6 +299,19 @@ class WithALA(Algorithm):
 
     def global_params(self, server: State) -> Params:
         return self.base.global_params(server)
+
+    def round_metrics(self, client_metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+        """The base's, the most epochs a client's weight learning ran, and in the start phase each
+        client's weight-learning loss per epoch (paper Fig. 3)."""
+        out = self.base.round_metrics(client_metrics)
+        epochs = [float(m["ala_epochs"]) for m in client_metrics.values() if "ala_epochs" in m]
+        if epochs:
+            out["ala_epochs_max"] = max(epochs)
+        starts = {str(c): [float(v) for v in m["ala_epoch_losses"]] for c, m in client_metrics.items()
+                  if len(m.get("ala_epoch_losses") or []) > 1}
+        if starts:
+            out["ala_start_losses"] = starts
+        return out
 
     def num_ala_weights(self, init_params: Params) -> int:
         """How many element-wise weights ALA learns per client (FedALA Tables 1 and 6, "Param.")."""
