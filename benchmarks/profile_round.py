@@ -23,9 +23,20 @@ from pflkit.bench import BENCH_TRAIN, bench_model
 from pflkit.data import PartitionSpec, load_dataset
 from pflkit.data.federated import FederatedData
 from pflkit.engines import RoundSetup, build_engine
-from pflkit.federation.checkpoint import save_checkpoint
+from pflkit.federation.checkpoint import Checkpointer
 from pflkit.federation.driver import RoundDriver
+from pflkit.federation.session import RunSession
 from pflkit.federation.state_store import DiskStateStore
+
+
+class Timer:
+    """Callback: the time at which it is called (before and after the checkpoint writer)."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def on_record(self, state: object, record: object) -> None:
+        self.marks.append(time.perf_counter())
 
 
 def main() -> None:
@@ -45,24 +56,23 @@ def main() -> None:
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     driver = RoundDriver(alg, num_clients=n, seed=0, rounds=args.round + 1, join_ratio=1.0, eval_every=1)
     tmp = Path(tempfile.mkdtemp(prefix="pflkit-profile-"))
-    state = driver.start(init, summaries, store=DiskStateStore(tmp / "states", n, lambda i: alg.init_client(init, i),
-                                                               cache=n))
-    for t in range(1, args.round):
-        plan = driver.plan(state, t)
-        driver.finish(state, plan, engine.run(setup, plan.jobs, t))
-        save_checkpoint(tmp / "checkpoint.pt", state)
+    timer = Timer()
+    session = RunSession.open(driver, init, summaries, callbacks=[timer, Checkpointer(tmp / "checkpoint.pt", 1), timer],
+                              store=DiskStateStore(tmp / "states", n, lambda i: alg.init_client(init, i), cache=n))
+
+    def execute(jobs: list, round: int) -> list:
+        results = engine.run(setup, jobs, round)
+        timer.marks.append(time.perf_counter())
+        return results
+    for _ in range(1, args.round):
+        session.step(execute)
     profile = cProfile.Profile()
-    t0 = time.perf_counter()
+    timer.marks = [time.perf_counter()]
     profile.enable()
-    plan = driver.plan(state, args.round)
-    results = engine.run(setup, plan.jobs, args.round)
-    t1 = time.perf_counter()
-    driver.finish(state, plan, results)
-    t2 = time.perf_counter()
-    save_checkpoint(tmp / "checkpoint.pt", state)
+    session.step(execute)
     profile.disable()
-    t3 = time.perf_counter()
-    p = state.pending
+    t0, t1, t2, t3 = timer.marks  # start, clients done, driver done, checkpoint written
+    p = session.state.pending
     print(f"{n} clients, {args.algorithm}: round {t3 - t0:.2f} s = clients {t1 - t0:.2f} s (init "
           f"{p.get('init_seconds', 0):.2f}, eval {p.get('eval_seconds', 0):.2f}, train {p.get('train_seconds', 0):.2f})"
           f" + driver {t2 - t1:.2f} s + checkpoint {t3 - t2:.2f} s")

@@ -27,10 +27,12 @@ from .algorithms import Algorithm, ClientSummary, TrainSettings, build_algorithm
 from .config import load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
-from .engines import RoundSetup, build_engine, default_workers
+from .engines import Engine, RoundSetup, build_engine, default_workers
 from .federation.driver import RoundDriver
 from .federation.evaluation import GlobalEvaluation
-from .functional import SGD, Batch, classification_loss, forward, net_of, stream_seed
+from .federation.session import Execute, RunSession
+from .federation.setup import initial_model
+from .functional import SGD, Batch, classification_loss, forward, net_of
 from .functional.training import autograd_value_and_grad
 from .models import build_model
 
@@ -140,13 +142,16 @@ BENCH_TRAIN = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
 
 def bench_model(data: FederatedData, algorithm: str, seed: int,
                 device: torch.device) -> tuple[nn.Module, dict[str, torch.Tensor], Algorithm]:
-    """The benchmark's FedAvgCNN, its seeded Theta^0 and ``algorithm`` with default settings."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(stream_seed(seed, "model-init"))
-        model = build_model("fedavg_cnn", data.input_shape, data.num_classes).to(device)
-    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    """The benchmark's FedAvgCNN, its seeded Theta^0 (as every run makes it) and ``algorithm``
+    with default settings."""
+    model, init = initial_model("fedavg_cnn", data, seed, device)
     return model, init, build_algorithm(algorithm, load_config(None, []).algorithm_sections(), BENCH_TRAIN,
                                         model.units())
+
+
+def executes(engine: Engine, setup: RoundSetup) -> Execute:
+    """A session's ``execute``: the round's jobs on ``engine``."""
+    return lambda jobs, round: engine.run(setup, jobs, round)
 
 
 def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
@@ -172,18 +177,18 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 train.eval_batch_size, workers=getattr(engine, "workers", 1))
             driver = RoundDriver(alg, num_clients=data.num_clients, seed=settings.seed, rounds=settings.rounds + 1,
                                  join_ratio=1.0, eval_every=1, global_evaluation=evaluation)
-            runs[engine_name] = (setup, engine, driver, driver.start(init, summaries), [])
+            runs[engine_name] = (executes(engine, setup), engine, RunSession.open(driver, init, summaries), [])
         for t in range(1, settings.rounds + 1):
             order = settings.engines if t % 2 else list(reversed(settings.engines))
             for engine_name in order:
-                setup, engine, driver, state, rows = runs[engine_name]
-                plan = driver.plan(state, t)
-                record = driver.finish(state, plan, engine.run(setup, plan.jobs, t))
+                execute, engine, session, rows = runs[engine_name]
+                record = session.step(execute)
                 _sync(device)
                 # the global evaluation of round t-1's state runs inside training round t
-                rows.append({**state.pending, **{k: v for k, v in record.items() if k == "global_eval_seconds"}})
+                rows.append({**session.state.pending, **{k: v for k, v in record.items() if k == "global_eval_seconds"}})
         per_engine = {}
-        for engine_name, (_setup, engine, _driver, state, rows) in runs.items():
+        for engine_name, (_execute, engine, session, rows) in runs.items():
+            state = session.state
             engine.close()
             steady = rows[2:] if len(rows) > 2 else rows[1:]
             seconds = statistics.median(r["seconds"] for r in steady)

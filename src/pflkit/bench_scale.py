@@ -28,12 +28,13 @@ from typing import Any, Callable
 import torch
 
 from .algorithms import ClientSummary
-from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, mnist_like, single_model_limits
+from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, executes, mnist_like, single_model_limits
 from .data import PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine
-from .federation.checkpoint import save_checkpoint
+from .federation.checkpoint import Checkpointer
 from .federation.driver import RoundDriver
+from .federation.session import Execute, RunSession
 from .federation.state_store import DiskStateStore
 
 
@@ -79,27 +80,31 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
             driver = RoundDriver(alg, num_clients=num_clients, seed=settings.seed, rounds=settings.rounds + 1,
                                  join_ratio=join, eval_every=1)
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
-            state = driver.start(init, summaries, store=store)
-            runs[(name, engine_name)] = (RoundSetup(alg, data, model, model.units(), train, settings.seed), engine,
-                                         driver, state, store, folder, [])
+            session = RunSession.open(driver, init, summaries, store=store,
+                                      callbacks=[Checkpointer(folder / "checkpoint.pt", every=1)])
+            setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
+            runs[(name, engine_name)] = (executes(engine, setup), engine, session, store, folder, [])
     order = list(runs)
     for t in range(1, settings.rounds + 1):
         for key in (order if t % 2 else list(reversed(order))):
-            setup, engine, driver, state, store, folder, rows = runs[key]
-            plan = driver.plan(state, t)
-            samples = sum(data.clients[j.client_id].num_train for j in plan.jobs)
-            driver.finish(state, plan, engine.run(setup, plan.jobs, t))
+            execute, engine, session, store, folder, rows = runs[key]
+            jobs: list[int] = []
+
+            def counted(round_jobs: list, round: int, execute: Execute = execute) -> list:
+                jobs.extend(job.client_id for job in round_jobs)
+                return execute(round_jobs, round)
+            t0 = time.perf_counter()
+            session.step(counted)  # the round, then its checkpoint
             _sync(device)
-            save_checkpoint(folder / "checkpoint.pt", state)
-            rows.append({**state.pending, "seconds_with_checkpoint": time.perf_counter() - plan.started,
-                         "samples": samples, "participants": len(plan.jobs)})
+            rows.append({**session.state.pending, "seconds_with_checkpoint": time.perf_counter() - t0,
+                         "samples": sum(data.clients[j].num_train for j in jobs), "participants": len(jobs)})
     limit_after = limit()
     rate = (limit_before + limit_after) / 2
     out: dict[str, Any] = {"num_clients": num_clients, "join_ratio": join,
                            "samples_per_client": data.clients[0].num_train,
                            "train_samples": sum(c.num_train for c in data.clients),
                            "limit_batch10_before": limit_before, "limit_batch10_after": limit_after, "runs": {}}
-    for (name, engine_name), (_s, engine, _d, state, store, folder, rows) in runs.items():
+    for (name, engine_name), (_execute, engine, _session, store, folder, rows) in runs.items():
         engine.close()
         steady = rows[2:] if name != "fedavg" and len(rows) > 2 else rows[1:] or rows
         seconds = statistics.median(r["seconds_with_checkpoint"] for r in steady)

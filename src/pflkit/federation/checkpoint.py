@@ -11,7 +11,7 @@ import torch
 from ..functional import to_device
 from ..algorithms import Algorithm
 from .driver import RunState
-from .state_store import DiskStateStore
+from .state_store import ClientStore, DiskStateStore, MemoryStateStore
 from .stopping import signals_deferred
 
 
@@ -25,37 +25,47 @@ def save_checkpoint(path: Path, state: RunState) -> None:
 
 def _save_checkpoint(path: Path, state: RunState) -> None:
     raw = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}
-    store = state.clients if isinstance(state.clients, DiskStateStore) else None
-    if store is not None:
-        store.sync()
+    clients, record = state.clients.checkpoint_record()
+    raw["clients"] = dict(clients)
+    if record is not None:
         # the folder relative to the checkpoint, so that a moved results folder still finds its clients
-        raw["clients"] = {}
-        raw["client_store"] = {**store.snapshot(), "folder": os.path.relpath(store.folder, path.parent)}
+        raw["client_store"] = {**record, "folder": os.path.relpath(record["folder"], path.parent)}
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
         torch.save(raw, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    if store is not None:
-        store.prune()
+    state.clients.prune()
 
 
-def load_checkpoint(path: Path, device: torch.device | str = "cpu") -> RunState:
+def load_checkpoint(path: Path, device: torch.device | str = "cpu", store: ClientStore | None = None) -> RunState:
+    """The run state saved at ``path``. Clients kept in files (the disk store) continue in
+    ``store`` (restored to the checkpoint's versions); without one they are a read-only view."""
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
         raw["server"] = to_device(raw["server"], device)
-        raw["clients"] = to_device(raw["clients"], device)
+        raw["clients"] = MemoryStateStore(to_device(raw["clients"], device))
         state = RunState(**raw)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
         raise RuntimeError(f"checkpoint {path} is unreadable (corrupt or truncated: {type(exc).__name__}); delete "
                            "it to restart that run from round 0") from exc
-    if state.client_store is not None:  # the clients stay in their files: a read-only view of them
-        versions = state.client_store["versions"]
-        view = DiskStateStore(path.parent / state.client_store["folder"], max(map(int, versions), default=-1) + 1,
-                              None, cache=1, device=device)
-        view.versions = {int(k): int(v) for k, v in versions.items()}
-        state.clients = view
+    record = state.client_store
+    if record is None:
+        if store is not None and not isinstance(store, MemoryStateStore):
+            raise RuntimeError(f"checkpoint {path} holds its clients' states but this run keeps them on disk "
+                               "(state_store changed)")
+        return state
+    if store is None:
+        state.clients = DiskStateStore.view(path.parent / record["folder"], record, device)
+    elif not isinstance(store, DiskStateStore):
+        raise RuntimeError(f"checkpoint {path} keeps its clients on disk but this run does not (state_store changed)")
+    else:
+        try:
+            state.clients = store.restore(record)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{exc}. Copy them back, or delete {path} to run this algorithm and seed "
+                                    "again from round 0") from None
     return state
 
 

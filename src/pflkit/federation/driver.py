@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from collections.abc import MutableMapping
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -29,6 +28,7 @@ from ..algorithms.base import ROUND_INFO, Algorithm, ClientSummary, SentUpload, 
 from ..engines.base import ClientJob, ClientResult
 from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
+from .state_store import ClientStore, MemoryStateStore
 
 
 @dataclass
@@ -40,11 +40,11 @@ class RunState:
     seed: int
     rounds_done: int
     server: State
-    clients: MutableMapping[int, State]  # a dict, or a DiskStateStore (state_store = "disk")
+    clients: ClientStore  # in memory, or on disk (state_store = "disk")
     history: list[dict[str, Any]] = field(default_factory=list)
     pending: dict[str, Any] | None = None  # training stats of the last round, awaiting its evaluation
     done: bool = False
-    client_store: dict[str, Any] | None = None  # a checkpoint's DiskStateStore snapshot (its clients stay on disk)
+    client_store: dict[str, Any] | None = None  # a checkpoint's record of clients kept in files
 
 
 class Callback(Protocol):
@@ -163,18 +163,19 @@ class RoundDriver:
         self.evaluate_all = evaluate_all
 
     def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True,
-              store: MutableMapping[int, State] | None = None) -> RunState:
+              store: ClientStore | None = None) -> RunState:
         """Server (and, with ``client_states``, client) states from the common initial model,
         then the algorithm's ``prepare`` from the clients' summaries. A ``store`` (the disk store)
         makes each client's state on first use instead."""
         alg = self.algorithm
         server = alg.prepare(alg.init_server(init_params), summaries, self.seed)
+        clients: ClientStore
         if store is not None:
             clients = store
         elif client_states:
-            clients = {s.client_id: alg.init_client(init_params, s.client_id) for s in summaries}
+            clients = MemoryStateStore({s.client_id: alg.init_client(init_params, s.client_id) for s in summaries})
         else:
-            clients = {}
+            clients = MemoryStateStore()
         return RunState(algorithm=alg.name, seed=self.seed, rounds_done=0, server=server, clients=clients)
 
     def next_plan(self, state: RunState) -> RoundPlan | None:

@@ -28,26 +28,37 @@ def resolve_device(name: str) -> torch.device:
 
 def initial_params(config: BaseConfig, data: FederatedData | tuple[Any, ...], seed: int,
                    device: torch.device) -> tuple[UnitModel, dict[str, torch.Tensor]]:
-    """The model skeleton and Theta^0, seeded by the run seed (same for every algorithm).
+    """The config's model skeleton and Theta^0, seeded by the run seed (same for every algorithm).
 
-    ``data`` is a FederatedData or (input shape, number of classes[, vocabulary size]). Built on
-    the CPU from a seeded generator, Theta^0 is identical on every machine with the same PyTorch
-    version, which lets Flower nodes build it locally. Theta^0 holds the parameters and the
-    floating buffers (batch-norm running statistics) under their state-dict names.
-    """
+    ``data`` is a FederatedData or (input shape, number of classes[, vocabulary size])."""
+    if isinstance(data, FederatedData):
+        shape = tuple(data.input_shape)
+    else:
+        shape = tuple(data[0])
+    return initial_model(config.model_for(shape), data, seed, device, config.pretrained)
+
+
+def initial_model(name: str, data: FederatedData | tuple[Any, ...], seed: int, device: torch.device | str,
+                  pretrained: str | None = None) -> tuple[UnitModel, dict[str, torch.Tensor]]:
+    """Model ``name`` for ``data`` and its Theta^0 from the run seed: every run, benchmark and
+    Flower node starts from this. Built on the CPU from a seeded generator, Theta^0 is identical on
+    every machine with the same PyTorch version, which lets Flower nodes build it locally. Theta^0
+    holds the parameters and the floating buffers (batch-norm running statistics) under their
+    state-dict names; ``pretrained``: a local state dict of ImageNet weights in torchvision's
+    layout (a head of another size stays fresh)."""
     if isinstance(data, FederatedData):
         shape, classes, vocab_size = data.input_shape, data.num_classes, data.vocab_size
     else:
         shape, classes, vocab_size = data[0], data[1], (data[2] if len(data) > 2 else None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(seed, "model-init"))
-        model = build_model(config.model_for(tuple(shape)), tuple(shape), classes, vocab_size=vocab_size)
+        model = build_model(name, tuple(shape), classes, vocab_size=vocab_size)
     model = model.to(device)
     buffers = dict(model.named_buffers())
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
     init.update({k: buffers[k].detach().clone() for k in buffer_names(model)})
-    if config.pretrained:  # ImageNet weights in torchvision's layout; a head of another size stays fresh
-        loaded = load_pretrained(model, config.pretrained, head_names(model.units()))
+    if pretrained:
+        loaded = load_pretrained(model, pretrained, head_names(model.units()))
         init = {k: v.to(device) for k, v in loaded.items()}
     return model, init
 

@@ -22,7 +22,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
@@ -30,6 +30,41 @@ from ..algorithms.base import State
 from ..functional import to_device
 
 _FILE = re.compile(r"client(\d+)-v(\d+)\.pt")
+
+
+@runtime_checkable
+class ClientStore(Protocol):
+    """Where a run's client states live between rounds (``RunState.clients``): a mapping client id
+    -> state that also says what a checkpoint records of it and cleans up once one is written."""
+
+    def __getitem__(self, client: int) -> State: ...
+
+    def __setitem__(self, client: int, state: State) -> None: ...
+
+    def __contains__(self, client: object) -> bool: ...
+
+    def __iter__(self) -> Iterator[int]: ...
+
+    def __len__(self) -> int: ...
+
+    def get(self, client: int, default: State | None = None) -> State | None: ...
+
+    def checkpoint_record(self) -> tuple[dict[int, State], dict[str, Any] | None]:
+        """What a checkpoint holds of the clients: (states kept in the checkpoint file, a record of
+        states kept elsewhere); everything it names is durable when this returns."""
+
+    def prune(self) -> None:
+        """Drop what the last checkpoint does not name (after it is written, or before a fresh start)."""
+
+
+class MemoryStateStore(dict[int, State]):
+    """Every client's state in memory; a checkpoint holds them all."""
+
+    def checkpoint_record(self) -> tuple[dict[int, State], dict[str, Any] | None]:
+        return dict(self), None
+
+    def prune(self) -> None:
+        pass
 
 
 class DiskStateStore(MutableMapping[int, State]):
@@ -127,6 +162,11 @@ class DiskStateStore(MutableMapping[int, State]):
         """What a checkpoint records: each client's current version."""
         return {"versions": dict(self.versions), "next_version": self.next_version}
 
+    def checkpoint_record(self) -> tuple[dict[int, State], dict[str, Any] | None]:
+        """No states in the checkpoint file: the versions of the (fsync'ed) files, and the folder."""
+        self.sync()
+        return {}, {**self.snapshot(), "folder": str(self.folder)}
+
     def prune(self) -> None:
         """Delete every file that is not a client's current version (after a checkpoint, or on
         restore: versions written after the checkpoint, and torn temporary files)."""
@@ -153,6 +193,15 @@ class DiskStateStore(MutableMapping[int, State]):
                                     "or the results folder was copied without its states/ folder")
         self.prune()
         return self
+
+    @classmethod
+    def view(cls, folder: Path, snapshot: dict[str, Any], device: torch.device | str = "cpu") -> DiskStateStore:
+        """A read-only view of the clients a checkpoint's snapshot names (reports, tests); a run
+        continues instead through its own store's ``restore``."""
+        versions = {int(k): int(v) for k, v in snapshot["versions"].items()}
+        view = cls(folder, max(versions, default=-1) + 1, None, cache=1, device=device)
+        view.versions = versions
+        return view
 
     def bytes_on_disk(self) -> int:
         return sum(p.stat().st_size for p in self.folder.glob("client*.pt"))

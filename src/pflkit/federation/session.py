@@ -1,0 +1,84 @@
+"""A run session: one (algorithm, seed) run's rounds, its client store and its outputs.
+
+``RunSession`` holds the run's state (server state, client store, history), its round driver
+and the callbacks that watch every record (checkpoints, ``metrics.jsonl``, progress, traces,
+trackers). Whoever runs the clients supplies only how a round's jobs execute:
+
+    session.run(execute)          # the loop of rounds: the simulator, the benchmarks
+    session.step(execute)         # one round (benchmarks alternate runs round by round)
+    plan = session.next_plan(); ...; session.finish(plan, results)   # Flower's own loop
+
+where ``execute(jobs, round) -> results`` runs client jobs (an engine, or Flower messages).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..algorithms import ClientSummary
+from ..engines.base import ClientJob, ClientResult
+from ..functional import Params
+from .checkpoint import load_checkpoint
+from .driver import Callback, RoundDriver, RoundPlan, RunState
+from .state_store import ClientStore
+
+Execute = Callable[[list[ClientJob], int], list[ClientResult]]
+
+
+class RunSession:
+    """One run: ``driver`` plans and finishes its rounds on ``state``; ``callbacks`` see every record."""
+
+    def __init__(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback] = ()) -> None:
+        self.driver = driver
+        self.state = state
+        self.callbacks = list(callbacks)
+
+    @classmethod
+    def open(cls, driver: RoundDriver, init: Params, summaries: list[ClientSummary], *,
+             checkpoint: Path | None = None, store: ClientStore | None = None, client_states: bool = True,
+             device: torch.device | str = "cpu", callbacks: Sequence[Callback] = ()) -> RunSession:
+        """The run continued from ``checkpoint`` where that file exists, else started from ``init``.
+        ``store`` keeps the clients (default: in memory; ``client_states`` False: they live with the
+        clients, as on Flower nodes)."""
+        if checkpoint is not None and checkpoint.is_file():
+            state = load_checkpoint(checkpoint, device, store)
+        else:
+            if store is not None:
+                store.prune()  # files of a run killed before its first checkpoint
+            state = driver.start(init, summaries, client_states=client_states, store=store)
+        return cls(driver, state, callbacks)
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+    def next_plan(self) -> RoundPlan | None:
+        """The next training round, the final evaluation after the last one, or None when done."""
+        return self.driver.next_plan(self.state)
+
+    def finish(self, plan: RoundPlan, results: Sequence[ClientResult]) -> dict[str, Any]:
+        """Hand a round's results to the driver and its record to every callback."""
+        record = self.driver.finish(self.state, plan, results)
+        for callback in self.callbacks:
+            callback.on_record(self.state, record)
+        return record
+
+    def step(self, execute: Execute) -> dict[str, Any] | None:
+        """Run the next round (its evaluation-only clients too) with ``execute``; its record, or
+        None when the run is done."""
+        plan = self.next_plan()
+        if plan is None:
+            return None
+        results = execute(plan.jobs, plan.round)
+        if plan.eval_jobs:
+            results = [*results, *execute(plan.eval_jobs, plan.round)]
+        return self.finish(plan, results)
+
+    def run(self, execute: Execute) -> RunState:
+        """Every remaining round, the final evaluation included."""
+        while self.step(execute) is not None:
+            pass
+        return self.state
