@@ -185,7 +185,8 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 record = session.step(execute)
                 _sync(device)
                 # the global evaluation of round t-1's state runs inside training round t
-                rows.append({**session.state.pending, **{k: v for k, v in record.items() if k == "global_eval_seconds"}})
+                rows.append({**session.state.pending,
+                             **{k: v for k, v in record.items() if k == "global_eval_seconds"}})
         per_engine = {}
         for engine_name, (_execute, engine, session, rows) in runs.items():
             state = session.state
