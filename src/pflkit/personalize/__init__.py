@@ -1,10 +1,11 @@
 """Personalisation plug-ins that replace an algorithm's local initialisation (ALA).
 
-Importing this package registers the ``+ala`` name modifier and the ``fedala`` alias.
+``register()`` adds the ``+ala`` name modifier and the ``fedala`` alias to the algorithm
+registry; ``pflkit.methods`` calls it (importing this package registers nothing).
 """
 
-from .ala import (ALA_SECTION, ALASettings, ALAState, AdaptiveLocalAggregation, WithALA, blend, clip_weights,
-                  linear_head_step, weight_update)
+from .ala import (ALA_MODIFIER, ALA_SECTION, ALASettings, ALAState, AdaptiveLocalAggregation, WithALA, blend,
+                  clip_weights, linear_head_step, register, weight_update)
 
-__all__ = ["ALA_SECTION", "ALASettings", "ALAState", "AdaptiveLocalAggregation", "WithALA", "blend",
-           "clip_weights", "linear_head_step", "weight_update"]
+__all__ = ["ALA_MODIFIER", "ALA_SECTION", "ALASettings", "ALAState", "AdaptiveLocalAggregation", "WithALA", "blend",
+           "clip_weights", "linear_head_step", "register", "weight_update"]

@@ -347,8 +347,13 @@ def _with_ala(base: Algorithm, settings: Settings, name: str) -> Algorithm:
 
 
 ALA_SECTION = "fedala"
-register_modifier(
-    Modifier(suffix="+ala", section=ALA_SECTION, settings_class=ALASettings,
-             applies=lambda cls: bool(cls.ala_targets), wrap=_with_ala,
-             refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined"),
-    aliases={"fedala": "fedavg+ala"})
+#: ``<method>+ala``: any method that offers an ALA target, with ALA's settings in ``[fedala]``
+ALA_MODIFIER = Modifier(suffix="+ala", section=ALA_SECTION, settings_class=ALASettings,
+                        applies=lambda cls: bool(cls.ala_targets), wrap=_with_ala,
+                        refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined")
+
+
+def register() -> None:
+    """Add the ``+ala`` modifier and the ``fedala`` alias (= ``fedavg+ala``) to the algorithm
+    registry (``pflkit.methods`` does; idempotent)."""
+    register_modifier(ALA_MODIFIER, aliases={"fedala": "fedavg+ala"})
