@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from pflkit.data.errors import PartitionError
 
@@ -368,28 +369,52 @@ def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
     return counts
 
 
-@dataclass(frozen=True)
-class PartitionSpec:
-    """How to split a pool over clients: the partition keys of the experiment config."""
+class PartitionSpec(BaseModel):
+    """How to split a pool over clients: the ``[partition]`` section of the experiment config
+    (its flat keys ``partition``, ``partition_rng``, ``partition_seed``, ``num_clients``, ...
+    are aliases of these fields, see ``pflkit.config.FLAT_KEYS``).
 
-    method: str = "dirichlet"
-    num_clients: int = 20
-    alpha: float = 0.1
-    classes_per_client: int = 2
-    balanced: bool = False
-    min_samples_per_client: int | None = None
-    balance_cap: bool = True
-    train_fraction: float = 0.75
-    batch_size: int = 10
-    rng: str = "pflkit"
-    max_retries: int = 1000
-    num_folds: int = 2
-    primary_fraction: float = 0.8
-    test_set: str = "client_split"  # "official": clients get training data only (no per-client split)
+    The training batch size, which PFLlib's default minimum reads, is the run's ``[train]``
+    setting: it is given where the partition is drawn (:func:`split_clients`), not kept here."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    method: Literal[PARTITION_METHODS] = Field(  # type: ignore[valid-type]
+        "dirichlet", description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
+        "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
+        "distributions with equal client sizes, SosicFL, spec §5.6)")
+    num_clients: int = Field(20, ge=1)
+    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4; label_dirichlet: §5.6)")
+    classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
+    balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
+    min_samples_per_client: int | None = Field(
+        None, ge=0, description="dirichlet/pathological minimum samples per client; default PFLlib's "
+        "int(min(batch_size / (1 - train_fraction), samples / num_clients / 2)), lowered with a logged "
+        "warning to one training batch + one test sample where no draw reaches it (spec §5.4)")
+    balance_cap: bool = Field(True, description="dirichlet: stop feeding clients that hold the average share "
+                              "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)")
+    train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5; "
+                                  "test_set = client_split only)")
+    rng: Literal[PARTITION_RNGS] = Field(  # type: ignore[valid-type]
+        "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
+        "np.random.seed(partition seed) order, which reproduces PFLlib's generated split of the same pool")
+    seed: int | None = Field(None, description="seed of the partition; default: each run seed")
+    max_retries: int = Field(1000, ge=1, description="dirichlet: draws tried for the minimum client size")
+    num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
+    primary_fraction: float = Field(0.8, gt=0, le=1, description="kfold: share of a client's samples from its "
+                                    "group's primary classes (the rest spread evenly over the others)")
+    test_set: Literal["client_split", "official"] = Field(
+        "client_split", description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
+        "official: the official training split is partitioned, the official test split is the global test "
+        "set and each client gets a local test set with its label proportions (spec §5.6)")
 
     @property
     def official(self) -> bool:
         return self.test_set == "official"
+
+    def seed_for(self, run_seed: int) -> int:
+        """The partition seed of run seed ``run_seed`` (``seed`` fixes it across run seeds)."""
+        return run_seed if self.seed is None else self.seed
 
     def generator(self, seed: int) -> Rng:
         """The partition's random source for ``seed`` (see the module docstring)."""
@@ -414,14 +439,17 @@ def partition(labels: np.ndarray, *, method: str, num_clients: int, rng: Rng, al
               balance_cap: bool = True, batch_size: int = 10, train_fraction: float = 0.75,
               max_retries: int = 1000) -> list[np.ndarray]:
     """Dispatch to the partition ``method`` (one of :data:`PARTITION_METHODS`); sorted parts."""
+    if method not in PARTITION_METHODS:
+        raise PartitionError(f"unknown partition method {method!r}; available: {', '.join(PARTITION_METHODS)}")
     return _sorted(_partition(labels, PartitionSpec(
         method=method, num_clients=num_clients, alpha=alpha, classes_per_client=classes_per_client,
         balanced=balanced, min_samples_per_client=min_samples_per_client, balance_cap=balance_cap,
-        train_fraction=train_fraction, batch_size=batch_size, max_retries=max_retries), rng).parts)
+        train_fraction=train_fraction, max_retries=max_retries), rng, batch_size).parts)
 
 
-def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
-    """Parts in draw order (the pfllib split convention depends on it) and the minimum used."""
+def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) -> _Draw:
+    """Parts in draw order (the pfllib split convention depends on it) and the minimum used;
+    ``batch_size`` (the run's training batch) sizes PFLlib's default minimum."""
     labels = _check_labels(labels)
     _check_num_clients(spec.num_clients)
     n = len(labels)
@@ -435,7 +463,7 @@ def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
             f"lower num_clients to at most {n // viable}"
         )
     pathological = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
-                        batch_size=spec.batch_size, train_fraction=spec.train_fraction,
+                        batch_size=batch_size, train_fraction=spec.train_fraction,
                         convention=spec.rng)
     if spec.method == "iid":
         if spec.rng == "pfllib":  # PFLlib's iid is its pathological rule with every class
@@ -446,7 +474,7 @@ def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
     if spec.method == "dirichlet":
         return _dirichlet(labels, spec.num_clients, spec.alpha, rng,
                           min_samples_per_client=spec.min_samples_per_client, balance_cap=spec.balance_cap,
-                          max_retries=spec.max_retries, batch_size=spec.batch_size,
+                          max_retries=spec.max_retries, batch_size=batch_size,
                           train_fraction=spec.train_fraction, official=spec.official)
     if spec.method == "pathological":
         parts = _pathological(labels, spec.num_clients, spec.classes_per_client, rng, **pathological)
@@ -457,13 +485,15 @@ def _partition(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
     if spec.method == "label_dirichlet":
         parts = partition_label_dirichlet(labels, spec.num_clients, spec.alpha, rng)
         return _Draw([p.tolist() for p in parts], 1, min(len(p) for p in parts))
-    raise PartitionError(f"unknown partition method {spec.method!r}; available: {', '.join(PARTITION_METHODS)}")
+    raise AssertionError(f"unreachable: PartitionSpec admits no method {spec.method!r}")
 
 
 def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
-                  pools: tuple[np.ndarray, np.ndarray] | None = None) -> ClientSplit:
-    """Partition ``labels`` by ``spec`` with the partition seed ``seed`` and give every client
-    its training and test indices; ``info`` records what was done.
+                  pools: tuple[np.ndarray, np.ndarray] | None = None, *, batch_size: int = 10) -> ClientSplit:
+    """Partition ``labels`` by ``spec`` with the partition seed ``seed`` (``spec.seed_for(run
+    seed)``) and give every client its training and test indices; ``info`` records what was done.
+    ``batch_size`` is the run's training batch size, which PFLlib's default minimum client size
+    reads (``min_samples_per_client`` unset).
 
     ``client_split``: the whole pool is partitioned and every client's samples are split into
     training and test data (spec §5.5). ``official``: ``pools`` = (official training rows,
@@ -476,7 +506,7 @@ def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
         if pools is None:
             raise ValueError("the official test-set protocol needs the official training and test rows")
         train_pool, test_pool = (np.asarray(p, dtype=np.int64) for p in pools)
-        draw = _partition(labels[train_pool], spec, rng)
+        draw = _partition(labels[train_pool], spec, rng, batch_size)
         train = _sorted([train_pool[np.asarray(p, dtype=np.int64)] for p in draw.parts])
         empty = [i for i, t in enumerate(train) if len(t) == 0]
         if empty:
@@ -490,7 +520,7 @@ def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
                 "min_samples_per_client": draw.minimum, "test_set": "official", "local_test_size": size,
                 "global_test_size": len(test_pool)}
     else:
-        draw = _partition(labels, spec, rng)
+        draw = _partition(labels, spec, rng, batch_size)
         parts = [np.asarray(p, dtype=np.int64) for p in draw.parts]
         if spec.rng == "pflkit":
             parts = _sorted(parts)

@@ -62,14 +62,14 @@ def partition_spec(config: BaseConfig) -> PartitionSpec:
     return PartitionSpec(method=config.partition, num_clients=config.num_clients, alpha=config.alpha,
                          classes_per_client=config.classes_per_client, balanced=config.balanced,
                          min_samples_per_client=config.min_samples_per_client, balance_cap=config.balance_cap,
-                         train_fraction=config.train_fraction, batch_size=config.batch_size,
-                         rng=config.partition_rng, test_set=config.test_set, num_folds=config.num_folds,
-                         primary_fraction=config.primary_fraction)
+                         train_fraction=config.train_fraction, rng=config.partition_rng, test_set=config.test_set,
+                         num_folds=config.num_folds, primary_fraction=config.primary_fraction)
 
 
 def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: torch.device | str) -> FederatedData:
-    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes)."""
-    return FederatedData.build(dataset, partition_spec(config), seed, device=device)
+    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes);
+    the training batch size sizes PFLlib's default minimum client size."""
+    return FederatedData.build(dataset, partition_spec(config), seed, batch_size=config.batch_size, device=device)
 
 
 def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConfig, dict[int, FederatedData]]:
