@@ -20,7 +20,8 @@ def tiny_context(n_train: int = 30, seed: int = 0, round: int = 1, batch_size: i
     y = torch.randint(0, 10, (n_train + 8,), generator=g)
     data = ClientData(0, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
     return SingleClientContext(client_id=0, round=round, seed=seed, data=data, model=model, units=model.units(),
-                               train=TrainSettings(batch_size=batch_size, local_epochs=1, lr=lr), algorithm="test")
+                               train=TrainSettings(batch_size=batch_size, local_epochs=1, lr=lr, rounds=1),
+                               algorithm="test")
 
 
 def params_of(ctx: SingleClientContext, seed: int) -> dict[str, torch.Tensor]:

@@ -7,7 +7,6 @@ produced.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -259,7 +258,7 @@ def test_hpm_coefficient_grows_linearly_to_mu():
 
 def test_fedphp_step_with_mmd_and_hpm_update():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1, round=1)
-    ctx.train = dataclasses.replace(ctx.train, rounds=4)
+    ctx.train = ctx.train.model_copy(update={"rounds": 4})
     alg = build("fedphp", ctx, "fedphp.lam=0.5")
     glob, hpm = params_of(ctx, 2), params_of(ctx, 3)
     state = {**alg.init_client(params_of(ctx, 1), 0), "hpm": hpm}
@@ -303,7 +302,7 @@ def test_fedphp_pfllib2022_blends_on_receive_scores_the_blend_and_distils_toward
     w <- (1 - mu_R) global + mu_R w_old with mu_R = mu * R / T, R counted from 0; scored before
     training; loss (1 - lam) CE(w) + lam MMD(fc1 features of w, of the global model)."""
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1, round=3)
-    ctx.train = dataclasses.replace(ctx.train, rounds=4)
+    ctx.train = ctx.train.model_copy(update={"rounds": 4})
     alg = build("fedphp", ctx, "fedphp.lam=0.5", "fedphp.variant='pfllib2022'")
     glob, old = params_of(ctx, 2), params_of(ctx, 1)
     state = {**alg.init_client(old, 0)}
@@ -324,7 +323,7 @@ def test_fedphp_pfllib2022_blends_on_receive_scores_the_blend_and_distils_toward
 
     assert_params_close(new["model"], step(blended, grads(ctx.model, blended, x, y, loss_fn), 0.1))
     first = tiny_context(round=1)
-    first.train = dataclasses.replace(first.train, rounds=4)
+    first.train = first.train.model_copy(update={"rounds": 4})
     state, info = alg.local_init({"global": glob}, alg.init_client(old, 0), first)
     assert info["hpm_mu"] == 0.0 and all(torch.equal(state["model"][k], glob[k]) for k in glob)
 
