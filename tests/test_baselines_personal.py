@@ -14,7 +14,7 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflkit.algorithms import TrainSettings, build_algorithm
+from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
 from pflkit.algorithms.partialfed import mix_units, select_units, temperature
 from pflkit.config import load_config
@@ -520,7 +520,7 @@ def test_two_rounds_through_run_client(name):
     model = build_model("digits_cnn", (1, 8, 8), 10)
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
     cfg = load_config(None, ["fedala.max_start_epochs=3", "rounds=2", "lr=0.05", "pfedme.inner_steps=2"])
-    train = TrainSettings.from_config(cfg)
+    train = cfg.train
     alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
     setup = RoundSetup(alg, data, model, model.units(), train, seed=3)
     server = alg.init_server(init)

@@ -489,9 +489,7 @@ def test_lr_decay_trains_round_r_at_lr_times_decay_to_the_r_minus_1():
 
 def test_lr_decay_is_a_config_key_that_reaches_training():
     config = load_config(None, ["lr_decay=0.99"])
-    from pflkit.algorithms import TrainSettings
-
-    assert TrainSettings.from_config(config).lr_decay == 0.99
+    assert config.train.lr_decay == 0.99
     with pytest.raises(Exception, match="lr_decay"):
         load_config(None, ["lr_decay=1.5"])
 

@@ -54,14 +54,6 @@ class TrainSettings(BaseModel):
         "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
         "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
 
-    @classmethod
-    def from_config(cls, config: Any) -> "TrainSettings":
-        return cls(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                   lr_decay=config.lr_decay, momentum=config.momentum, weight_decay=config.weight_decay,
-                   mixup=config.mixup,
-                   mixup_alpha=config.mixup_alpha,
-                   eval_batch_size=config.eval_batch_size, rounds=config.rounds, bn_buffers=config.bn_buffers)
-
     def at_round(self, round: int) -> "TrainSettings":
         """The settings of round ``round`` (1, 2, ...): lr * lr_decay**(round - 1), as FedNH's and
         FedNTD's code decay it (round 0, the initial evaluation, uses lr; the final pass, round T's rate)."""

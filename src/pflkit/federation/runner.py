@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..algorithms import ALGORITHMS, Algorithm, ClientSummary, TrainSettings, build_algorithm, parse_name
+from ..algorithms import ALGORITHMS, Algorithm, ClientSummary, build_algorithm, parse_name
 from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
@@ -85,9 +85,10 @@ class ProgressBar:
 def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorithm: Algorithm, init: Params,
                  seed: int, device: torch.device) -> DiskStateStore:
     """The disk store of run (``name``, ``seed``); a client's first state is ``init_client``'s."""
-    per_round = max(1, int(config.join_ratio * config.num_clients))
-    return DiskStateStore(results.states_path(name, seed), config.num_clients,
-                          lambda i: algorithm.init_client(init, i), cache=config.state_cache or per_round,
+    clients = config.partition.num_clients
+    per_round = max(1, int(config.run.join_ratio * clients))
+    return DiskStateStore(results.states_path(name, seed), clients,
+                          lambda i: algorithm.init_client(init, i), cache=config.run.state_cache or per_round,
                           device=device)
 
 
@@ -110,7 +111,6 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
     (``failed`` with the error, or ``interrupted`` with the resume command, otherwise)."""
     reset_stop()
     try:
-        train = TrainSettings.from_config(config)
         histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
         ala_weights: dict[str, int] = {}
         plotted: set[int] = set()
@@ -122,17 +122,16 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
                 report.partition(setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png",
                                  setup.partition_title)
             for name in config.algorithms:
-                algorithm = build_algorithm(name, config.algorithm_sections(), train, setup.units)
+                algorithm = build_algorithm(name, config.algorithm_sections(), config.train, setup.units)
                 if hasattr(algorithm, "num_ala_weights"):  # X+ala: the size of what ALA learns
                     ala_weights[name] = algorithm.num_ala_weights(setup.init)
-                driver = RoundDriver(algorithm, num_clients=config.num_clients, seed=seed, rounds=config.rounds,
-                                     join_ratio=config.join_ratio, eval_every=config.eval_every,
-                                     global_evaluation=setup.global_evaluation,
-                                     local_test=config.test_set == "official",
-                                     evaluate_all=config.eval_all_clients)
+                driver = RoundDriver(algorithm, num_clients=config.partition.num_clients, seed=seed,
+                                     rounds=config.train.rounds, join_ratio=config.run.join_ratio,
+                                     eval_every=config.run.eval_every, global_evaluation=setup.global_evaluation,
+                                     local_test=config.partition.official, evaluate_all=config.run.eval_all_clients)
                 ckpt = results.checkpoint_path(name, seed)
                 store = None
-                if config.state_store == "disk" and executor.keeps_client_states:
+                if config.run.state_store == "disk" and executor.keeps_client_states:
                     store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
                 state = load_checkpoint(ckpt, executor.device) if ckpt.is_file() else None
                 if state is None:
@@ -150,22 +149,22 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
                         raise FileNotFoundError(f"{exc}. Copy them back, or delete {ckpt} to run {name} seed {seed} "
                                                 "again from round 0") from None
                 if not state.done:
-                    bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
+                    bar = tqdm(total=config.train.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
                                disable=not progress, leave=True, dynamic_ncols=True)
                     with bar if progress else nullcontext():
                         tracers: list[Callback] = [TraceWriter(results.root / "trace", algorithm, config.trace.clients)
                                                    ] if config.trace.clients and executor.keeps_client_states else []
-                        if config.tracker == "tensorboard":
+                        if config.run.tracker == "tensorboard":
                             tracers.append(TensorBoardTracker(results.root / "tensorboard"))
-                        executor.run(driver, state, [Checkpointer(ckpt, config.checkpoint_every),
+                        executor.run(driver, state, [Checkpointer(ckpt, config.run.checkpoint_every),
                                                      MetricsWriter(results), ProgressBar(bar), *tracers, *callbacks])
                 histories[(name, seed)] = state.history
                 if seed == config.seeds[0] and "simplex" in state.server:
                     report.simplex(state.server["simplex"], results.plots / f"simplex-{name}.png",
                                    f"{name}: clients' LDA points and cluster subregions (seed {seed})")
         summary = report.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
-                                results.plots, f"{config.dataset}, {config.partition}, {config.num_clients} clients",
-                                official=config.test_set == "official")
+                                results.plots, f"{config.dataset}, {config.partition.method}, "
+                                f"{config.partition.num_clients} clients", official=config.partition.official)
         for name, count in ala_weights.items():
             summary[name]["ala_weights"] = count
         results.write_summary(summary)

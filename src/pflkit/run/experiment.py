@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..algorithms import ClientSummary, TrainSettings, build_algorithm
+from ..algorithms import ClientSummary, build_algorithm
 from ..config import BaseConfig, ConfigError, load_config, to_dict
 from ..data.federated import FederatedData
 from ..engines import Engine, RoundSetup, build_engine
@@ -39,7 +39,6 @@ class Simulator:
         self.partitions = partitions
         self.engine = engine
         self.device = device
-        self.train = TrainSettings.from_config(config)
         self._seeds: dict[int, tuple[FederatedData, UnitModel]] = {}
 
     def setup_seed(self, seed: int) -> SeedSetup:
@@ -49,19 +48,19 @@ class Simulator:
         self._seeds[seed] = (data, model)
         summaries = [ClientSummary(i, data.clients[i].num_train, data.train_label_counts(i))
                      for i in range(data.num_clients)]
-        kind = "PFLlib's own" if self.config.dataset == "pfllib" else self.config.partition
+        kind = "PFLlib's own" if self.config.dataset == "pfllib" else self.config.partition.method
         test = data.global_test
         evaluation = None if test is None else GlobalEvaluation(
             model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
-            self.train.eval_batch_size, workers=getattr(self.engine, "workers", 1))
+            self.config.train.eval_batch_size, workers=getattr(self.engine, "workers", 1))
         return SeedSetup(init, model.units(), summaries, pseed, data.partition_record(),
-                         f"{self.config.dataset}: {kind} partition, {self.config.num_clients} clients (seed {pseed})",
-                         evaluation)
+                         f"{self.config.dataset}: {kind} partition, {self.config.partition.num_clients} clients "
+                         f"(seed {pseed})", evaluation)
 
     def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
         data, model = self._seeds[driver.seed]
         gamma = self.config.metrics.template_gamma if self.config.metrics.adaptability else None
-        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.train, driver.seed, gamma)
+        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.config.train, driver.seed, gamma)
         simulate(setup, self.engine, driver, state, callbacks)
 
 
@@ -86,15 +85,14 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
     run took that name first). The folder is locked while the run writes it: a second process
     is refused. ``callbacks`` see every record after the results folder did (tests stop runs with them).
     """
-    torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
+    torch.set_num_threads(config.run.threads)
+    device = resolve_device(config.run.device)
     # Data and model problems surface before the results folder is created.
     config, partitions = build_partitions(config, device)
-    train = TrainSettings.from_config(config)
     first = partitions[partition_seed(config, config.seeds[0])]
     units = initial_params(config, first, config.seeds[0], device)[0].units()
     for name in config.algorithms:  # settings that do not fit the model (fedala.p) fail here
-        build_algorithm(name, config.algorithm_sections(), train, units)
+        build_algorithm(name, config.algorithm_sections(), config.train, units)
     results = ResultsFolder(out if out is not None else new_results_folder(config.name))
     with results.locked():
         if resume:
@@ -103,7 +101,7 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
             results.set_status("running")
         else:
             results.create(to_dict(config))
-        engine = build_engine(config.engine, workers=config.workers, device=device.type)
+        engine = build_engine(config.run.engine, workers=config.run.workers, device=device.type)
         try:
             summary = run_all(config, results, Simulator(config, partitions, engine, device), RunReport(),
                               progress=progress,

@@ -20,8 +20,9 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..algorithms import TrainSettings, build_algorithm
-from ..config import BaseConfig, ConfigError, ExperimentConfig, load_config, parse_override, read_toml, to_dict
+from ..algorithms import build_algorithm
+from ..config import (BaseConfig, ConfigError, ExperimentConfig, canonical_path, load_config, parse_override,
+                      read_toml, to_dict)
 from ..data import load_dataset
 from ..federation import (ResultsFolder, build_partitions, folder_lock, initial_params, partition_dataset,
                           partition_seed)
@@ -48,20 +49,23 @@ def _takes_a_list(path: list[str]) -> bool:
 
 
 def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[Axis]]:
-    """Fixed overrides and sweep axes (list values of scalar keys, list of lists for list keys)."""
+    """Fixed overrides and sweep axes (list values of scalar keys, list of lists for list keys);
+    an axis keeps the key as written (``lr`` or ``train.lr``)."""
     fixed, axes = [], []
     for item in overrides:
         path, value = parse_override(item)
         key = ".".join(path)
         listed = isinstance(value, list)
-        sweeps = listed and (not _takes_a_list(path) or (value and all(isinstance(v, list) for v in value)))
+        target = canonical_path(path, value)
+        sweeps = listed and (not _takes_a_list(target) or (value and all(isinstance(v, list) for v in value)))
         if not sweeps:
             fixed.append(item)
             continue
         if not value:
             raise ConfigError(f"sweep over {key}: the list of values is empty")
-        if any(a.key == key for a in axes):
-            raise ConfigError(f"sweep over {key} is given twice")
+        twice = next((a.key for a in axes if canonical_path(a.key.split("."), value) == target), None)
+        if twice is not None:
+            raise ConfigError(f"sweep over {key} is given twice" + (f" (as {twice} and {key})" if twice != key else ""))
         axes.append(Axis(key, value))
     if not axes:
         raise ConfigError("pflkit sweep needs at least one key with a list of values, e.g. fedala.p=[1,2]")
@@ -140,15 +144,14 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
                 config, partitions = build_partitions(config, device)
                 data = next(iter(partitions.values()))
             else:
-                key = (config.dataset, config.data_dir, config.test_set)
+                key = (config.dataset, config.data_dir, config.partition.test_set)
                 if key not in datasets:
                     datasets[key] = load_dataset(config.dataset, config.data_dir,
-                                                 official_test=config.test_set == "official")
+                                                 official_test=config.partition.official)
                 data = partition_dataset(config, datasets[key], partition_seed(config, config.seeds[0]), device)
             units = initial_params(config, data, config.seeds[0], device)[0].units()
-            train = TrainSettings.from_config(config)
             for name in config.algorithms:
-                build_algorithm(name, config.algorithm_sections(), train, units)
+                build_algorithm(name, config.algorithm_sections(), config.train, units)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
 
