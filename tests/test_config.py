@@ -339,3 +339,14 @@ def test_to_dict_writes_the_sectioned_form_and_reloads_to_the_same_config(tmp_pa
     path.write_text(tomli_w.dumps(table))
     assert load_config(path) == cfg and to_dict(load_config(path)) == table
     assert build_config(flat_form(table)) == cfg  # the flat form an older pflkit wrote
+
+
+def test_a_sweep_cell_folder_with_an_older_flat_config_is_the_same_config(tmp_path):
+    from pflkit.run.sweep import _resolved
+
+    cfg = load_config(None, ["lr=0.05", "num_clients=5"])
+    path = tmp_path / "config.toml"
+    path.write_text(tomli_w.dumps(flat_form(to_dict(cfg))))
+    assert _resolved(path) == to_dict(cfg)
+    path.write_text("lr = -1\n")
+    assert _resolved(path) is None

@@ -21,8 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algorithms import build_algorithm
-from ..config import (BaseConfig, ConfigError, ExperimentConfig, canonical_path, load_config, parse_override,
-                      read_toml, to_dict)
+from ..config import (BaseConfig, ConfigError, ExperimentConfig, build_config, canonical_path, load_config,
+                      parse_override, read_toml, to_dict)
 from ..data import load_dataset
 from ..federation import (ResultsFolder, build_partitions, folder_lock, initial_params, partition_dataset,
                           partition_seed)
@@ -156,6 +156,15 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
             raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
 
 
+def _resolved(path: Path) -> dict[str, Any] | None:
+    """The resolved form of a saved config (an older folder's may spell its keys flat); None if it
+    no longer loads."""
+    try:
+        return to_dict(build_config(tomllib.loads(path.read_text(encoding="utf-8")), str(path)))
+    except (ConfigError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
+
+
 def check_metric(metric: str) -> None:
     """``--metric`` must name a number of the runs' summaries."""
     if metric not in summary_metrics():
@@ -181,7 +190,7 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
         for assignment, config in cells:
             folder = parent / cell_name(assignment)
             saved = ResultsFolder(folder).config_path
-            if saved.is_file() and tomllib.loads(saved.read_text()) != to_dict(config):
+            if saved.is_file() and _resolved(saved) != to_dict(config):
                 raise ConfigError(f"sweep cell {folder} was run with another config (the fixed overrides or the "
                                   "config file changed); choose another --out or delete that folder")
         bar = tqdm(total=len(cells), desc="sweep", disable=not progress, dynamic_ncols=True)
