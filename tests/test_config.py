@@ -350,3 +350,18 @@ def test_a_sweep_cell_folder_with_an_older_flat_config_is_the_same_config(tmp_pa
     assert _resolved(path) == to_dict(cfg)
     path.write_text("lr = -1\n")
     assert _resolved(path) is None
+
+
+def test_config_keys_lists_every_key_with_its_flat_alias():
+    from click.testing import CliRunner
+
+    from pflkit.cli import main
+
+    result = CliRunner().invoke(main, ["config", "--keys"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "train.lr (flat: lr) = 0.1" in lines and 'partition.method (flat: partition) = "dirichlet"' in lines
+    assert "partition.seed (flat: partition_seed) = unset" in lines and "fedala.p = 1" in lines
+    assert 'run.engine (flat: engine) = "auto"' in lines and "partition.max_retries = 1000" in lines
+    printed = CliRunner().invoke(main, ["config", "lr=0.05"]).output
+    assert "[train]\n" in printed and "lr = 0.05\n" in printed and "[partition]\n" in printed

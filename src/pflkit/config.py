@@ -534,3 +534,17 @@ def to_dict(config: BaseConfig) -> dict[str, Any]:
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}
 
+
+def describe_keys() -> list[tuple[str, str, Any, str]]:
+    """Every key: (dotted key, its flat alias or "", default, description), sections in order."""
+    flat = {v: k for k, v in FLAT_KEYS.items()}
+    rows = []
+    for name, field in ExperimentConfig.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            for key, sub in model.model_fields.items():
+                rows.append((f"{name}.{key}", flat.get((name, key), ""), sub.get_default(call_default_factory=True),
+                             sub.description or ""))
+        else:
+            rows.append((name, "", field.get_default(call_default_factory=True), field.description or ""))
+    return rows
