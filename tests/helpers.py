@@ -20,7 +20,8 @@ def tiny_context(n_train: int = 30, seed: int = 0, round: int = 1, batch_size: i
     y = torch.randint(0, 10, (n_train + 8,), generator=g)
     data = ClientData(0, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
     return SingleClientContext(client_id=0, round=round, seed=seed, data=data, model=model, units=model.units(),
-                               train=TrainSettings(batch_size=batch_size, local_epochs=1, lr=lr), algorithm="test")
+                               train=TrainSettings(batch_size=batch_size, local_epochs=1, lr=lr, rounds=1),
+                               algorithm="test")
 
 
 def params_of(ctx: SingleClientContext, seed: int) -> dict[str, torch.Tensor]:
@@ -76,14 +77,14 @@ def simulate_rounds(setup, engine, init: dict, rounds: int, join_ratio: float = 
     """``rounds`` rounds (and the final evaluation) of ``setup`` on ``engine`` from ``init``."""
     from pflkit.algorithms import ClientSummary
     from pflkit.federation import RoundDriver
-    from pflkit.run.experiment import simulate
+    from pflkit.federation import RunSession
 
     data = setup.data
     driver = RoundDriver(setup.algorithm, num_clients=data.num_clients, seed=setup.seed, rounds=rounds,
                          join_ratio=join_ratio, eval_every=eval_every)
     summaries = [ClientSummary(i, data.client(i).num_train, data.train_label_counts(i))
                  for i in range(data.num_clients)]
-    return simulate(setup, engine, driver, driver.start(init, summaries))
+    return RunSession.open(driver, init, summaries).run(lambda jobs, round: engine.run(setup, jobs, round))
 
 
 def fit_on(model, params: dict, batches: list[tuple], lr: float, trainable=None):
@@ -98,3 +99,15 @@ def fit_on(model, params: dict, batches: list[tuple], lr: float, trainable=None)
                               TrainSettings(batch_size=len(batches[0][1]), lr=lr), "test")
     fit = ctx.fit(params, classification_loss, trainable=trainable, data=SampleBatches(Sample(x, y)))
     return fit.params, fit.loss
+
+
+def flat_form(table: dict) -> dict:
+    """A sectioned config table in the flat spelling an older pflkit wrote (keys without a flat
+    alias, such as partition.max_retries, are left out, as those files never had them)."""
+    from pflkit.config import FLAT_KEYS, SECTIONS
+
+    alias = {target: key for key, target in FLAT_KEYS.items()}
+    out = {k: v for k, v in table.items() if k not in SECTIONS}
+    for section in SECTIONS:
+        out.update({alias[(section, f)]: v for f, v in table[section].items() if (section, f) in alias})
+    return out

@@ -7,7 +7,6 @@ produced.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -15,7 +14,7 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflkit.algorithms import TrainSettings, build_algorithm
+from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
 from pflkit.algorithms.partialfed import mix_units, select_units, temperature
 from pflkit.config import load_config
@@ -259,7 +258,7 @@ def test_hpm_coefficient_grows_linearly_to_mu():
 
 def test_fedphp_step_with_mmd_and_hpm_update():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1, round=1)
-    ctx.train = dataclasses.replace(ctx.train, rounds=4)
+    ctx.train = ctx.train.model_copy(update={"rounds": 4})
     alg = build("fedphp", ctx, "fedphp.lam=0.5")
     glob, hpm = params_of(ctx, 2), params_of(ctx, 3)
     state = {**alg.init_client(params_of(ctx, 1), 0), "hpm": hpm}
@@ -303,7 +302,7 @@ def test_fedphp_pfllib2022_blends_on_receive_scores_the_blend_and_distils_toward
     w <- (1 - mu_R) global + mu_R w_old with mu_R = mu * R / T, R counted from 0; scored before
     training; loss (1 - lam) CE(w) + lam MMD(fc1 features of w, of the global model)."""
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1, round=3)
-    ctx.train = dataclasses.replace(ctx.train, rounds=4)
+    ctx.train = ctx.train.model_copy(update={"rounds": 4})
     alg = build("fedphp", ctx, "fedphp.lam=0.5", "fedphp.variant='pfllib2022'")
     glob, old = params_of(ctx, 2), params_of(ctx, 1)
     state = {**alg.init_client(old, 0)}
@@ -324,7 +323,7 @@ def test_fedphp_pfllib2022_blends_on_receive_scores_the_blend_and_distils_toward
 
     assert_params_close(new["model"], step(blended, grads(ctx.model, blended, x, y, loss_fn), 0.1))
     first = tiny_context(round=1)
-    first.train = dataclasses.replace(first.train, rounds=4)
+    first.train = first.train.model_copy(update={"rounds": 4})
     state, info = alg.local_init({"global": glob}, alg.init_client(old, 0), first)
     assert info["hpm_mu"] == 0.0 and all(torch.equal(state["model"][k], glob[k]) for k in glob)
 
@@ -521,7 +520,7 @@ def test_two_rounds_through_run_client(name):
     model = build_model("digits_cnn", (1, 8, 8), 10)
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
     cfg = load_config(None, ["fedala.max_start_epochs=3", "rounds=2", "lr=0.05", "pfedme.inner_steps=2"])
-    train = TrainSettings.from_config(cfg)
+    train = cfg.train
     alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
     setup = RoundSetup(alg, data, model, model.units(), train, seed=3)
     server = alg.init_server(init)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 import torch
 
 try:
@@ -553,7 +554,7 @@ def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
 
 
 def test_partition_dispatch_unknown_method(mnist_like: np.ndarray) -> None:
-    with pytest.raises(PartitionError, match="unknown partition method 'kmeans'; available: iid, dirichlet"):
+    with pytest.raises(ValidationError, match="'iid', 'dirichlet', 'pathological', 'kfold' or 'label_dirichlet'"):
         _split(mnist_like, "kmeans", 0)
 
 

@@ -524,7 +524,7 @@ def test_pfllib_experiment_adopts_the_folder_client_count(tmp_path: Path) -> Non
     root = write_pfllib(tmp_path / "d")
     config = build_config({"dataset": "pfllib", "data_dir": str(root), "num_clients": 20, "seeds": [0, 1]})
     adopted, partitions = build_partitions(config, torch.device("cpu"))
-    assert adopted.num_clients == 3 and set(partitions) == {0, 1}
+    assert adopted.partition.num_clients == 3 and set(partitions) == {0, 1}
     assert partitions[0] is partitions[1]
     assert adopted.model_for((1, 16, 16)) == "fedavg_cnn" and adopted.model_for((200,)) == "fasttext"
 

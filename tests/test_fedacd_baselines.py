@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import dataclasses
 import math
 
 import pytest
@@ -490,9 +489,7 @@ def test_lr_decay_trains_round_r_at_lr_times_decay_to_the_r_minus_1():
 
 def test_lr_decay_is_a_config_key_that_reaches_training():
     config = load_config(None, ["lr_decay=0.99"])
-    from pflkit.algorithms import TrainSettings
-
-    assert TrainSettings.from_config(config).lr_decay == 0.99
+    assert config.train.lr_decay == 0.99
     with pytest.raises(Exception, match="lr_decay"):
         load_config(None, ["lr_decay=1.5"])
 
@@ -536,7 +533,7 @@ def test_fedacd_p_update_decides_whether_P_follows_the_epochs(p_update, monkeypa
     original = fedacd.adjustment
     monkeypatch.setattr(fedacd, "adjustment", lambda P, *a: (seen.append(P.detach().clone()), original(P, *a))[1])
     ctx = tiny_context(n_train=20)
-    ctx.train = dataclasses.replace(ctx.train, local_epochs=2)
+    ctx.train = ctx.train.model_copy(update={"local_epochs": 2})
     alg = build("fedacd", ctx, f'fedacd.p_update="{p_update}"', "fedacd.mixup=false")
     alg.local_train({"global": params_of(ctx, 1)}, {"model": params_of(ctx, 1)}, ctx)
     per_epoch = len(seen) // 2

@@ -17,15 +17,18 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pflkit"
 ROOT = "pflkit"  # the root package (src/pflkit/__init__.py: only __version__)
+BENCHMARKS = "benchmarks"  # the scripts of benchmarks/, checked like a unit
+BENCHMARK_DIR = SRC.parents[1] / "benchmarks"
+DESIGN = SRC.parents[1] / "docs" / "design.md"
 
 _BASE = {"functional", "models", "data"}
 _CORE = _BASE | {"algorithms"}
-_BELOW_CONFIG = _CORE | {"engines", "personalize", "reporting"}
-_BELOW_FEDERATION = _BELOW_CONFIG - {"reporting"} | {"config"}
-_BELOW_APPS = _BELOW_CONFIG | {"config", "federation"}
+_BELOW_FEDERATION = _CORE | {"engines", "methods", "config"}
+_BELOW_APPS = _BELOW_FEDERATION | {"federation", "reporting"}
 
 # What each unit may import from pflkit besides itself and the root package. Every unit that exists
-# under src/pflkit must have an entry (a new module fails test_every_unit_has_an_allowed_entry).
+# under src/pflkit must have an entry (a new module fails test_every_unit_has_an_allowed_entry), and
+# docs/design.md's table of layers must say the same (test_design_md_states_these_layers).
 ALLOWED: dict[str, set[str]] = {
     ROOT: set(),                    # the root package imports nothing of pflkit (everyone may import it)
     # leaves
@@ -37,9 +40,10 @@ ALLOWED: dict[str, set[str]] = {
     # siblings above algorithms: engines do not know ALA, ALA does not know engines
     "personalize": {"algorithms", "functional", "models", "data"},
     "engines": {"algorithms", "functional", "models", "data"},
-    # the config schema validates names against the registries below it; `paper_table` is checked
-    # against reporting.paper (config.py, a lazy import in a validator; reporting is a leaf, no cycle)
-    "config": _BELOW_CONFIG,
+    # the registry with its plug-ins: where ALA is registered, explicitly
+    "methods": {"algorithms", "personalize"},
+    # the config schema validates names against the registry; no plug-in, engine or report
+    "config": _CORE | {"methods"},
     # what both the simulator and Flower need; no summaries or plots (those belong to run/ and flower/)
     "federation": _BELOW_FEDERATION,  # summaries and figures come in through run_all's `report`
     # the simulator and Flower: each other's peers, so flower does not import run/ nor run/ flower/
@@ -49,6 +53,8 @@ ALLOWED: dict[str, set[str]] = {
     "bench": _BELOW_APPS | {"run"},
     "bench_scale": _BELOW_APPS | {"run", "bench"},
     "cli": _BELOW_APPS | {"run", "flower", "bench", "bench_scale"},
+    # the scripts under benchmarks/ (outside the package): the library as a user sees it
+    BENCHMARKS: _BELOW_APPS | {"run", "bench", "bench_scale"},
 }
 
 def units(src: Path = SRC) -> set[str]:
@@ -56,7 +62,7 @@ def units(src: Path = SRC) -> set[str]:
     top-level module of ``src``."""
     subpackages = {p.relative_to(src).parts[0] for p in src.glob("*/**/*.py")}
     modules = {p.stem for p in src.glob("*.py") if p.stem != "__init__"}
-    return {ROOT} | subpackages | modules
+    return {ROOT} | subpackages | modules | ({BENCHMARKS} if src == SRC else set())
 
 
 def module_name(path: Path, src: Path = SRC) -> tuple[str, bool]:
@@ -111,7 +117,8 @@ def own_unit(module: str) -> str:
 
 
 def edges(src: Path = SRC) -> dict[tuple[str, str], list[str]]:
-    """(importer, imported) unit pairs of every module under ``src``, with their file:line."""
+    """(importer, imported) unit pairs of every module under ``src`` (and, for the real package,
+    of every script under benchmarks/), with their file:line."""
     known = units(src)
     out: dict[tuple[str, str], list[str]] = {}
     for path in sorted(src.rglob("*.py")):
@@ -120,6 +127,11 @@ def edges(src: Path = SRC) -> dict[tuple[str, str], list[str]]:
         for line, unit in imported_units(path.read_text(encoding="utf-8"), module, is_package, known):
             if unit != own:
                 out.setdefault((own, unit), []).append(f"{path.relative_to(src).as_posix()}:{line}")
+    if src == SRC:
+        for path in sorted(BENCHMARK_DIR.glob("*.py")):
+            for line, unit in imported_units(path.read_text(encoding="utf-8"), f"benchmarks.{path.stem}", False,
+                                             known):
+                out.setdefault((BENCHMARKS, unit), []).append(f"benchmarks/{path.name}:{line}")
     return out
 
 
@@ -157,7 +169,9 @@ def test_the_layering_is_acyclic():
             order.append(unit)
     for unit in sorted(ALLOWED):
         visit(unit, [])
-    assert ALLOWED["federation"].isdisjoint({"run", "flower", "cli", "bench", "bench_scale", "reporting"})
+    assert ALLOWED["federation"].isdisjoint({"run", "flower", "cli", "bench", "bench_scale", "reporting",
+                                             "personalize"})
+    assert ALLOWED["config"].isdisjoint({"reporting", "personalize", "engines", "federation"})
     assert "run" not in ALLOWED["flower"] and "flower" not in ALLOWED["run"]
     assert "personalize" not in ALLOWED["engines"] and "engines" not in ALLOWED["personalize"]
 
@@ -165,7 +179,9 @@ def test_the_layering_is_acyclic():
 def test_real_edges_are_seen():
     """Imports the source is known to hold, in several forms, are found (guards a blind scanner)."""
     found = edges()
-    assert ("config", "personalize") in found  # config.py: `from . import personalize`
+    assert ("methods", "personalize") in found  # methods.py: `from . import personalize`
+    assert ("config", "methods") in found  # config.py: `from .methods import ...`
+    assert (BENCHMARKS, "federation") in found  # benchmarks/profile_round.py: `from pflkit.federation...`
     assert ("data", "functional") in found  # data/partition/spec.py: absolute `from pflkit.functional.streams ...`
     assert ("federation", ROOT) in found  # federation/results.py: `from .. import __version__`
     assert ("cli", "bench_scale") in found  # cli.py: a lazy `from .bench_scale import ...`
@@ -243,3 +259,27 @@ def test_the_checker_reports_forbidden_edges_of_every_form(tmp_path):
 def test_a_relative_import_above_the_top_package_is_an_error():
     with pytest.raises(ValueError, match="beyond the top-level package"):
         imported_units("from .... import x\n", "pflkit.federation.mod", False, units())
+
+
+def design_table(text: str) -> dict[str, set[str]]:
+    """The table of layers in docs/design.md: rows ``| `unit`, `unit` | `imported`, ... |`` (a
+    row's second cell without backticks, e.g. "nothing", is the empty set)."""
+    import re
+
+    rows = {}
+    lines = text.split("## Layers", 1)[1].splitlines()
+    for line in lines:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) < 2 or set(cells[0]) <= set("-: "):
+            continue
+        names = re.findall(r"`([^`]+)`", cells[0])
+        imported = set(re.findall(r"`([^`]+)`", cells[1]))
+        for name in names:
+            rows[name] = imported
+    return rows
+
+
+def test_design_md_states_these_layers():
+    """docs/design.md's table of layers is the rule this file checks, unit by unit."""
+    table = design_table(DESIGN.read_text(encoding="utf-8"))
+    assert table == {unit: allowed for unit, allowed in ALLOWED.items()}

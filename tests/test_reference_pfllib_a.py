@@ -10,7 +10,6 @@ drops the last partial batch, as pflkit's does (docs/design.md, "training loader
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import torch
 from torch.nn import functional as F
@@ -29,7 +28,7 @@ def build(name: str, ctx, *overrides: str):
 
 def client(n_train: int, seed: int, epochs: int = 1, lr: float = 0.1, batch_size: int = 10):
     ctx = tiny_context(n_train=n_train, seed=seed, lr=lr, batch_size=batch_size)
-    ctx.train = dataclasses.replace(ctx.train, local_epochs=epochs)
+    ctx.train = ctx.train.model_copy(update={"local_epochs": epochs})
     return ctx
 
 

@@ -48,8 +48,13 @@ def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, ["report", str(tmp_path / "empty"), "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "is not a results folder (no config.toml)" in result.output
+    # the name is checked where the tables live, before a run writes anything; the config checks its form
     with pytest.raises(ConfigError, match="paper_table = 'fedala-table9/x' is not a table pflkit ships"):
-        load_config(None, ["paper_table=fedala-table9/x"])
+        run_experiment(load_config(None, ["paper_table=fedala-table9/x", "rounds=1", "num_clients=4"]),
+                       tmp_path / "never", progress=False, echo=lambda s: None)
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(ConfigError, match="paper_table: must be \"<table>/<column>\""):
+        load_config(None, ["paper_table=fedala-table9"])
 
 
 def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> None:

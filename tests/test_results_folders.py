@@ -201,3 +201,19 @@ def test_a_stop_signal_during_a_write_still_ends_as_an_interruption(tmp_path, ho
     # and the resumed rows are an uninterrupted run's, number for number
     run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
     assert numbers(tmp_path / "run") == numbers(tmp_path / "full")
+
+
+def test_an_unfinished_folder_with_an_older_flat_config_is_continued_on_flower(tmp_path):
+    """``start_or_resume`` (a restarted Flower ServerApp) compares the saved config with the run's
+    in their resolved form, so a folder whose config.toml spells its keys flat is the same run."""
+    from pflkit.config import build_config, to_dict
+
+    from helpers import flat_form
+
+    config = to_dict(load_config(None, FAST))
+    folder = ResultsFolder(tmp_path / "run")
+    folder.create(flat_form(config))  # as an older pflkit wrote it
+    resolve = lambda saved: to_dict(build_config(saved))  # noqa: E731
+    assert folder.start_or_resume(config, resolve) is True
+    with pytest.raises(FileExistsError, match=r"differs in train\.lr\)"):
+        folder.start_or_resume({**config, "train": {**config["train"], "lr": 0.5}}, resolve)

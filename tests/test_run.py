@@ -52,7 +52,7 @@ def test_cli_two_rounds_writes_a_complete_results_folder(tmp_path, fast_config):
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
     for png in ("accuracy.png", "partition-seed0.png"):
         assert (out / "plots" / png).read_bytes()[:4] == b"\x89PNG"
-    assert load_config(out / "config.toml").rounds == 2
+    assert load_config(out / "config.toml").train.rounds == 2
 
 
 def test_same_seed_gives_identical_numbers_and_seeds_summarize(tmp_path, fast_config):
@@ -90,6 +90,32 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_confi
     assert status["resume"] == f"pflkit run --resume {tmp_path / 'cut'}"
     resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
     assert records(tmp_path / "cut") == records(tmp_path / "full")
+
+
+def test_a_folder_with_an_older_flat_config_resumes(tmp_path, fast_config):
+    """A results folder written before the config had sections holds a flat config.toml (its
+    digest in run.json is that text's): --resume loads it and continues to the same numbers."""
+    import tomli_w
+
+    from pflkit.config import to_dict
+    from pflkit.federation.results import config_digest
+    from helpers import flat_form
+
+    cfg = load_config(None, fast_config + ['algorithms=["fedavg"]', "rounds=3"])
+    run_experiment(cfg, tmp_path / "full", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, tmp_path / "old", progress=False, echo=lambda s: None,
+                       callbacks=[InterruptAfter("fedavg", 1)])
+    folder = ResultsFolder(tmp_path / "old")
+    text = tomli_w.dumps(flat_form(to_dict(cfg)))
+    assert "[train]" not in text and "lr = " in text
+    folder.config_path.write_text(text)
+    status = json.loads((folder.root / "run.json").read_text())
+    (folder.root / "run.json").write_text(json.dumps({**status, "config_sha256": config_digest(text)}))
+    result = CliRunner().invoke(main, ["run", "--resume", str(folder.root), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert records(folder.root) == records(tmp_path / "full")
+    assert folder.config_path.read_text() == text  # the folder keeps the file it was started with
 
 
 KILL_AFTER = """

@@ -364,7 +364,6 @@ def test_sosicfl_plus_post_hoc_personalises_every_client_from_the_final_global_e
 
 
 def test_simplex_pictures_draw_figure_5_with_the_global_panel_and_each_clients_lda_point(tmp_path, monkeypatch):
-    from pflkit.algorithms import TrainSettings
     from pflkit.federation import build_partitions, initial_params
     from pflkit.federation.checkpoint import load_checkpoint
     from pflkit.functional import evaluate
@@ -390,7 +389,7 @@ def test_simplex_pictures_draw_figure_5_with_the_global_panel_and_each_clients_l
     _, partitions = build_partitions(config, torch.device("cpu"))
     data = next(iter(partitions.values()))
     model = initial_params(config, data, 0, torch.device("cpu"))[0]
-    alg = build_algorithm("sosicfl", config.algorithm_sections(), TrainSettings.from_config(config), model.units())
+    alg = build_algorithm("sosicfl", config.algorithm_sections(), config.train, model.units())
     at_centroid = simplex_report.landscape(model, alg, state.server["global"], alg.centroid[None], *data.global_test)
     expected = evaluate(model, alg.global_params(state.server), *data.global_test)
     assert float(at_centroid[0]) == pytest.approx(expected["correct"] / expected["num_samples"], abs=1e-6)

@@ -23,7 +23,7 @@ from torch.nn import functional as F
 
 from torch import nn
 
-from .algorithms import Algorithm, ClientSummary, TrainSettings, build_algorithm
+from .algorithms import Algorithm, ClientSummary, TrainSettings
 from .config import load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
@@ -34,6 +34,7 @@ from .federation.session import Execute, RunSession
 from .federation.setup import initial_model
 from .functional import SGD, Batch, classification_loss, forward, net_of
 from .functional.training import autograd_value_and_grad
+from .methods import build_algorithm
 from .models import build_model
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import tomli_w
 
-from .config import load_config, to_dict
+from .config import describe_keys, load_config, to_dict
 
 EPILOG = """\b
 Examples:
@@ -96,8 +96,20 @@ def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: boo
 
 @main.command()
 @click.argument("args", nargs=-1)
-def config(args: tuple[str, ...]) -> None:
-    """Print the resolved configuration of [CONFIG.toml] [key=value ...] as TOML."""
+@click.option("--keys", is_flag=True, help="list every key instead: its section, the flat alias that also sets it, "
+              "its default and what it means")
+def config(args: tuple[str, ...], keys: bool) -> None:
+    """Print the resolved configuration of [CONFIG.toml] [key=value ...] as TOML (sections
+    [partition], [train], [run], ...; the flat keys of older configs, such as lr or num_clients,
+    are aliases of their section's keys)."""
+    if keys:
+        if args:
+            raise click.UsageError("--keys takes no CONFIG or overrides")
+        for key, alias, default, meaning in describe_keys():
+            shown = "unset" if default is None else json.dumps(default)
+            line = f"{key}" + (f" (flat: {alias})" if alias else "") + f" = {shown}"
+            click.echo(line + (f"\n    {meaning}" if meaning else ""))
+        return
     try:
         config_path, overrides = _split(args)
         click.echo(tomli_w.dumps(to_dict(load_config(config_path, overrides))), nl=False)

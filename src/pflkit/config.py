@@ -1,53 +1,124 @@
 """Experiment configuration: a TOML file plus dotted ``key=value`` overrides, validated strictly.
 
-Every key, its default and its range live in ``ExperimentConfig``; per-algorithm sections
-(``[fedprox]``, ``[ditto]``, ``[fedala]`` ...) come from each algorithm's ``settings_class``, so
-adding an algorithm adds its section here without editing this file.
+A config names the experiment at its top level (``name``, ``dataset``, ``model``, ``algorithms``,
+``seeds`` ...); its settings live in sections that are the lower layers' own settings classes:
+``[partition]`` is the data layer's :class:`~pflkit.data.PartitionSpec`, ``[train]`` the
+algorithms' :class:`~pflkit.algorithms.TrainSettings`, ``[run]`` (:class:`RunSettings`, here)
+what the federation layer reads to execute the rounds. Per-algorithm sections (``[fedprox]``,
+``[ditto]``, ``[fedala]`` ...) come from each algorithm's ``settings_class``, so adding an
+algorithm adds its section here without editing this file.
+
+The flat keys of earlier configs (``lr = 0.05``, ``partition = "pathological"``,
+``join_ratio = 0.5`` ...) are aliases, listed once in :data:`FLAT_KEYS`: they are moved into
+their sections before validation, and every message names a key as the user wrote it.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import re
 
 import difflib
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
+                      model_validator)
 
-from . import personalize  # noqa: F401  (registers the +ala modifier and its [fedala] section)
-from .algorithms import ALGORITHMS, Settings, config_sections, parse_name
-from .data import DATASETS, FILE_DATASETS
+from .algorithms import Settings, TrainSettings
+from .methods import ALGORITHMS, config_sections, parse_name
+from .data import DATASETS, FILE_DATASETS, PartitionSpec
 from .models import DEFAULT_MODEL, MODELS
 
 log = logging.getLogger(__name__)
 
-# keys that only one kind of partition or test set reads: key -> (what reads it, is it read here?)
-_PARTITION_KEYS: dict[str, tuple[str, Any]] = {
-    "alpha": ("partition = dirichlet or label_dirichlet", lambda c: c.partition in ("dirichlet", "label_dirichlet")),
-    "balance_cap": ("partition = dirichlet", lambda c: c.partition == "dirichlet"),
-    "num_folds": ("partition = kfold", lambda c: c.partition == "kfold"),
-    "primary_fraction": ("partition = kfold", lambda c: c.partition == "kfold"),
-    "classes_per_client": ("partition = pathological", lambda c: c.partition == "pathological"),
-    # PFLlib's iid is its pathological rule with every class
-    "balanced": ("partition = pathological (or iid with partition_rng = pfllib)", lambda c: _pathological_rule(c)),
-    "min_samples_per_client": ("partition = dirichlet or pathological (or iid with partition_rng = pfllib)",
-                               lambda c: c.partition == "dirichlet" or _pathological_rule(c)),
-    # the official split still sizes PFLlib's default minimum with it
-    "train_fraction": ('test_set = "client_split", or the default minimum of partition = dirichlet or pathological',
-                       lambda c: c.test_set == "client_split" or (c.min_samples_per_client is None and (
-                           c.partition == "dirichlet" or _pathological_rule(c)))),
+#: The flat keys users typed before the sections existed, still accepted at the top level (in
+#: files, overrides, sweep grids and old results folders): flat key -> (section, field).
+FLAT_KEYS: dict[str, tuple[str, str]] = {
+    "partition": ("partition", "method"), "partition_rng": ("partition", "rng"),
+    "partition_seed": ("partition", "seed"),
+    **{key: ("partition", key) for key in (
+        "num_clients", "alpha", "classes_per_client", "balanced", "min_samples_per_client", "balance_cap",
+        "train_fraction", "num_folds", "primary_fraction", "test_set")},
+    **{key: ("train", key) for key in (
+        "batch_size", "local_epochs", "lr", "lr_decay", "momentum", "weight_decay", "mixup", "mixup_alpha",
+        "eval_batch_size", "rounds", "bn_buffers")},
+    **{key: ("run", key) for key in (
+        "join_ratio", "eval_every", "eval_all_clients", "engine", "workers", "device", "threads",
+        "checkpoint_every", "state_store", "state_cache", "tracker")},
 }
 
+#: The sections that flat keys belong to.
+SECTIONS = ("partition", "train", "run")
 
-def _pathological_rule(config: Any) -> bool:
-    return config.partition == "pathological" or (config.partition == "iid" and config.partition_rng == "pfllib")
+#: How the user wrote the settings of those sections: (section, field) -> ``lr`` or ``train.lr``.
+Written = dict[tuple[str, ...], str]
+
+
+def _pathological_rule(spec: PartitionSpec) -> bool:
+    return spec.method == "pathological" or (spec.method == "iid" and spec.rng == "pfllib")
+
+
+# [partition] fields that only one kind of partition or test set reads: field -> (what reads it, is it read?)
+_PARTITION_KEYS: dict[str, tuple[str, Any]] = {
+    "alpha": ("partition = dirichlet or label_dirichlet", lambda p: p.method in ("dirichlet", "label_dirichlet")),
+    "balance_cap": ("partition = dirichlet", lambda p: p.method == "dirichlet"),
+    "num_folds": ("partition = kfold", lambda p: p.method == "kfold"),
+    "primary_fraction": ("partition = kfold", lambda p: p.method == "kfold"),
+    "classes_per_client": ("partition = pathological", lambda p: p.method == "pathological"),
+    # PFLlib's iid is its pathological rule with every class
+    "balanced": ("partition = pathological (or iid with partition_rng = pfllib)", _pathological_rule),
+    "min_samples_per_client": ("partition = dirichlet or pathological (or iid with partition_rng = pfllib)",
+                               lambda p: p.method == "dirichlet" or _pathological_rule(p)),
+    # the official split still sizes PFLlib's default minimum with it
+    "train_fraction": ('test_set = "client_split", or the default minimum of partition = dirichlet or pathological',
+                       lambda p: p.test_set == "client_split" or (p.min_samples_per_client is None and (
+                           p.method == "dirichlet" or _pathological_rule(p)))),
+}
 
 
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the offending key(s)."""
+
+
+def _is_flat(key: str, value: Any) -> bool:
+    """Whether top-level ``key = value`` is a flat alias (``partition`` is one unless it is the table)."""
+    return key in FLAT_KEYS and not (key == FLAT_KEYS[key][0] and isinstance(value, Mapping))
+
+
+def nest(data: Mapping[str, Any], written: Written | None = None) -> dict[str, Any]:
+    """``data`` with its flat keys moved into their sections (``lr`` -> ``[train] lr``); the
+    spelling of every setting of those sections is recorded in ``written`` (a spelling already
+    there stays). A setting given both ways is an error naming both."""
+    out = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in data.items() if not _is_flat(k, v)}
+    if written is not None:
+        for section in SECTIONS:
+            if isinstance(out.get(section), dict):
+                for field in out[section]:
+                    written.setdefault((section, field), f"{section}.{field}")
+    for key, value in data.items():
+        if not _is_flat(key, value):
+            continue
+        section, field = FLAT_KEYS[key]
+        table = out.setdefault(section, {})
+        if not isinstance(table, dict):
+            raise ValueError(f"{key} is a key of the section {section}, but {section} = {table!r} is no table")
+        if field in table:
+            raise ValueError(f"{key} and {section}.{field} are the same setting ({key} is its flat spelling): "
+                             "set it once")
+        table[field] = value
+        if written is not None:
+            written[(section, field)] = key
+    return out
+
+
+def canonical_path(path: list[str], value: Any = None) -> list[str]:
+    """The sectioned path of an override's key: ``["lr"]`` -> ``["train", "lr"]``."""
+    if len(path) == 1 and _is_flat(path[0], value):
+        return list(FLAT_KEYS[path[0]])
+    return list(path)
 
 
 class MetricsSettings(BaseModel):
@@ -72,68 +143,17 @@ class TraceSettings(BaseModel):
                                "simulator only)")
 
 
-class BaseConfig(BaseModel):
-    """Keys shared by every experiment (the per-algorithm sections are added below)."""
+class RunSettings(BaseModel):
+    """The ``[run]`` section, read by the federation layer and the executors: who trains and who
+    is scored each round, on which engine and device, and how the run is checkpointed, stores
+    client states and is tracked."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
-    paper_table: str | None = Field(None, description="the paper's cell this config reproduces, \"<table>/<column>\" "
-                                    "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours")
-    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
-    data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
-                                 "and synthetic)")
-    model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
-                       "fasttext for AG News; pfllib: by its data")
-    pretrained: str | None = Field(None, description="a local state dict in torchvision's key layout (ImageNet "
-                                   "weights) to start the model from; a head of another size stays freshly "
-                                   "initialised (SosicFL Table 3: squeezenet1_1, resnet18)")
-    num_clients: int = Field(20, ge=1)
-    partition: Literal["iid", "dirichlet", "pathological", "kfold", "label_dirichlet"] = Field(
-        "dirichlet", description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
-        "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
-        "distributions with equal client sizes, SosicFL, spec §5.6)")
-    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4; label_dirichlet: §5.6)")
-    num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
-    primary_fraction: float = Field(0.8, gt=0, le=1, description="kfold: share of a client's samples from its "
-                                    "group's primary classes (the rest spread evenly over the others)")
-    classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
-    balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
-    min_samples_per_client: int | None = Field(
-        None, ge=0, description="dirichlet/pathological minimum samples per client; default PFLlib's "
-        "int(min(batch_size / (1 - train_fraction), samples / num_clients / 2)), lowered with a logged "
-        "warning to one training batch + one test sample where no draw reaches it (spec §5.4)")
-    balance_cap: bool = Field(True, description="dirichlet: stop feeding clients that hold the average share "
-                              "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)")
-    partition_rng: Literal["pflkit", "pfllib"] = Field(
-        "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
-        "np.random.seed(partition_seed) order, which reproduces PFLlib's generated split of the same pool")
-    train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5; "
-                                  "test_set = client_split only)")
-    test_set: Literal["client_split", "official"] = Field(
-        "client_split", description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
-        "official: the official training split is partitioned, the official test split is the global test "
-        "set and each client gets a local test set with its label proportions (spec §5.6)")
-    partition_seed: int | None = Field(None, description="seed of the partition; default: each run seed")
-    rounds: int = Field(60, ge=1)
-    algorithms: list[str] = Field(default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"],
-                                  min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    batch_size: int = Field(10, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    lr: float = Field(0.1, gt=0)
-    lr_decay: float = Field(1.0, gt=0, le=1, description="per-round learning-rate factor: round r trains at "
-                            "lr * lr_decay**(r - 1) (FedNH's and FedNTD's code: 0.99; 1: constant)")
-    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (optimiser state starts fresh every round)")
-    weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (L2 added to the gradient)")
-    mixup: bool = Field(False, description="input mixup in every local training batch (Zhang et al. 2018; "
-                        "FedACD Table 5)")
-    mixup_alpha: float = Field(1.0, gt=0, description="mixup: lambda ~ Beta(mixup_alpha, mixup_alpha)")
-    join_ratio: float = Field(1.0, gt=0, le=1)
-    eval_every: int = Field(1, ge=1)
+    join_ratio: float = Field(1.0, gt=0, le=1, description="share of the clients sampled each round")
+    eval_every: int = Field(1, ge=1, description="rounds between evaluations")
     eval_all_clients: bool = Field(False, description="score every client at each evaluation, not only the "
                                    "next round's participants (SosicFL protocol; simulator only)")
-    eval_batch_size: int = Field(1000, ge=1)
     engine: Literal["auto", "loop", "parallel", "vmap"] = Field(
         "auto", description="loop: one client at a time; parallel: clients over worker threads; vmap: "
         "many clients batched with torch.func (for GPUs); auto: vmap on CUDA, parallel on CPU")
@@ -150,9 +170,55 @@ class BaseConfig(BaseModel):
     tracker: Literal["none", "tensorboard"] = Field(
         "none", description="also write every record to TensorBoard event files under tensorboard/ in the results "
         "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')")
-    bn_buffers: Literal["local", "global"] = Field(
-        "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
-        "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
+
+    @field_validator("device")
+    @classmethod
+    def _device_syntax(cls, device: str) -> str:
+        if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
+            raise ValueError("device must be cpu, cuda, cuda:N or auto")
+        return device
+
+
+def _named(info: ValidationInfo, section: str, field: str) -> str:
+    """A setting's key as the user wrote it; its flat spelling where the default stands."""
+    written = (info.context or {}).get("written") or {}
+    if (section, field) in written:
+        return written[(section, field)]
+    return next((k for k, v in FLAT_KEYS.items() if v == (section, field)), f"{section}.{field}")
+
+
+class BaseConfig(BaseModel):
+    """The experiment's identity and its sections (the per-algorithm sections are added below)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
+    paper_table: str | None = Field(None, description="the paper's cell this config reproduces, \"<table>/<column>\" "
+                                    "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours")
+    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
+                                 "and synthetic)")
+    model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
+                       "fasttext for AG News; pfllib: by its data")
+    pretrained: str | None = Field(None, description="a local state dict in torchvision's key layout (ImageNet "
+                                   "weights) to start the model from; a head of another size stays freshly "
+                                   "initialised (SosicFL Table 3: squeezenet1_1, resnet18)")
+    algorithms: list[str] = Field(default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"],
+                                  min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    partition: PartitionSpec = Field(default_factory=lambda: PartitionSpec(),
+                                     description="how the data is split over clients")
+    train: TrainSettings = Field(default_factory=lambda: TrainSettings(), description="local training")
+    run: RunSettings = Field(default_factory=lambda: RunSettings(), description="how the rounds execute")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        """The flat aliases (``lr``, ``partition``, ...) moved into their sections."""
+        if not isinstance(data, Mapping):
+            return data
+        written = (info.context or {}).get("written")
+        return nest(data, written)
 
     @field_validator("name")
     @classmethod
@@ -172,10 +238,11 @@ class BaseConfig(BaseModel):
 
     @field_validator("paper_table")
     @classmethod
-    def _known_paper_table(cls, name: str | None) -> str | None:
-        if name is not None:
-            from .reporting.paper import paper_cell
-            paper_cell(name)
+    def _paper_table_form(cls, name: str | None) -> str | None:
+        # which tables exist is the reporting layer's knowledge: `pflkit run`, `sweep` and `report`
+        # check the name against it before anything runs
+        if name is not None and not re.fullmatch(r"[^/\s]+/[^/\s]+", name):
+            raise ValueError(f"must be \"<table>/<column>\" (e.g. fedala-table2/cifar10-dir0.1), got {name!r}")
         return name
 
     @field_validator("algorithms")
@@ -188,11 +255,11 @@ class BaseConfig(BaseModel):
         return names
 
     @model_validator(mode="after")
-    def _full_participation(self) -> "BaseConfig":
+    def _full_participation(self, info: ValidationInfo) -> "BaseConfig":
         for name in self.algorithms:
-            if ALGORITHMS[parse_name(name)[0]].requires_full_participation and self.join_ratio < 1:
+            if ALGORITHMS[parse_name(name)[0]].requires_full_participation and self.run.join_ratio < 1:
                 raise ValueError(f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
-                                 f"join_ratio must be 1, got {self.join_ratio}")
+                                 f"{_named(info, 'run', 'join_ratio')} must be 1, got {self.run.join_ratio}")
         return self
 
     @field_validator("seeds")
@@ -209,36 +276,32 @@ class BaseConfig(BaseModel):
             raise ValueError(f"unknown model; available: auto, {', '.join(sorted(MODELS))}")
         return name
 
-    @field_validator("device")
-    @classmethod
-    def _device_syntax(cls, device: str) -> str:
-        if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
-            raise ValueError("device must be cpu, cuda, cuda:N or auto")
-        return device
-
     metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(),
                                      description="optional, costly metrics")
     trace: TraceSettings = Field(default_factory=lambda: TraceSettings(), description="models saved per round")
 
     @model_validator(mode="after")
-    def _traced_clients_exist(self) -> "BaseConfig":
-        wrong = [c for c in self.trace.clients if not 0 <= c < self.num_clients]
+    def _traced_clients_exist(self, info: ValidationInfo) -> "BaseConfig":
+        clients = self.partition.num_clients
+        wrong = [c for c in self.trace.clients if not 0 <= c < clients]
         if wrong:
-            raise ValueError(f"trace.clients {wrong} are not clients of this run (ids 0..{self.num_clients - 1})")
+            raise ValueError(f"trace.clients {wrong} are not clients of this run (ids 0..{clients - 1}, "
+                             f"{_named(info, 'partition', 'num_clients')} = {clients})")
         return self
 
     @model_validator(mode="after")
-    def _adaptability_needs_the_official_test_set(self) -> "BaseConfig":
-        if self.metrics.adaptability and self.test_set != "official":
+    def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> "BaseConfig":
+        if self.metrics.adaptability and not self.partition.official:
             raise ValueError("metrics.adaptability scores local models on the global test set: it needs "
-                             "test_set = \"official\"")
+                             f"{_named(info, 'partition', 'test_set')} = \"official\"")
         return self
 
     @model_validator(mode="after")
-    def _official_needs_a_pool(self) -> "BaseConfig":
-        if self.test_set == "official" and self.dataset == "pfllib":
-            raise ValueError("test_set = \"official\" needs the dataset's official test split, and a PFLlib "
-                             "folder holds only per-client splits: use test_set = \"client_split\" or a dataset")
+    def _official_needs_a_pool(self, info: ValidationInfo) -> "BaseConfig":
+        if self.partition.official and self.dataset == "pfllib":
+            key = _named(info, "partition", "test_set")
+            raise ValueError(f"{key} = \"official\" needs the dataset's official test split, and a PFLlib "
+                             f"folder holds only per-client splits: use {key} = \"client_split\" or a dataset")
         return self
 
     @model_validator(mode="after")
@@ -329,14 +392,14 @@ _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "l
 
 
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:
-    """The keys allowed next to the unknown one at ``loc`` (top level or a section)."""
+    """The keys allowed next to the unknown one at ``loc`` (top level, with the flat aliases, or a section)."""
     model: Any = ExperimentConfig
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
             return []
         model = field.annotation
-    return list(model.model_fields)
+    return list(model.model_fields) + (list(FLAT_KEYS) if len(loc) == 1 else [])
 
 
 def _message(err: Mapping[str, Any]) -> str:
@@ -353,23 +416,35 @@ def _message(err: Mapping[str, Any]) -> str:
     return str(err["msg"]).removeprefix("Value error, ")
 
 
-def format_errors(error: ValidationError, source: str) -> str:
-    """One line per problem, each naming the key, what it must be and the value given."""
+def _as_written(loc: tuple[Any, ...], written: Written) -> str:
+    """The dotted key of ``loc`` as the user wrote it (``("train", "lr")`` -> ``lr`` for a flat ``lr``)."""
+    parts = tuple(str(p) for p in loc)
+    for n in range(len(parts), 0, -1):
+        if parts[:n] in written:
+            return ".".join((written[parts[:n]], *parts[n:]))
+    return ".".join(parts)
+
+
+def format_errors(error: ValidationError, source: str, written: Written | None = None) -> str:
+    """One line per problem, each naming the key as the user wrote it (``written``: see
+    :func:`nest`), what it must be and the value given."""
     lines = [f"invalid configuration ({source}):"]
     for err in error.errors():
         if not err["loc"]:  # a rule across keys: its message names them
             lines.append(f"  {_message(err)}")
             continue
-        loc = ".".join(str(p) for p in err["loc"])
-        lines.append(f"  {loc}: {_message(err)} (got {err.get('input')!r})")
+        lines.append(f"  {_as_written(tuple(err['loc']), written or {})}: {_message(err)} (got {err.get('input')!r})")
     return "\n".join(lines)
 
 
-def build_config(data: Mapping[str, Any], source: str = "config") -> BaseConfig:
+def build_config(data: Mapping[str, Any], source: str = "config", written: Written | None = None) -> BaseConfig:
+    """Validate a config table, flat keys or sections (``written``: how keys already moved into
+    their sections were spelt, for the messages)."""
+    written = dict(written or {})
     try:
-        return ExperimentConfig.model_validate(dict(data))
+        return ExperimentConfig.model_validate(dict(data), context={"written": written})
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, source)) from None
+        raise ConfigError(format_errors(exc, source, written)) from None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -389,33 +464,57 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
+def apply_override(data: dict[str, Any], item: str, written: Written) -> None:
+    """Set override ``item`` in the sectioned table ``data``, whatever the spelling of its key
+    (``lr=0.05`` and ``train.lr=0.05`` replace the same setting), and record the spelling."""
+    path, value = parse_override(item)
+    target = canonical_path(path, value)
+    merge(data, target, value)
+    for key in [k for k in written if k[:len(target)] == tuple(target)]:
+        del written[key]
+    if len(target) == 2 and target[0] in SECTIONS:
+        written[(target[0], target[1])] = ".".join(path)
+    elif len(target) == 1 and target[0] in SECTIONS and isinstance(value, dict):
+        written.update({(target[0], field): f"{target[0]}.{field}" for field in value})
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = (), *,
                 data: Mapping[str, Any] | None = None) -> BaseConfig:
     """Read a TOML file (none: all defaults, the digits demo), or take its already read ``data``,
-    and apply dotted overrides."""
+    and apply dotted overrides (each replaces the file's value, whether either spells the key flat
+    or in its section)."""
     source = "defaults" if path is None else str(path)
     data = dict(data) if data is not None else (read_toml(path) if path is not None else {})
     if "sweep" in data:
         raise ConfigError(f"{source} has a [sweep] table: it is a sweep file; run it with pflkit sweep")
-    data = copy.deepcopy(data)
+    written: Written = {}
+    try:
+        data = nest(copy.deepcopy(data), written)
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration ({source}):\n  {exc}") from None
     for item in overrides:
-        merge(data, *parse_override(item))
+        apply_override(data, item, written)
     if overrides:
         source += " + command-line overrides"
-    config = build_config(data, source)
+    config = build_config(data, source, written)
     typed = {parse_override(item)[0][0] for item in overrides}
-    for line in unused_keys(data, config, typed):
+    for line in unused_keys(data, config, typed, written):
         log.warning("%s: %s", source, line)
     return config
 
 
-def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | None = None) -> list[str]:
-    """The keys set in ``data`` that the chosen setting never reads, each with what would read it:
-    a partition's parameter under another partition, and a method's section that no method in
-    ``algorithms`` reads, where the user ``typed`` it on the command line (a paper config keeps the
-    sections of all its methods, and running a few of them is ordinary)."""
-    lines = [f"{key} = {data[key]!r} is not used: only {reader} reads it"
-             for key, (reader, used) in _PARTITION_KEYS.items() if key in data and not used(config)]
+def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | None = None,
+                written: Written | None = None) -> list[str]:
+    """The keys set in ``data`` (flat or in sections) that the chosen setting never reads, each
+    named as written with what would read it: a partition's parameter under another partition,
+    and a method's section that no method in ``algorithms`` reads, where the user ``typed`` it on
+    the command line (a paper config keeps the sections of all its methods, and running a few of
+    them is ordinary)."""
+    written = dict(written or {})
+    data = nest(data, written)
+    table = data.get("partition") if isinstance(data.get("partition"), dict) else {}
+    lines = [f"{written[('partition', key)]} = {table[key]!r} is not used: only {reader} reads it"
+             for key, (reader, used) in _PARTITION_KEYS.items() if key in table and not used(config.partition)]
     sections = config_sections()
     read = set()
     for name in config.algorithms:
@@ -429,9 +528,25 @@ def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | N
 
 
 def to_dict(config: BaseConfig) -> dict[str, Any]:
-    """The fully resolved config (every default filled in), TOML-compatible (no None values)."""
+    """The fully resolved config (every default filled in) in its sectioned form, TOML-compatible
+    (no None values)."""
     return _drop_none(config.model_dump(mode="json"))
 
 
 def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}
+
+
+def describe_keys() -> list[tuple[str, str, Any, str]]:
+    """Every key: (dotted key, its flat alias or "", default, description), sections in order."""
+    flat = {v: k for k, v in FLAT_KEYS.items()}
+    rows = []
+    for name, field in ExperimentConfig.model_fields.items():
+        model = field.annotation
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            for key, sub in model.model_fields.items():
+                rows.append((f"{name}.{key}", flat.get((name, key), ""), sub.get_default(call_default_factory=True),
+                             sub.description or ""))
+        else:
+            rows.append((name, "", field.get_default(call_default_factory=True), field.description or ""))
+    return rows

@@ -168,6 +168,10 @@ class Algorithm:
     def global_params(self, server: State) -> Params:
         return server["global"]
 
+    def summary_metrics(self, init_params: Params) -> dict[str, Any]:
+        """Numbers the method reports once per run in ``summary.json`` (default: none)."""
+        return {}
+
     def round_metrics(self, client_metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         """What the method reports of a training round beyond the driver's means of the clients'
         numeric metrics, from every participant's metrics (client id -> metrics); default: nothing."""

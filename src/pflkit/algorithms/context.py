@@ -12,12 +12,11 @@ models, a branch on a random draw) declares the capability ``"per_client"`` in
 
 from __future__ import annotations
 
-import dataclasses
-
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, Union
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, Union
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from ..functional.params import Params
@@ -32,37 +31,36 @@ Metrics = dict[str, PerClient]
 PER_CLIENT = "per_client"  # client code reads values into Python (loops over models, branches on draws)
 
 
-@dataclass(frozen=True)
-class TrainSettings:
-    """Local-training settings shared by every algorithm (spec §0.2)."""
+class TrainSettings(BaseModel):
+    """Local-training settings shared by every algorithm (spec §0.2): the ``[train]`` section of
+    the experiment config (its flat keys ``lr``, ``batch_size``, ``rounds``, ... are aliases)."""
 
-    batch_size: int = 10
-    local_epochs: int = 1
-    lr: float = 0.1
-    lr_decay: float = 1.0  # per-round factor: round r trains at lr * lr_decay**(r - 1)
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    mixup: bool = False
-    mixup_alpha: float = 1.0
-    eval_batch_size: int = 1000
-    rounds: int = 1  # T, the run's total rounds (FedPHP's and APPLE's schedules)
-    bn_buffers: str = "local"  # "local": batch-norm statistics are not downloaded (spec §0.2)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    @classmethod
-    def from_config(cls, config: Any) -> "TrainSettings":
-        return cls(batch_size=config.batch_size, local_epochs=config.local_epochs, lr=config.lr,
-                   lr_decay=config.lr_decay, momentum=config.momentum, weight_decay=config.weight_decay,
-                   mixup=config.mixup,
-                   mixup_alpha=config.mixup_alpha,
-                   eval_batch_size=config.eval_batch_size, rounds=config.rounds, bn_buffers=config.bn_buffers)
+    batch_size: int = Field(10, ge=1)
+    local_epochs: int = Field(1, ge=1)
+    lr: float = Field(0.1, gt=0)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="per-round learning-rate factor: round r trains at "
+                            "lr * lr_decay**(r - 1) (FedNH's and FedNTD's code: 0.99; 1: constant)")
+    momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (optimiser state starts fresh every round)")
+    weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (L2 added to the gradient)")
+    mixup: bool = Field(False, description="input mixup in every local training batch (Zhang et al. 2018; "
+                        "FedACD Table 5)")
+    mixup_alpha: float = Field(1.0, gt=0, description="mixup: lambda ~ Beta(mixup_alpha, mixup_alpha)")
+    eval_batch_size: int = Field(1000, ge=1)
+    rounds: int = Field(60, ge=1, description="T, the run's training rounds (the driver's, and FedPHP's, "
+                        "APPLE's and lr_decay's schedules)")
+    bn_buffers: Literal["local", "global"] = Field(
+        "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
+        "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
 
     def at_round(self, round: int) -> "TrainSettings":
         """The settings of round ``round`` (1, 2, ...): lr * lr_decay**(round - 1), as FedNH's and
         FedNTD's code decay it (round 0, the initial evaluation, uses lr; the final pass, round T's rate)."""
         if self.lr_decay == 1.0:
             return self
-        return dataclasses.replace(self, lr=self.lr * self.lr_decay ** max(min(round, self.rounds) - 1, 0),
-                                   lr_decay=1.0)
+        return self.model_copy(update={"lr": self.lr * self.lr_decay ** max(min(round, self.rounds) - 1, 0),
+                                       "lr_decay": 1.0})
 
     def optimizer(self, lr: float | None = None, *, clip_norm: float | None = None, plain: Iterable[str] = (),
                   **lrs: float) -> SGD:

@@ -93,17 +93,18 @@ class FederatedData:
         return np.bincount(y, minlength=self.num_classes)
 
     @classmethod
-    def build(cls, data: Dataset, spec: PartitionSpec, seed: int, *,
+    def build(cls, data: Dataset, spec: PartitionSpec, seed: int, *, batch_size: int = 10,
               device: torch.device | str = "cpu") -> "FederatedData":
         """Partition ``data`` over clients by ``spec`` with partition seed ``seed``, split each
-        client into training and test data (spec §5.5), move tensors to ``device``.
+        client into training and test data (spec §5.5), move tensors to ``device``;
+        ``batch_size`` (the run's training batch) sizes PFLlib's default minimum client size.
 
         Problems name the dataset and its size next to the config keys to change.
         """
         labels = data.y.numpy()
         pools = official_split(data) if spec.official else None
         try:
-            split = split_clients(labels, spec, seed, pools)
+            split = split_clients(labels, spec, seed, pools, batch_size=batch_size)
         except PartitionError as exc:
             raise PartitionError(f"dataset {data.name!r} ({len(labels)} samples, {data.num_classes} classes): "
                                  f"{exc}") from None

@@ -6,11 +6,13 @@ from .driver import Callback, RoundDriver, RoundPlan, RunState, sample_clients
 from .evaluation import GlobalEvaluation
 from .results import FolderBusyError, MetricsWriter, ResultsFolder, folder_lock
 from .runner import Executor, RunInterrupted, SeedSetup, run_all
+from .session import Execute, RunSession
+from .state_store import ClientStore, DiskStateStore, MemoryStateStore
 from .stopping import signals_deferred, stop_on_signals
-from .setup import build_partitions, initial_params, partition_dataset, partition_seed, partition_spec, resolve_device
+from .setup import build_partitions, initial_model, initial_params, partition_dataset, partition_seed, resolve_device
 
 __all__ = ["Checkpointer", "load_checkpoint", "save_checkpoint", "Callback", "RoundDriver", "RoundPlan", "RunState",
            "sample_clients", "GlobalEvaluation", "MetricsWriter", "ResultsFolder", "FolderBusyError", "folder_lock",
            "Executor", "RunInterrupted", "SeedSetup", "run_all", "stop_on_signals", "signals_deferred",
-           "build_partitions", "initial_params", "partition_dataset", "partition_seed", "partition_spec",
-           "resolve_device"]
+           "build_partitions", "initial_params", "initial_model", "partition_dataset", "partition_seed",
+           "resolve_device", "Execute", "RunSession", "ClientStore", "DiskStateStore", "MemoryStateStore"]

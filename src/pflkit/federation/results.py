@@ -22,7 +22,7 @@ import socket
 import tomllib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 try:
     import fcntl
@@ -74,6 +74,18 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def _differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two config tables, sorted."""
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, Mapping) and isinstance(y, Mapping):
+            keys += _differences(x, y, f"{prefix}{k}.")
+        elif x != y:
+            keys.append(prefix + k)
+    return keys
+
+
 def config_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -121,18 +133,20 @@ class ResultsFolder:
         self.metrics_path.touch()
         self.set_status("running", config_sha256=config_digest(text))
 
-    def start_or_resume(self, config: Mapping[str, Any]) -> bool:
+    def start_or_resume(self, config: Mapping[str, Any],
+                        resolve: Callable[[dict[str, Any]], Mapping[str, Any]] = dict) -> bool:
         """Create the folder for ``config``; or, when it holds an unfinished run of the same
-        config written by this pflkit version, return True: the caller continues that run."""
+        config, return True: the caller continues that run. ``resolve`` maps the saved table to
+        the form of ``config`` (an older pflkit wrote its keys flat)."""
         if not (self.root / "run.json").is_file():
             self.create(config)
             return False
         if self.status()["status"] == "complete":
             raise FileExistsError(f"results folder {self.root} holds a complete run; choose another out")
         self.check_resumable()
-        saved = tomllib.loads(self.config_path.read_text(encoding="utf-8"))
+        saved = dict(resolve(tomllib.loads(self.config_path.read_text(encoding="utf-8"))))
         if saved != dict(config):
-            keys = sorted(k for k in set(saved) | set(config) if saved.get(k) != config.get(k))
+            keys = _differences(saved, dict(config))
             raise FileExistsError(f"results folder {self.root} holds an unfinished run of another config "
                                   f"(it differs in {', '.join(keys[:5])}); choose another out")
         return True

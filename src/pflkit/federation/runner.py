@@ -17,12 +17,14 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ..algorithms import ALGORITHMS, Algorithm, ClientSummary, TrainSettings, build_algorithm, parse_name
+from ..algorithms import Algorithm, ClientSummary
+from ..methods import ALGORITHMS, build_algorithm, parse_name
 from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
-from .checkpoint import Checkpointer, TraceWriter, load_checkpoint
+from .checkpoint import Checkpointer, TraceWriter
 from .driver import Callback, RoundDriver, RunState
+from .session import RunSession
 from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
 from .state_store import DiskStateStore
@@ -64,9 +66,8 @@ class Executor(Protocol):
 
     def setup_seed(self, seed: int) -> SeedSetup: ...
 
-    def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
-        """Execute ``driver``'s plans on ``state`` until it is done, calling ``callbacks`` with
-        every record."""
+    def run(self, session: RunSession) -> None:
+        """Run the session's remaining rounds (its callbacks see every record) until it is done."""
 
 
 class ProgressBar:
@@ -85,10 +86,39 @@ class ProgressBar:
 def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorithm: Algorithm, init: Params,
                  seed: int, device: torch.device) -> DiskStateStore:
     """The disk store of run (``name``, ``seed``); a client's first state is ``init_client``'s."""
-    per_round = max(1, int(config.join_ratio * config.num_clients))
-    return DiskStateStore(results.states_path(name, seed), config.num_clients,
-                          lambda i: algorithm.init_client(init, i), cache=config.state_cache or per_round,
+    clients = config.partition.num_clients
+    per_round = max(1, int(config.run.join_ratio * clients))
+    return DiskStateStore(results.states_path(name, seed), clients,
+                          lambda i: algorithm.init_client(init, i), cache=config.run.state_cache or per_round,
                           device=device)
+
+
+def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor, setup: SeedSetup, name: str,
+                 algorithm: Algorithm, seed: int) -> RunSession:
+    """The run (``name``, ``seed``) of ``config``: continued from its checkpoint in ``results``
+    where one exists, its clients in the configured store (on Flower: with the nodes)."""
+    driver = RoundDriver(algorithm, num_clients=config.partition.num_clients, seed=seed, rounds=config.train.rounds,
+                         join_ratio=config.run.join_ratio, eval_every=config.run.eval_every,
+                         global_evaluation=setup.global_evaluation, local_test=config.partition.official,
+                         evaluate_all=config.run.eval_all_clients)
+    store = None
+    if config.run.state_store == "disk" and executor.keeps_client_states:
+        store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
+    return RunSession.open(driver, setup.init, setup.summaries, checkpoint=results.checkpoint_path(name, seed),
+                           store=store, client_states=executor.keeps_client_states, device=executor.device)
+
+
+def outputs(config: BaseConfig, results: ResultsFolder, executor: Executor, name: str, algorithm: Algorithm,
+            seed: int, bar: Any) -> list[Callback]:
+    """What watches a run's records: its checkpoints, metrics.jsonl, the progress bar, and the
+    configured traces and trackers."""
+    callbacks: list[Callback] = [Checkpointer(results.checkpoint_path(name, seed), config.run.checkpoint_every),
+                                 MetricsWriter(results), ProgressBar(bar)]
+    if config.trace.clients and executor.keeps_client_states:
+        callbacks.append(TraceWriter(results.root / "trace", algorithm, config.trace.clients))
+    if config.run.tracker == "tensorboard":
+        callbacks.append(TensorBoardTracker(results.root / "tensorboard"))
+    return callbacks
 
 
 class Report(Protocol):
@@ -110,9 +140,8 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
     (``failed`` with the error, or ``interrupted`` with the resume command, otherwise)."""
     reset_stop()
     try:
-        train = TrainSettings.from_config(config)
         histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        ala_weights: dict[str, int] = {}
+        extras: dict[str, dict[str, Any]] = {}  # what a method reports once per run (Algorithm.summary_metrics)
         plotted: set[int] = set()
         for seed in config.seeds:
             setup = executor.setup_seed(seed)
@@ -122,52 +151,26 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
                 report.partition(setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png",
                                  setup.partition_title)
             for name in config.algorithms:
-                algorithm = build_algorithm(name, config.algorithm_sections(), train, setup.units)
-                if hasattr(algorithm, "num_ala_weights"):  # X+ala: the size of what ALA learns
-                    ala_weights[name] = algorithm.num_ala_weights(setup.init)
-                driver = RoundDriver(algorithm, num_clients=config.num_clients, seed=seed, rounds=config.rounds,
-                                     join_ratio=config.join_ratio, eval_every=config.eval_every,
-                                     global_evaluation=setup.global_evaluation,
-                                     local_test=config.test_set == "official",
-                                     evaluate_all=config.eval_all_clients)
-                ckpt = results.checkpoint_path(name, seed)
-                store = None
-                if config.state_store == "disk" and executor.keeps_client_states:
-                    store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
-                state = load_checkpoint(ckpt, executor.device) if ckpt.is_file() else None
-                if state is None:
-                    if store is not None:
-                        store.prune()  # files of a run killed before its first checkpoint
-                    state = driver.start(setup.init, setup.summaries, client_states=executor.keeps_client_states,
-                                         store=store)
-                elif state.client_store is not None:
-                    if store is None:
-                        raise RuntimeError(f"checkpoint {ckpt} keeps its clients on disk but this run does not "
-                                           "(state_store changed)")
-                    try:
-                        state.clients = store.restore(state.client_store)
-                    except FileNotFoundError as exc:
-                        raise FileNotFoundError(f"{exc}. Copy them back, or delete {ckpt} to run {name} seed {seed} "
-                                                "again from round 0") from None
-                if not state.done:
-                    bar = tqdm(total=config.rounds, initial=state.rounds_done, desc=f"{name} seed {seed}",
-                               disable=not progress, leave=True, dynamic_ncols=True)
+                algorithm = build_algorithm(name, config.algorithm_sections(), config.train, setup.units)
+                extras[name] = algorithm.summary_metrics(setup.init)
+                session = open_session(config, results, executor, setup, name, algorithm, seed)
+                if not session.done:
+                    bar = tqdm(total=config.train.rounds, initial=session.state.rounds_done,
+                               desc=f"{name} seed {seed}", disable=not progress, leave=True, dynamic_ncols=True)
                     with bar if progress else nullcontext():
-                        tracers: list[Callback] = [TraceWriter(results.root / "trace", algorithm, config.trace.clients)
-                                                   ] if config.trace.clients and executor.keeps_client_states else []
-                        if config.tracker == "tensorboard":
-                            tracers.append(TensorBoardTracker(results.root / "tensorboard"))
-                        executor.run(driver, state, [Checkpointer(ckpt, config.checkpoint_every),
-                                                     MetricsWriter(results), ProgressBar(bar), *tracers, *callbacks])
+                        session.callbacks = [*outputs(config, results, executor, name, algorithm, seed, bar),
+                                             *callbacks]
+                        executor.run(session)
+                state = session.state
                 histories[(name, seed)] = state.history
                 if seed == config.seeds[0] and "simplex" in state.server:
                     report.simplex(state.server["simplex"], results.plots / f"simplex-{name}.png",
                                    f"{name}: clients' LDA points and cluster subregions (seed {seed})")
         summary = report.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
-                                results.plots, f"{config.dataset}, {config.partition}, {config.num_clients} clients",
-                                official=config.test_set == "official")
-        for name, count in ala_weights.items():
-            summary[name]["ala_weights"] = count
+                                results.plots, f"{config.dataset}, {config.partition.method}, "
+                                f"{config.partition.num_clients} clients", official=config.partition.official)
+        for name, values in extras.items():
+            summary[name].update(values)
         results.write_summary(summary)
         results.set_status("complete")
     except BaseException as exc:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import BaseConfig
-from ..data import Dataset, PartitionSpec, load_dataset, load_pfllib
+from ..data import Dataset, load_dataset, load_pfllib
 from ..data.federated import FederatedData
 from ..functional import stream_seed
 from ..models import UnitModel, buffer_names, build_model, head_names, load_pretrained
@@ -64,23 +64,14 @@ def initial_model(name: str, data: FederatedData | tuple[Any, ...], seed: int, d
 
 
 def partition_seed(config: BaseConfig, seed: int) -> int:
-    """The partition seed of run seed ``seed`` (``partition_seed`` fixes it across seeds)."""
-    return seed if config.partition_seed is None else config.partition_seed
-
-
-def partition_spec(config: BaseConfig) -> PartitionSpec:
-    """The partition keys of ``config``."""
-    return PartitionSpec(method=config.partition, num_clients=config.num_clients, alpha=config.alpha,
-                         classes_per_client=config.classes_per_client, balanced=config.balanced,
-                         min_samples_per_client=config.min_samples_per_client, balance_cap=config.balance_cap,
-                         train_fraction=config.train_fraction, batch_size=config.batch_size,
-                         rng=config.partition_rng, test_set=config.test_set, num_folds=config.num_folds,
-                         primary_fraction=config.primary_fraction)
+    """The partition seed of run seed ``seed`` (``partition.seed`` fixes it across seeds)."""
+    return config.partition.seed_for(seed)
 
 
 def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: torch.device | str) -> FederatedData:
-    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes)."""
-    return FederatedData.build(dataset, partition_spec(config), seed, device=device)
+    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes);
+    the training batch size sizes PFLlib's default minimum client size."""
+    return FederatedData.build(dataset, config.partition, seed, batch_size=config.train.batch_size, device=device)
 
 
 def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConfig, dict[int, FederatedData]]:
@@ -92,10 +83,11 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
         log.info("dataset pfllib: using the %d client splits of %s; partition, alpha, classes_per_client, "
                  "balanced, min_samples_per_client, train_fraction and partition_seed are ignored",
                  data.num_clients, config.data_dir)
-        if data.num_clients != config.num_clients:
-            log.warning("num_clients=%d replaced by the %d clients of %s/config.json", config.num_clients,
+        if data.num_clients != config.partition.num_clients:
+            log.warning("num_clients=%d replaced by the %d clients of %s/config.json", config.partition.num_clients,
                         data.num_clients, config.data_dir)
-            config = config.model_copy(update={"num_clients": data.num_clients})
+            config = config.model_copy(update={
+                "partition": config.partition.model_copy(update={"num_clients": data.num_clients})})
         return config, {s: data for s in seeds}
-    dataset = load_dataset(config.dataset, config.data_dir, official_test=config.test_set == "official")
+    dataset = load_dataset(config.dataset, config.data_dir, official_test=config.partition.official)
     return config, {s: partition_dataset(config, dataset, s, device) for s in sorted(seeds)}

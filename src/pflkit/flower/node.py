@@ -12,7 +12,8 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..algorithms import Algorithm, TrainSettings, build_algorithm
+from ..algorithms import Algorithm, TrainSettings
+from ..methods import build_algorithm
 from ..config import BaseConfig, build_config
 from ..data import DataError, load_dataset, load_pfllib
 from ..data.federated import ClientData, FederatedData
@@ -79,7 +80,7 @@ def _shared_partition(config_text: str, data_dir: str | None, seed: int, device:
     pseed = partition_seed(config, seed)
     if config.dataset == "pfllib":
         return load_pfllib(data_dir or config.data_dir, device=device)
-    dataset = load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.test_set == "official")
+    dataset = load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.partition.official)
     return partition_dataset(config, dataset, pseed, device)
 
 
@@ -95,13 +96,14 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
     if "partition-id" not in node:
         raise ValueError("this SuperNode has no 'partition-id' in its node config (the pflkit client id)")
     client_id = int(node["partition-id"])
-    if "num-partitions" in node and int(node["num-partitions"]) != config.num_clients:
+    clients = config.partition.num_clients
+    if "num-partitions" in node and int(node["num-partitions"]) != clients:
         raise ValueError(f"node config num-partitions={node['num-partitions']} differs from the experiment's "
-                         f"num_clients={config.num_clients}")
-    if not 0 <= client_id < config.num_clients:
-        raise ValueError(f"partition-id {client_id} is outside 0..{config.num_clients - 1}")
-    device = resolve_device(str(node.get("device", config.device)))
-    torch.set_num_threads(int(node.get("threads", config.threads)))
+                         f"num_clients={clients}")
+    if not 0 <= client_id < clients:
+        raise ValueError(f"partition-id {client_id} is outside 0..{clients - 1}")
+    device = resolve_device(str(node.get("device", config.run.device)))
+    torch.set_num_threads(int(node.get("threads", config.run.threads)))
     if "client-data" in node:
         if config.dataset not in NUM_CLASSES:
             raise ValueError(f"client-data folders need a dataset with a known class count "
@@ -110,8 +112,7 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
     else:
         data = _shared_partition(config_text, node.get("data-dir"), seed, str(device))
     model, init = initial_params(config, data, seed, device)
-    train = TrainSettings.from_config(config)
-    return NodeSetup(client_id, data, model, init, train, device)
+    return NodeSetup(client_id, data, model, init, config.train, device)
 
 
 @dataclass

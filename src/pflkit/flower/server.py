@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import tomli_w
@@ -14,11 +14,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from ..algorithms import ClientSummary
-from ..config import BaseConfig, ConfigError, to_dict
+from ..config import BaseConfig, ConfigError, build_config, to_dict
 from ..data import load_dataset
 from ..data.federated import official_split
-from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RoundDriver, RunState, SeedSetup, initial_params,
-                          partition_seed, resolve_device, run_all)
+from ..federation import (GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, initial_params, partition_seed,
+                          resolve_device, run_all)
 from ..reporting import RunReport, format_table
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
@@ -30,9 +30,9 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
              wait_seconds: float = 120.0) -> tuple[dict[int, int], list[ClientSummary], dict[str, Any]]:
     """Wait for ``num_clients`` nodes, ask each who it is; return client->node ids and summaries."""
     deadline = time.time() + wait_seconds
-    while len(node_ids := list(grid.get_node_ids())) < config.num_clients:
+    while len(node_ids := list(grid.get_node_ids())) < config.partition.num_clients:
         if time.time() > deadline:
-            raise RuntimeError(f"only {len(node_ids)} of {config.num_clients} SuperNodes connected "
+            raise RuntimeError(f"only {len(node_ids)} of {config.partition.num_clients} SuperNodes connected "
                                f"within {wait_seconds:.0f} s")
         time.sleep(1.0)
     content = RecordDict({"pflkit": ConfigRecord({"config": config_text, "seed": seed})})
@@ -53,7 +53,7 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
         summaries.append(ClientSummary(cid, int(rec["num-train"]), np.array(list(rec["label-counts"]))))
         info = {"input_shape": tuple(int(s) for s in rec["input-shape"]), "num_classes": int(rec["num-classes"]),
                 "vocab_size": int(rec["vocab-size"]) or None}
-    missing = sorted(set(range(config.num_clients)) - set(nodes))
+    missing = sorted(set(range(config.partition.num_clients)) - set(nodes))
     if missing:
         raise RuntimeError(f"no SuperNode holds client(s) {missing}; check each node's partition-id")
     return nodes, sorted(summaries, key=lambda s: s.client_id), info
@@ -61,13 +61,13 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
 
 def check_flower_config(config: BaseConfig) -> None:
     """Refuse the simulator-only keys before anything is written."""
-    if config.eval_all_clients:
+    if config.run.eval_all_clients:
         raise ConfigError("eval_all_clients = true runs in the simulator only: on Flower only the sampled "
                           "clients are reached each round; set eval_all_clients = false")
     if config.trace.clients:
         raise ConfigError("trace.clients runs in the simulator only: on Flower the client models stay on the "
                           "nodes; set trace.clients = []")
-    if config.state_store == "disk":
+    if config.run.state_store == "disk":
         raise ConfigError("state_store = \"disk\" runs in the simulator only: on Flower each node keeps its own "
                           "client's state; set state_store = \"memory\"")
 
@@ -103,17 +103,18 @@ class FlowerExecutor:
 
     def _global_evaluation(self, model: Any, summaries: list[Any], num_classes: int) -> GlobalEvaluation | None:
         """The official protocol's global test set, read on the ServerApp's host (its data_dir)."""
-        if self.config.test_set != "official":
+        if not self.config.partition.official:
             return None
         dataset = load_dataset(self.config.dataset, self.config.data_dir, official_test=True)
         _, test = official_split(dataset)
         counts = np.stack([s.label_counts for s in summaries]).astype(np.float64)
         priors = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
         x, y = dataset.x[torch.as_tensor(test)].to(self.device), dataset.y[torch.as_tensor(test)].to(self.device)
-        return GlobalEvaluation(model, x, y, num_classes, priors, self.config.eval_batch_size)
+        return GlobalEvaluation(model, x, y, num_classes, priors, self.config.train.eval_batch_size)
 
-    def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
-        strategy = PflkitStrategy(driver, state, self.config_text, self._nodes[driver.seed], callbacks)
+    def run(self, session: RunSession) -> None:
+        driver, state = session.driver, session.state
+        strategy = PflkitStrategy(session, self.config_text, self._nodes[driver.seed])
         strategy.start(self.grid, initial_arrays=ArrayRecord(torch_state_dict=self._init[driver.seed]),
                        num_rounds=driver.rounds, timeout=self.timeout)
         if not state.done:
@@ -132,7 +133,7 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     results = ResultsFolder(out)
     config_dict = to_dict(config)
     with results.locked():
-        if results.start_or_resume(config_dict):
+        if results.start_or_resume(config_dict, lambda saved: to_dict(build_config(saved, str(results.config_path)))):
             log.info("continuing the unfinished run in %s from its checkpoints", results.root)
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")

@@ -12,27 +12,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any, Sequence
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from ..engines.base import ClientJob, ClientResult
-from ..federation.driver import Callback, RoundDriver, RoundPlan, RunState
+from ..federation.driver import RoundPlan
+from ..federation.session import RunSession
 from . import serde
 
 log = logging.getLogger(__name__)
 
 
 class PflkitStrategy(Strategy):
-    def __init__(self, driver: RoundDriver, state: RunState, config_text: str, nodes: dict[int, int],
-                 callbacks: Sequence[Callback] = ()) -> None:
-        self.driver = driver
-        self.state = state
+    def __init__(self, session: RunSession, config_text: str, nodes: dict[int, int]) -> None:
+        self.session = session
+        self.driver = session.driver
+        self.state = session.state
         self.config_text = config_text
         self.nodes = nodes  # pflkit client id -> Flower node id
-        self.callbacks = list(callbacks)
         self._plan: RoundPlan | None = None
 
     def summary(self) -> None:
@@ -80,12 +80,10 @@ class PflkitStrategy(Strategy):
     def _finish(self, replies: Iterable[Message], train: bool) -> dict[str, Any]:
         plan = self._plan
         assert plan is not None
-        record = self.driver.finish(self.state, plan, self._results(replies, plan, train))
+        record = self.session.finish(plan, self._results(replies, plan, train))
         if "accuracy" in record:
             log.info("%s seed %d round %d: accuracy %.4f", self.state.algorithm, self.state.seed, record["round"],
                      record["accuracy"])
-        for callback in self.callbacks:
-            callback.on_record(self.state, record)
         return record
 
     def _results(self, replies: Iterable[Message], plan: RoundPlan, train: bool) -> list[ClientResult]:

@@ -313,6 +313,9 @@ class WithALA(Algorithm):
             out["ala_start_losses"] = starts
         return out
 
+    def summary_metrics(self, init_params: Params) -> dict[str, Any]:
+        return {**self.base.summary_metrics(init_params), "ala_weights": self.num_ala_weights(init_params)}
+
     def num_ala_weights(self, init_params: Params) -> int:
         """How many element-wise weights ALA learns per client (FedALA Tables 1 and 6, "Param.")."""
         downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}

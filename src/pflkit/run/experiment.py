@@ -16,14 +16,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..algorithms import ClientSummary, TrainSettings, build_algorithm
+from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, load_config, to_dict
 from ..data.federated import FederatedData
 from ..engines import Engine, RoundSetup, build_engine
-from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RoundDriver, RunState, SeedSetup,
-                          build_partitions, initial_params, partition_seed, resolve_device, run_all)
+from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, build_partitions,
+                          initial_params, partition_seed, resolve_device, run_all)
+from ..methods import build_algorithm
 from ..models import UnitModel
 from ..reporting import RunReport, format_table
+from ..reporting.paper import paper_cell
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,6 @@ class Simulator:
         self.partitions = partitions
         self.engine = engine
         self.device = device
-        self.train = TrainSettings.from_config(config)
         self._seeds: dict[int, tuple[FederatedData, UnitModel]] = {}
 
     def setup_seed(self, seed: int) -> SeedSetup:
@@ -49,33 +50,21 @@ class Simulator:
         self._seeds[seed] = (data, model)
         summaries = [ClientSummary(i, data.clients[i].num_train, data.train_label_counts(i))
                      for i in range(data.num_clients)]
-        kind = "PFLlib's own" if self.config.dataset == "pfllib" else self.config.partition
+        kind = "PFLlib's own" if self.config.dataset == "pfllib" else self.config.partition.method
         test = data.global_test
         evaluation = None if test is None else GlobalEvaluation(
             model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
-            self.train.eval_batch_size, workers=getattr(self.engine, "workers", 1))
+            self.config.train.eval_batch_size, workers=getattr(self.engine, "workers", 1))
         return SeedSetup(init, model.units(), summaries, pseed, data.partition_record(),
-                         f"{self.config.dataset}: {kind} partition, {self.config.num_clients} clients (seed {pseed})",
-                         evaluation)
+                         f"{self.config.dataset}: {kind} partition, {self.config.partition.num_clients} clients "
+                         f"(seed {pseed})", evaluation)
 
-    def run(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback]) -> None:
+    def run(self, session: RunSession) -> None:
+        driver = session.driver
         data, model = self._seeds[driver.seed]
         gamma = self.config.metrics.template_gamma if self.config.metrics.adaptability else None
-        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.train, driver.seed, gamma)
-        simulate(setup, self.engine, driver, state, callbacks)
-
-
-def simulate(setup: RoundSetup, engine: Engine, driver: RoundDriver, state: RunState,
-             callbacks: Sequence[Callback] = ()) -> RunState:
-    """The driver's rounds on ``engine`` until ``state`` is done (the final evaluation included)."""
-    while (plan := driver.next_plan(state)) is not None:
-        results = engine.run(setup, plan.jobs, plan.round)
-        if plan.eval_jobs:
-            results = [*results, *engine.run(setup, plan.eval_jobs, plan.round)]
-        record = driver.finish(state, plan, results)
-        for callback in callbacks:
-            callback.on_record(state, record)
-    return state
+        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.config.train, driver.seed, gamma)
+        session.run(lambda jobs, round: self.engine.run(setup, jobs, round))
 
 
 def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool = False, progress: bool = True,
@@ -86,15 +75,11 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
     run took that name first). The folder is locked while the run writes it: a second process
     is refused. ``callbacks`` see every record after the results folder did (tests stop runs with them).
     """
-    torch.set_num_threads(config.threads)
-    device = resolve_device(config.device)
+    torch.set_num_threads(config.run.threads)
+    device = resolve_device(config.run.device)
     # Data and model problems surface before the results folder is created.
     config, partitions = build_partitions(config, device)
-    train = TrainSettings.from_config(config)
-    first = partitions[partition_seed(config, config.seeds[0])]
-    units = initial_params(config, first, config.seeds[0], device)[0].units()
-    for name in config.algorithms:  # settings that do not fit the model (fedala.p) fail here
-        build_algorithm(name, config.algorithm_sections(), train, units)
+    check_fits(config, partitions[partition_seed(config, config.seeds[0])])
     results = ResultsFolder(out if out is not None else new_results_folder(config.name))
     with results.locked():
         if resume:
@@ -103,7 +88,7 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
             results.set_status("running")
         else:
             results.create(to_dict(config))
-        engine = build_engine(config.engine, workers=config.workers, device=device.type)
+        engine = build_engine(config.run.engine, workers=config.run.workers, device=device.type)
         try:
             summary = run_all(config, results, Simulator(config, partitions, engine, device), RunReport(),
                               progress=progress,
@@ -113,6 +98,19 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
     echo(format_table(summary))
     echo(f"results: {results.root}")
     return summary
+
+
+def check_fits(config: BaseConfig, data: FederatedData) -> None:
+    """Before anything is written: every algorithm's settings fit the model on ``data`` (``fedala.p``
+    beyond the model's units fails here) and ``paper_table`` names a table pflkit ships."""
+    if config.paper_table:
+        try:
+            paper_cell(config.paper_table)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    units = initial_params(config, data, config.seeds[0], torch.device("cpu"))[0].units()
+    for name in config.algorithms:
+        build_algorithm(name, config.algorithm_sections(), config.train, units)
 
 
 def new_results_folder(name: str, parent: Path = Path("results")) -> Path:

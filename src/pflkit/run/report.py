@@ -53,14 +53,15 @@ def run_section(folder: Path) -> Section:
     if results.summary_path.is_file():
         summary: dict[str, Any] = _read_json(results.summary_path)
     else:
-        summary = finished_part(results, config.rounds)
+        summary = finished_part(results, config.train.rounds)
         seeds = {m: sorted(int(s) for s in e["seeds"]) for m, e in summary.items()}
         section.text.append(f"**Unfinished run** (no summary.json yet): numbers over the (method, seed) runs that "
                             f"finished, seeds {seeds}.")
     multi = any(e.get("num_seeds", 1) > 1 for e in summary.values())
     section.text.append(
-        f"{config.dataset}, model {config.model}, partition {config.partition}, {config.num_clients} clients, "
-        f"join ratio {config.join_ratio}, {config.rounds} rounds, seeds {config.seeds}, test set {config.test_set}; "
+        f"{config.dataset}, model {config.model}, partition {config.partition.method}, "
+        f"{config.partition.num_clients} clients, join ratio {config.run.join_ratio}, {config.train.rounds} rounds, "
+        f"seeds {config.seeds}, test set {config.partition.test_set}; "
         f"metrics in %{' (mean ± std over seeds)' if multi else ''}.")
     columns = [(name, key) for name, key in MAIN_COLUMNS if any(key in e for e in summary.values())]
     header = ["method", *(n for n, _ in columns), "s/round", "init (ALA) s/round", "values down+up / client / round",

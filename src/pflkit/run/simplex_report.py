@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import build_algorithm
-from ..algorithms.context import TrainSettings
+from ..methods import build_algorithm
 from ..algorithms.simplex import realise
 from ..algorithms.sosicfl import SosicFL
 from ..config import load_config
@@ -48,7 +47,7 @@ def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | No
     config, partitions = build_partitions(config.model_copy(update={"seeds": [seed]}), device)
     data = partitions[partition_seed(config, seed)]
     model, _ = initial_params(config, data, seed, device)
-    alg = build_algorithm(algorithm, config.algorithm_sections(), TrainSettings.from_config(config), model.units())
+    alg = build_algorithm(algorithm, config.algorithm_sections(), config.train, model.units())
     assert isinstance(alg, SosicFL)
     if clients is None:
         clients = [int(np.flatnonzero(assignment == c)[0]) for c in np.unique(assignment)[:3]]

@@ -20,15 +20,15 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..algorithms import TrainSettings, build_algorithm
-from ..config import BaseConfig, ConfigError, ExperimentConfig, load_config, parse_override, read_toml, to_dict
+from ..config import (BaseConfig, ConfigError, ExperimentConfig, build_config, canonical_path, load_config,
+                      parse_override, read_toml, to_dict)
 from ..data import load_dataset
-from ..federation import (ResultsFolder, build_partitions, folder_lock, initial_params, partition_dataset,
+from ..federation import (ResultsFolder, build_partitions, folder_lock, partition_dataset,
                           partition_seed)
 from ..federation.driver import Callback
 from ..reporting import plot_sweep
 from ..reporting.summary import round_seconds, summary_metrics
-from .experiment import run_experiment
+from .experiment import check_fits, run_experiment
 
 
 @dataclass(frozen=True)
@@ -48,20 +48,23 @@ def _takes_a_list(path: list[str]) -> bool:
 
 
 def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[Axis]]:
-    """Fixed overrides and sweep axes (list values of scalar keys, list of lists for list keys)."""
+    """Fixed overrides and sweep axes (list values of scalar keys, list of lists for list keys);
+    an axis keeps the key as written (``lr`` or ``train.lr``)."""
     fixed, axes = [], []
     for item in overrides:
         path, value = parse_override(item)
         key = ".".join(path)
         listed = isinstance(value, list)
-        sweeps = listed and (not _takes_a_list(path) or (value and all(isinstance(v, list) for v in value)))
+        target = canonical_path(path, value)
+        sweeps = listed and (not _takes_a_list(target) or (value and all(isinstance(v, list) for v in value)))
         if not sweeps:
             fixed.append(item)
             continue
         if not value:
             raise ConfigError(f"sweep over {key}: the list of values is empty")
-        if any(a.key == key for a in axes):
-            raise ConfigError(f"sweep over {key} is given twice")
+        twice = next((a.key for a in axes if canonical_path(a.key.split("."), value) == target), None)
+        if twice is not None:
+            raise ConfigError(f"sweep over {key} is given twice" + (f" (as {twice} and {key})" if twice != key else ""))
         axes.append(Axis(key, value))
     if not axes:
         raise ConfigError("pflkit sweep needs at least one key with a list of values, e.g. fedala.p=[1,2]")
@@ -140,17 +143,23 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
                 config, partitions = build_partitions(config, device)
                 data = next(iter(partitions.values()))
             else:
-                key = (config.dataset, config.data_dir, config.test_set)
+                key = (config.dataset, config.data_dir, config.partition.test_set)
                 if key not in datasets:
                     datasets[key] = load_dataset(config.dataset, config.data_dir,
-                                                 official_test=config.test_set == "official")
+                                                 official_test=config.partition.official)
                 data = partition_dataset(config, datasets[key], partition_seed(config, config.seeds[0]), device)
-            units = initial_params(config, data, config.seeds[0], device)[0].units()
-            train = TrainSettings.from_config(config)
-            for name in config.algorithms:
-                build_algorithm(name, config.algorithm_sections(), train, units)
+            check_fits(config, data)
         except (ValueError, RuntimeError, OSError) as exc:
             raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
+
+
+def _resolved(path: Path) -> dict[str, Any] | None:
+    """The resolved form of a saved config (an older folder's may spell its keys flat); None if it
+    no longer loads."""
+    try:
+        return to_dict(build_config(tomllib.loads(path.read_text(encoding="utf-8")), str(path)))
+    except (ConfigError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return None
 
 
 def check_metric(metric: str) -> None:
@@ -178,7 +187,7 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
         for assignment, config in cells:
             folder = parent / cell_name(assignment)
             saved = ResultsFolder(folder).config_path
-            if saved.is_file() and tomllib.loads(saved.read_text()) != to_dict(config):
+            if saved.is_file() and _resolved(saved) != to_dict(config):
                 raise ConfigError(f"sweep cell {folder} was run with another config (the fixed overrides or the "
                                   "config file changed); choose another --out or delete that folder")
         bar = tqdm(total=len(cells), desc="sweep", disable=not progress, dynamic_ncols=True)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from pflkit.data.errors import PartitionError
 
@@ -119,28 +120,52 @@ class _Draw:
     note: str = ""
 
 
-@dataclass(frozen=True)
-class PartitionSpec:
-    """How to split a pool over clients: the partition keys of the experiment config."""
+class PartitionSpec(BaseModel):
+    """How to split a pool over clients: the ``[partition]`` section of the experiment config
+    (its flat keys ``partition``, ``partition_rng``, ``partition_seed``, ``num_clients``, ...
+    are aliases of these fields, see ``pflkit.config.FLAT_KEYS``).
 
-    method: str = "dirichlet"
-    num_clients: int = 20
-    alpha: float = 0.1
-    classes_per_client: int = 2
-    balanced: bool = False
-    min_samples_per_client: int | None = None
-    balance_cap: bool = True
-    train_fraction: float = 0.75
-    batch_size: int = 10
-    rng: str = "pflkit"
-    max_retries: int = 1000
-    num_folds: int = 2
-    primary_fraction: float = 0.8
-    test_set: str = "client_split"  # "official": clients get training data only (no per-client split)
+    The training batch size, which PFLlib's default minimum reads, is the run's ``[train]``
+    setting: it is given where the partition is drawn (:func:`split_clients`), not kept here."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    method: Literal[PARTITION_METHODS] = Field(  # type: ignore[valid-type]
+        "dirichlet", description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
+        "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
+        "distributions with equal client sizes, SosicFL, spec §5.6)")
+    num_clients: int = Field(20, ge=1)
+    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4; label_dirichlet: §5.6)")
+    classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
+    balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
+    min_samples_per_client: int | None = Field(
+        None, ge=0, description="dirichlet/pathological minimum samples per client; default PFLlib's "
+        "int(min(batch_size / (1 - train_fraction), samples / num_clients / 2)), lowered with a logged "
+        "warning to one training batch + one test sample where no draw reaches it (spec §5.4)")
+    balance_cap: bool = Field(True, description="dirichlet: stop feeding clients that hold the average share "
+                              "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)")
+    train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5; "
+                                  "test_set = client_split only)")
+    rng: Literal[PARTITION_RNGS] = Field(  # type: ignore[valid-type]
+        "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
+        "np.random.seed(partition seed) order, which reproduces PFLlib's generated split of the same pool")
+    seed: int | None = Field(None, description="seed of the partition; default: each run seed")
+    max_retries: int = Field(1000, ge=1, description="dirichlet: draws tried for the minimum client size")
+    num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
+    primary_fraction: float = Field(0.8, gt=0, le=1, description="kfold: share of a client's samples from its "
+                                    "group's primary classes (the rest spread evenly over the others)")
+    test_set: Literal["client_split", "official"] = Field(
+        "client_split", description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
+        "official: the official training split is partitioned, the official test split is the global test "
+        "set and each client gets a local test set with its label proportions (spec §5.6)")
 
     @property
     def official(self) -> bool:
         return self.test_set == "official"
+
+    def seed_for(self, run_seed: int) -> int:
+        """The partition seed of run seed ``run_seed`` (``seed`` fixes it across run seeds)."""
+        return run_seed if self.seed is None else self.seed
 
     def generator(self, seed: int) -> Rng:
         """The partition's random source for ``seed`` (see the module docstring)."""

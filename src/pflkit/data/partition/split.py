@@ -14,14 +14,14 @@ from .dirichlet import _dirichlet
 from .iid import partition_iid
 from .kfold import partition_kfold, partition_label_dirichlet
 from .pathological import _pathological
-from .spec import (PARTITION_METHODS, ClientSplit, PartitionError, PartitionSpec, Rng, _check_labels,
+from .spec import (ClientSplit, PartitionError, PartitionSpec, Rng, _check_labels,
                    _check_num_clients, _Draw, _sorted, class_counts, smallest_client)
 from .test_sets import local_test_sets, split_train_test
 
 __all__ = ["split_clients"]
 
 
-def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
+def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) -> _Draw:
     """The partition of ``spec.method`` (parts in draw order) after checking that the pool can give
     every client what the test-set protocol needs."""
     labels = _check_labels(labels)
@@ -39,10 +39,10 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
     if spec.method == "dirichlet":
         return _dirichlet(labels, spec.num_clients, spec.alpha, rng,
                           min_samples_per_client=spec.min_samples_per_client, balance_cap=spec.balance_cap,
-                          max_retries=spec.max_retries, batch_size=spec.batch_size,
+                          max_retries=spec.max_retries, batch_size=batch_size,
                           train_fraction=spec.train_fraction, official=spec.official)
     pathological = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
-                        batch_size=spec.batch_size, train_fraction=spec.train_fraction,
+                        batch_size=batch_size, train_fraction=spec.train_fraction,
                         convention=spec.rng)
     parts: list[list[int]] | list[np.ndarray]
     if spec.method == "iid" and spec.rng == "pfllib":  # PFLlib's iid is its pathological rule with every class
@@ -56,14 +56,16 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng) -> _Draw:
     elif spec.method == "label_dirichlet":
         parts = partition_label_dirichlet(labels, spec.num_clients, spec.alpha, rng)
     else:
-        raise PartitionError(f"unknown partition method {spec.method!r}; available: {', '.join(PARTITION_METHODS)}")
+        raise AssertionError(f"unreachable: PartitionSpec admits no method {spec.method!r}")
     return _Draw(parts, 1, min(len(p) for p in parts))
 
 
 def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
-                  pools: tuple[np.ndarray, np.ndarray] | None = None) -> ClientSplit:
-    """Partition ``labels`` by ``spec`` with the partition seed ``seed`` and give every client
-    its training and test indices; ``info`` records what was done.
+                  pools: tuple[np.ndarray, np.ndarray] | None = None, *, batch_size: int = 10) -> ClientSplit:
+    """Partition ``labels`` by ``spec`` with the partition seed ``seed`` (``spec.seed_for(run
+    seed)``) and give every client its training and test indices; ``info`` records what was done.
+    ``batch_size`` is the run's training batch size, which PFLlib's default minimum client size
+    reads (``min_samples_per_client`` unset).
 
     ``client_split``: the whole pool is partitioned and every client's samples are split into
     training and test data (spec §5.5). ``official``: ``pools`` = (official training rows,
@@ -76,7 +78,7 @@ def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
         if pools is None:
             raise ValueError("the official test-set protocol needs the official training and test rows")
         train_pool, test_pool = (np.asarray(p, dtype=np.int64) for p in pools)
-        draw = _draw(labels[train_pool], spec, rng)
+        draw = _draw(labels[train_pool], spec, rng, batch_size)
         train = _sorted([train_pool[np.asarray(p, dtype=np.int64)] for p in draw.parts])
         empty = [i for i, t in enumerate(train) if len(t) == 0]
         if empty:
@@ -90,7 +92,7 @@ def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
                 "min_samples_per_client": draw.minimum, "test_set": "official", "local_test_size": size,
                 "global_test_size": len(test_pool)}
     else:
-        draw = _draw(labels, spec, rng)
+        draw = _draw(labels, spec, rng, batch_size)
         parts = [np.asarray(p, dtype=np.int64) for p in draw.parts]
         if spec.rng == "pflkit":
             parts = _sorted(parts)
