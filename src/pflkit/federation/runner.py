@@ -126,7 +126,8 @@ class Report(Protocol):
 
     def partition(self, counts: np.ndarray, path: Path, title: str) -> None: ...
 
-    def simplex(self, simplex: Mapping[str, Any], path: Path, title: str) -> None: ...
+    def server_state(self, name: str, seed: int, server: Mapping[str, Any], plots: Path) -> None:
+        """Figures of a finished run's server state (drawn for the first seed)."""
 
     def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],
                seeds: Sequence[int], tta_bases: Mapping[str, str], plots: Path, title: str,
@@ -163,9 +164,8 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
                         executor.run(session)
                 state = session.state
                 histories[(name, seed)] = state.history
-                if seed == config.seeds[0] and "simplex" in state.server:
-                    report.simplex(state.server["simplex"], results.plots / f"simplex-{name}.png",
-                                   f"{name}: clients' LDA points and cluster subregions (seed {seed})")
+                if seed == config.seeds[0]:
+                    report.server_state(name, seed, state.server, results.plots)
         summary = report.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
                                 results.plots, f"{config.dataset}, {config.partition.method}, "
                                 f"{config.partition.num_clients} clients", official=config.partition.official)

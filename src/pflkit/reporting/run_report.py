@@ -21,10 +21,14 @@ class RunReport:
         if not path.exists():
             plot_partition(counts, path, title)
 
-    def simplex(self, simplex: Mapping[str, Any], path: Path, title: str) -> None:
-        """SosicFL's clients on the simplex: LDA points, clusters and their subregions."""
-        plot_simplex_clusters(*(np.asarray(simplex[k].cpu()) for k in ("points", "assignment", "centers", "pools")),
-                              path, title)
+    def server_state(self, name: str, seed: int, server: Mapping[str, Any], plots: Path) -> None:
+        """Figures of a finished run's server state: SosicFL's clients on the simplex (LDA points,
+        clusters and their subregions) where the state holds them."""
+        if "simplex" in server:
+            simplex = server["simplex"]
+            plot_simplex_clusters(*(np.asarray(simplex[k].cpu()) for k in ("points", "assignment", "centers", "pools")),
+                                  plots / f"simplex-{name}.png",
+                                  f"{name}: clients' LDA points and cluster subregions (seed {seed})")
 
     def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],
                seeds: Sequence[int], tta_bases: Mapping[str, str], plots: Path, title: str,
