@@ -25,22 +25,23 @@ from pflkit.data import PartitionSpec, load_dataset
 from pflkit.data.federated import FederatedData
 from pflkit.engines import ParallelEngine, RoundSetup
 from pflkit.federation.driver import RoundDriver
+from pflkit.federation.session import RunSession
 
 
 def receive_seconds(setup: RoundSetup, driver: RoundDriver, init: dict, summaries: list, engine: ParallelEngine,
                     threads: int) -> list[float]:
     """Seconds of the batched ``receive`` in rounds 1 and 2 (full rounds run between them)."""
     torch.set_num_threads(threads)
-    state = driver.start(init, summaries)
+    session = RunSession.open(driver, init, summaries)
     seconds = []
     try:
-        for t in (1, 2):
-            plan = driver.plan(state, t)
+        for _ in (1, 2):
+            plan = session.next_plan()
             t0 = time.perf_counter()
-            jobs, received = engine.receive(setup, plan.jobs, t)
+            engine.receive(setup, plan.jobs, plan.round)
             seconds.append(time.perf_counter() - t0)
             torch.set_num_threads(1)
-            driver.finish(state, plan, engine.run(setup, plan.jobs, t))
+            session.finish(plan, engine.run(setup, plan.jobs, plan.round))
             torch.set_num_threads(threads)
     finally:
         torch.set_num_threads(1)

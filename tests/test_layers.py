@@ -267,7 +267,7 @@ def design_table(text: str) -> dict[str, set[str]]:
     import re
 
     rows = {}
-    lines = text.split("## Layers", 1)[1].splitlines()
+    lines = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0].splitlines()  # that section only
     for line in lines:
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
         if len(cells) < 2 or set(cells[0]) <= set("-: "):

@@ -328,7 +328,7 @@ def plot_simplex(run: Path, algorithm: str, seed: int | None, clients: str | Non
 @main.command()
 def algorithms() -> None:
     """List the algorithm names accepted in ``algorithms = [...]``."""
-    from .algorithms import available
+    from .methods import available
 
     for name in available():
         click.echo(name)
