@@ -283,3 +283,13 @@ def test_design_md_states_these_layers():
     """docs/design.md's table of layers is the rule this file checks, unit by unit."""
     table = design_table(DESIGN.read_text(encoding="utf-8"))
     assert table == {unit: allowed for unit, allowed in ALLOWED.items()}
+
+
+def test_the_core_never_imports_ray():
+    """Ray is an extra (pflkit[ray]): only `pflkit sweep --executor ray` imports it (run/cluster.py, lazily)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pflkit.cli, pflkit.run.sweep, pflkit.run.cluster, pflkit.flower.server, pflkit.bench; "
+            "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))")
+    subprocess.run([sys.executable, "-c", code], check=True)

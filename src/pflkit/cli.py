@@ -200,18 +200,34 @@ def download(name: str, data_dir: Path) -> None:
               help="parent folder: one results folder per cell, named by its values")
 @click.option("--metric", default="best_accuracy", show_default=True, help="summary metric of the table and plot")
 @click.option("--quiet", is_flag=True, help="no progress bar")
-def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool) -> None:
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: the cells one after another here; ray: each cell a Ray task (pip install 'pflkit[ray]')")
+@click.option("--address", default=None, help="--executor ray: the Ray cluster (e.g. 10.0.0.1:6379 or auto); "
+              "default: a Ray instance started on this machine. Results must be on storage every node shares")
+@click.option("--cpus-per-cell", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="--executor ray: CPUs a cell reserves (match the config's run.threads x run.workers)")
+@click.option("--gpus-per-cell", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="--executor ray: GPUs a cell reserves (1: a cell per GPU; set run.device=cuda)")
+@click.option("--max-retries", type=click.IntRange(min=0), default=3, show_default=True,
+              help="--executor ray: runs again of a cell whose worker died, each from its last checkpoint")
+def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool, executor: str, address: str | None,
+          cpus_per_cell: float, gpus_per_cell: float, max_retries: int) -> None:
     """Run CONFIG (optional) over every combination of the KEY=[v1,v2,...] overrides; finished
     cells are skipped and an interrupted one resumes when the same command runs again."""
     from .federation import stop_on_signals
     from .run.sweep import run_sweep
 
     metric_words = ["--metric", metric] if metric != "best_accuracy" else []
+    if executor == "ray":
+        metric_words += ["--executor", "ray", *(["--address", address] if address else []),
+                         "--cpus-per-cell", f"{cpus_per_cell:g}", "--gpus-per-cell", f"{gpus_per_cell:g}"]
     words = " ".join(shlex.quote(w) for w in ["pflkit", "sweep", *args, "--out", str(out), *metric_words])
     try:
         config, overrides = _split(args)
         with stop_on_signals():
-            record = run_sweep(config, overrides, out, metric=metric, progress=not quiet, echo=click.echo)
+            record = run_sweep(config, overrides, out, metric=metric, progress=not quiet, echo=click.echo,
+                               executor=executor, address=address, cpus_per_cell=cpus_per_cell,
+                               gpus_per_cell=gpus_per_cell, max_retries=max_retries)
     except KeyboardInterrupt as exc:
         interrupted(exc, f"the same command ({words}): finished cells are kept and the interrupted one resumes")
     except USER_ERRORS as exc:

@@ -170,15 +170,22 @@ def check_metric(metric: str) -> None:
 
 
 def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | Path, *, metric: str = "best_accuracy",
-              progress: bool = True, echo: Callable[[str], None] = print,
-              callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+              progress: bool = True, echo: Callable[[str], None] = print, callbacks: Sequence[Callback] = (),
+              executor: str = "local", address: str | None = None, cpus_per_cell: float = 1,
+              gpus_per_cell: float = 0, max_retries: int = 3) -> dict[str, Any]:
     """Run every cell of the grid under ``parent`` (complete cells are skipped, an interrupted or
     failed one resumes), then write ``sweep.json``, ``sweep.md`` and ``sweep.png`` (``metric``
     against the first axis, one line per algorithm and value of the other axes).
 
     Every cell is checked before the first runs. A cell that fails while running (a NaN loss) is
     recorded with its error and the sweep goes on; the returned record lists it under ``cells``
-    with an ``error``. The parent folder is locked: a second sweep into it is refused."""
+    with an ``error``. The parent folder is locked: a second sweep into it is refused.
+    ``executor = "ray"`` runs the cells as Ray tasks (``run.cluster``) on the cluster at
+    ``address`` (None: a Ray instance started here), each with ``cpus_per_cell`` CPUs and
+    ``gpus_per_cell`` GPUs; a cell whose worker dies is retried ``max_retries`` times from its
+    last checkpoint. ``callbacks`` watch the records of local runs only."""
+    if executor not in ("local", "ray"):
+        raise ConfigError(f"unknown sweep executor {executor!r}; choose local or ray")
     fixed, axes, cells = plan_sweep(config_path, overrides)
     check_metric(metric)
     check_cells(cells)
@@ -190,24 +197,35 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
             if saved.is_file() and _resolved(saved) != to_dict(config):
                 raise ConfigError(f"sweep cell {folder} was run with another config (the fixed overrides or the "
                                   "config file changed); choose another --out or delete that folder")
-        bar = tqdm(total=len(cells), desc="sweep", disable=not progress, dynamic_ncols=True)
-        summaries = []
-        for assignment, config in cells:
-            folder = parent / cell_name(assignment)
-            results = ResultsFolder(folder)
-            cell: dict[str, Any] = {"values": dict(assignment), "folder": folder.name}
-            try:
-                if results.summary_path.is_file() and results.status().get("status") == "complete":
-                    cell["summary"] = json.loads(results.summary_path.read_text())  # never rerun or overwritten
-                else:
-                    cell["summary"] = run_experiment(config, folder, resume=results.config_path.is_file(),
+        summaries = [{"values": dict(assignment), "folder": cell_name(assignment)} for assignment, _ in cells]
+        todo = []
+        for cell, (assignment, config) in zip(summaries, cells):
+            results = ResultsFolder(parent / cell["folder"])
+            if results.summary_path.is_file() and results.status().get("status") == "complete":
+                cell["summary"] = json.loads(results.summary_path.read_text())  # never rerun or overwritten
+            else:
+                todo.append((cell, config))
+        if executor == "ray" and todo:
+            from .cluster import run_cells_on_ray
+
+            outcomes = run_cells_on_ray([(cell["folder"], to_dict(config), parent / cell["folder"])
+                                         for cell, config in todo], address=address, cpus=cpus_per_cell,
+                                        gpus=gpus_per_cell, max_retries=max_retries, progress=progress, echo=echo)
+            for cell, _ in todo:
+                outcome = outcomes[cell["folder"]]
+                cell.update({k: outcome[k] for k in ("summary", "error") if k in outcome})
+        elif todo:
+            bar = tqdm(total=len(todo), desc="sweep", disable=not progress, dynamic_ncols=True)
+            for cell, config in todo:
+                folder = parent / cell["folder"]
+                try:
+                    cell["summary"] = run_experiment(config, folder, resume=ResultsFolder(folder).config_path.is_file(),
                                                      progress=False, echo=lambda s: None, callbacks=callbacks)
-            except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
-                cell["error"] = f"{type(exc).__name__}: {exc}"
-                echo(f"sweep cell {folder.name} failed: {cell['error']}")
-            summaries.append(cell)
-            bar.update(1)
-        bar.close()
+                except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
+                    cell["error"] = f"{type(exc).__name__}: {exc}"
+                    echo(f"sweep cell {folder.name} failed: {cell['error']}")
+                bar.update(1)
+            bar.close()
         table = sweep_table(axes, summaries, metric)
         record = {"config": config_path, "fixed": list(fixed),
                   "axes": [{"key": a.key, "values": a.values} for a in axes], "metric": metric, "cells": summaries}

@@ -1,0 +1,124 @@
+"""A sweep's cells as Ray tasks: on a Ray cluster (``--address``), or on a Ray instance started here.
+
+Each cell is one task with the resources it asks for (``cpus``, ``gpus``); it runs
+``run_experiment`` into its results folder, which must be on storage every node shares. A cell
+whose worker dies (node lost, process killed) is run again by Ray, up to ``max_retries`` times,
+and continues from the folder's last checkpoint (the kernel dropped the dead writer's lock); a
+cell that fails by itself (a NaN loss) is not retried: its error comes back as its result, and
+the other cells go on. Ray is imported here only, when a sweep asks for it (``pflkit[ray]``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from tqdm.auto import tqdm
+
+from ..config import ConfigError, build_config
+from ..federation import ResultsFolder
+
+#: what a cell gets back: {"summary": ...} or {"error": ...}, with the attempts its folder saw
+CellResult = dict[str, Any]
+
+
+def run_cell(config: Mapping[str, Any], folder: str) -> CellResult:
+    """One sweep cell in this process: its run (resumed where a checkpoint exists), or its error.
+    ``resumed_from_pid``: the process of an earlier attempt that died while running it."""
+    from .experiment import run_experiment
+
+    results = ResultsFolder(folder)
+    out: CellResult = {"pid": os.getpid(), "host": os.uname().nodename}
+    status = results.status() if results.config_path.is_file() else {}
+    if status.get("status") == "running":  # an earlier attempt died mid-run: this one continues it
+        out["resumed_from_pid"] = status.get("pid")
+    try:
+        out["summary"] = run_experiment(build_config(dict(config), f"sweep cell {folder}"), folder,
+                                        resume=results.config_path.is_file(), progress=False, echo=lambda s: None)
+    except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--executor ray needs Ray: pip install 'pflkit[ray]'") from None
+    return ray
+
+
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse a HOST:PORT that does not answer within ``timeout`` seconds (Ray itself would wait
+    for minutes before giving up)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.1:6379), auto or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` "
+                          "running there, and is the port open?)") from None
+
+
+def connect(address: str | None, cpus: float, gpus: float) -> tuple[Any, bool]:
+    """Ray, connected to the cluster at ``address`` (None: a Ray instance started here), after
+    checking that one of its nodes can hold a cell; and whether this call started it."""
+    ray = _import_ray()
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    if address and address != "auto" and "://" not in address:
+        reachable(address)
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            where = f"the Ray cluster at {address}" if address else "a local Ray instance"
+            raise ConfigError(f"cannot connect to {where}: {str(exc).splitlines()[0]}") from None
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    if not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+        have = ", ".join(f"{r.get('CPU', 0):g} CPU/{r.get('GPU', 0):g} GPU" for r in nodes) or "no live nodes"
+        if started:
+            ray.shutdown()
+        raise ConfigError(f"no node of the Ray cluster has {cpus:g} CPU and {gpus:g} GPU for a cell "
+                          f"(--cpus-per-cell, --gpus-per-cell); its nodes: {have}")
+    return ray, started
+
+
+def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, address: str | None = None,
+                     cpus: float = 1, gpus: float = 0, max_retries: int = 3, progress: bool = True,
+                     echo: Callable[[str], None] = print) -> dict[str, CellResult]:
+    """Run ``cells`` ((name, resolved config, folder)) as Ray tasks; every cell's result by name.
+    One line per finished cell, and a progress bar of cells done, running and failed."""
+    ray, started = connect(address, cpus, gpus)
+    try:
+        task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(run_cell)
+        pending = {task.remote(dict(config), str(folder.resolve())): name for name, config, folder in cells}
+        results: dict[str, CellResult] = {}
+        start = time.perf_counter()
+        bar = tqdm(total=len(cells), desc="sweep (ray)", disable=not progress, dynamic_ncols=True)
+        failed = 0
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
+            for ref in done:
+                name = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as exc:  # the worker died more often than max_retries
+                    lines = str(exc).strip().splitlines()
+                    result = {"error": f"{type(exc).__name__} after {max_retries} retries: {lines[0] if lines else ''}"}
+                results[name] = result
+                failed += "error" in result
+                again = f", resumed after pid {result['resumed_from_pid']} died" if "resumed_from_pid" in result else ""
+                outcome = f"failed: {result['error']}" if "error" in result else "done"
+                echo(f"cell {name}: {outcome} ({time.perf_counter() - start:.0f} s{again})")
+                bar.update(1)
+            bar.set_postfix(running=len(pending), failed=failed)
+        bar.close()
+        return results
+    finally:
+        if started:
+            ray.shutdown()
