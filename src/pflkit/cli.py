@@ -74,10 +74,16 @@ def main(debug: bool) -> None:
 @click.option("--resume", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="continue the interrupted run in this results folder")
 @click.option("--quiet", is_flag=True, help="no progress bars")
-def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: bool) -> None:
+@click.option("--on", "on", type=click.Choice(["simulator", "flower-simulation"]), default="simulator",
+              show_default=True, help="simulator: pflkit's engines in this process; flower-simulation: pflkit's "
+              "Flower apps as virtual SuperNodes on Flower's Simulation Engine (Ray; pip install 'pflkit[ray]')")
+@click.option("--ray-address", default=None, help="--on flower-simulation: the Ray cluster (HOST:PORT or auto); "
+              "default: Ray on this machine")
+def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: bool, on: str,
+        ray_address: str | None) -> None:
     """Run an experiment: [CONFIG.toml] [key=value ...] (no CONFIG: the digits demo)."""
     from .federation import RunInterrupted, stop_on_signals
-    from .run.experiment import resume_experiment, run_experiment
+    from .run.experiment import new_results_folder, resume_experiment, run_experiment
 
     try:
         with stop_on_signals():
@@ -87,7 +93,18 @@ def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: boo
                 resume_experiment(resume, progress=not quiet, echo=click.echo)
                 return
             config_path, overrides = _split(args)
-            run_experiment(load_config(config_path, overrides), out, progress=not quiet, echo=click.echo)
+            config = load_config(config_path, overrides)
+            if on == "flower-simulation":
+                from .flower.simulation import run_on_flower_simulation
+                from .reporting import format_table
+
+                folder = out if out is not None else new_results_folder(config.name)
+                click.echo(format_table(run_on_flower_simulation(config, folder, ray_address=ray_address)))
+                click.echo(f"results: {folder}")
+                return
+            if ray_address:
+                raise click.UsageError("--ray-address goes with --on flower-simulation")
+            run_experiment(config, out, progress=not quiet, echo=click.echo)
     except RunInterrupted as exc:
         interrupted(exc, f"pflkit run --resume {exc.folder}")
     except USER_ERRORS as exc:

@@ -11,7 +11,6 @@ the other cells go on. Ray is imported here only, when a sweep asks for it (``pf
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -20,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ..config import ConfigError, build_config
 from ..federation import ResultsFolder
+from ..federation.network import reachable
 
 #: what a cell gets back: {"summary": ...} or {"error": ...}, with the attempts its folder saw
 CellResult = dict[str, Any]
@@ -49,19 +49,6 @@ def _import_ray() -> Any:
     except ImportError:
         raise ConfigError("--executor ray needs Ray: pip install 'pflkit[ray]'") from None
     return ray
-
-
-def reachable(address: str, timeout: float = 5.0) -> None:
-    """Refuse a HOST:PORT that does not answer within ``timeout`` seconds (Ray itself would wait
-    for minutes before giving up)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"--address {address!r} is not HOST:PORT (e.g. 10.0.0.1:6379), auto or ray://HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as exc:
-        raise ConfigError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` "
-                          "running there, and is the port open?)") from None
 
 
 def connect(address: str | None, cpus: float, gpus: float) -> tuple[Any, bool]:

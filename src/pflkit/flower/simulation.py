@@ -1,0 +1,65 @@
+"""One experiment on Flower's Simulation Engine: pflkit's ServerApp and ClientApp as virtual
+SuperNodes on a Ray backend, on this machine or on the Ray cluster at ``ray_address``.
+
+The same apps as a real deployment (``flower/server_app.py``, ``flower/client_app.py``), the same
+records as the simulator. Each of the config's ``num_clients`` clients is a virtual SuperNode
+(``partition-id`` = its client id) that holds its data partition and keeps its client state in the
+node's ``context.state`` for the run. A client reserves ``run.threads`` CPUs, and one GPU when
+``run.device`` is CUDA. Flower's ``flwr[simulation]`` needs Ray (``pip install 'pflkit[ray]'``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from ..config import BaseConfig, ConfigError
+from ..federation.network import reachable
+from .client_app import app as client_app
+from .server import check_flower_config, run_on_flower
+
+
+def client_resources(config: BaseConfig) -> dict[str, float]:
+    """What one virtual SuperNode reserves on the Ray backend."""
+    return {"num_cpus": float(config.run.threads), "num_gpus": 1.0 if config.run.device.startswith("cuda") else 0.0}
+
+
+def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address: str | None = None,
+                             timeout: float = 3600.0) -> dict[str, Any]:
+    """Run ``config`` into ``out`` on Flower's Simulation Engine; return the summary (the same
+    results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
+    check_flower_config(config)
+    try:
+        from flwr.simulation import run_simulation
+        import ray  # noqa: F401  (flwr's Ray backend)
+    except ImportError:
+        raise ConfigError("--on flower-simulation needs Flower's Ray backend: pip install 'pflkit[ray]'") from None
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    if ray_address and ray_address != "auto" and "://" not in ray_address:
+        reachable(ray_address)
+    summary: dict[str, Any] = {}
+    errors: list[BaseException] = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        try:
+            summary.update(run_on_flower(config, grid, out, timeout=timeout, wait_seconds=120.0))
+        except BaseException as exc:  # Flower logs and swallows the ServerApp's errors: keep it for the caller
+            errors.append(exc)
+            raise
+
+    init_args: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR"}
+    if ray_address:
+        init_args["address"] = ray_address
+    run_simulation(server, client_app, num_supernodes=config.partition.num_clients,
+                   backend_config={"client_resources": client_resources(config), "init_args": init_args})
+    if errors:
+        raise errors[0]
+    if not summary:
+        raise RuntimeError("the Flower simulation ended without the run's summary (see its log above)")
+    return summary
