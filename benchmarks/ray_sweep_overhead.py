@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,7 @@ def main() -> None:
                 out["ray, 1-CPU head"].append(timed(Path(tmp) / f"head{r}", executor="ray", address="127.0.0.1:6391"))
             finally:
                 subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True)
+                shutil.rmtree(temp, ignore_errors=True)
             out["ray, every core"].append(timed(Path(tmp) / f"all{r}", executor="ray"))
     base = statistics.median(out["local"])
     report = {k: {"seconds": v, "median": statistics.median(v), "vs_local": statistics.median(v) / base}
