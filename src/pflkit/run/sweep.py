@@ -162,6 +162,14 @@ def _resolved(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def complete(results: ResultsFolder) -> bool:
+    """Whether a cell's folder holds a finished run (an unreadable or partial one is run again)."""
+    try:
+        return results.summary_path.is_file() and results.status().get("status") == "complete"
+    except (OSError, ValueError):
+        return False
+
+
 def check_metric(metric: str) -> None:
     """``--metric`` must name a number of the runs' summaries."""
     if metric not in summary_metrics():
@@ -200,9 +208,8 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
         summaries = [{"values": dict(assignment), "folder": cell_name(assignment)} for assignment, _ in cells]
         todo = []
         for cell, (assignment, config) in zip(summaries, cells):
-            results = ResultsFolder(parent / cell["folder"])
-            if results.summary_path.is_file() and results.status().get("status") == "complete":
-                cell["summary"] = json.loads(results.summary_path.read_text())  # never rerun or overwritten
+            if complete(ResultsFolder(parent / cell["folder"])):
+                cell["summary"] = json.loads((parent / cell["folder"] / "summary.json").read_text())  # never rerun
             else:
                 todo.append((cell, config))
         if executor == "ray" and todo:
