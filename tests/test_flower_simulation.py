@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,9 @@ def test_a_run_on_flowers_simulation_engine_gives_the_simulators_records(tmp_pat
     # engine agrees only up to float reassociation)
     config = load_config(None, ["rounds=2", "num_clients=4", 'algorithms=["fedavg", "fedala", "ditto"]', "engine=loop"])
     assert client_resources(config) == {"num_cpus": 1.0, "num_gpus": 0.0}
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     flower = run_on_flower_simulation(config, tmp_path / "flower")
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # Ray's are gone
     simulator = run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
     assert records(tmp_path / "flower") == records(tmp_path / "sim")
     assert flower.keys() == simulator.keys()

@@ -87,6 +87,7 @@ def test_a_sweep_on_a_two_node_ray_cluster_survives_a_killed_worker(cluster, tmp
     killer = threading.Thread(target=kill_a_running_cell, args=(tmp_path / "ray", killed, stop), daemon=True)
     killer.start()
     t0 = time.perf_counter()
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
         remote = run_sweep(None, GRID, tmp_path / "ray", progress=False, echo=lines.append, executor="ray",
                            address=cluster, max_retries=2)
@@ -94,6 +95,7 @@ def test_a_sweep_on_a_two_node_ray_cluster_survives_a_killed_worker(cluster, tmp
         stop.set()
         killer.join()
     seconds = time.perf_counter() - t0
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # Ray's are gone
     assert killed, "no cell was seen running: nothing was killed"
     cell, pid = killed[0]
     # the killed cell was retried from its checkpoint, and said so

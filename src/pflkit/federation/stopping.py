@@ -81,3 +81,20 @@ def signals_deferred() -> Iterator[None]:
         if not _state.deferring and _state.pending is not None:
             reason, _state.pending = _state.pending, None
             raise KeyboardInterrupt(reason)
+
+
+@contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """Give Ctrl-C's and SIGTERM's handlers back after the block: a library started inside it may
+    install its own (``ray.init`` sets a SIGTERM handler that outlives ``ray.shutdown``). Main
+    thread only (elsewhere: no change)."""
+    if not _main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:
+                signal.signal(sig, handler)

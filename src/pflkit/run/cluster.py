@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from ..config import ConfigError, build_config
 from ..federation import ResultsFolder
 from ..federation.network import reachable
+from ..federation.stopping import signal_handlers_kept
 
 #: what a cell gets back: {"summary": ...} or {"error": ...}, with the attempts its folder saw
 CellResult = dict[str, Any]
@@ -75,6 +76,7 @@ def connect(address: str | None, cpus: float, gpus: float) -> tuple[Any, bool]:
     return ray, started
 
 
+@signal_handlers_kept()  # Ray installs a SIGTERM handler of its own that outlives ray.shutdown
 def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, address: str | None = None,
                      cpus: float = 1, gpus: float = 0, max_retries: int = 3, progress: bool = True,
                      echo: Callable[[str], None] = print) -> dict[str, CellResult]:
