@@ -81,7 +81,8 @@ def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, ad
                      cpus: float = 1, gpus: float = 0, max_retries: int = 3, progress: bool = True,
                      echo: Callable[[str], None] = print) -> dict[str, CellResult]:
     """Run ``cells`` ((name, resolved config, folder)) as Ray tasks; every cell's result by name.
-    One line per finished cell, and a progress bar of cells done, running and failed."""
+    One line per finished cell, and a progress bar of cells done, unfinished (running or queued)
+    and failed, with the elapsed time."""
     ray, started = connect(address, cpus, gpus)
     try:
         task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(run_cell)
@@ -96,6 +97,9 @@ def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, ad
                 name = pending.pop(ref)
                 try:
                     result = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:  # an error run_cell does not turn into a result
+                    cause = getattr(exc, "cause", None) or exc
+                    result = {"error": f"{type(cause).__name__}: {cause}"}
                 except ray.exceptions.RayError as exc:  # the worker died more often than max_retries
                     lines = str(exc).strip().splitlines()
                     result = {"error": f"{type(exc).__name__} after {max_retries} retries: {lines[0] if lines else ''}"}
@@ -105,7 +109,7 @@ def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, ad
                 outcome = f"failed: {result['error']}" if "error" in result else "done"
                 echo(f"cell {name}: {outcome} ({time.perf_counter() - start:.0f} s{again})")
                 bar.update(1)
-            bar.set_postfix(running=len(pending), failed=failed)
+            bar.set_postfix(unfinished=len(pending), failed=failed)  # done: the bar's count
         bar.close()
         return results
     finally:
