@@ -366,7 +366,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("sweep without a list", lambda tmp: ["sweep", *FAST, "--out", str(tmp / "sw")],
      "needs at least one key with a list of values"),
     ("sweep file whose [sweep] is no table", _sweep_file_with_bad_table, "[sweep] must be a table"),
-    ("sweep cell run with another config", _sweep_cell_with_another_config, "was run with another config"),
+    ("sweep cell run with another config", _sweep_cell_with_another_config,
+     "was run with another config (it differs in partition.num_clients"),
     ("sweep whose cells all diverge", lambda tmp: ["sweep", *FAST, "lr=[1e12,1e13]", "--out", str(tmp / "sw")],
      "sweep cell lr=1000000000000.0 failed: NonFiniteLossError: training loss became nan"),
     ("sweep whose cells all diverge: the summary line", lambda tmp: ["sweep", *FAST, "lr=[1e12,1e13]", "--out",
@@ -384,6 +385,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("plot ala of a run without ALA", _on_finished_run("plot", "ala", "RUN"),
      "has no ALA method with recorded weights"),
     ("bench with an unknown engine", lambda tmp: ["bench", "--engines", "loop,gpu"], "unknown engine(s) gpu"),
+    ("sweep with Ray options but the local executor",
+     lambda tmp: ["sweep", "lr=[0.1,0.2]", "--out", str(tmp / "s"), "--address", "127.0.0.1:1", "--max-retries", "1"],
+     "--address, --max-retries go(es) with --executor ray"),
+    ("run --resume on the Flower simulation", _on_finished_run("run", "--resume", "RUN", "--on", "flower-simulation"),
+     "--resume continues a simulator run"),
+    ("run with a Ray address but the simulator", lambda tmp: ["run", "--ray-address", "127.0.0.1:1"],
+     "--ray-address goes with --on flower-simulation"),
 ]
 
 

@@ -342,14 +342,15 @@ def test_to_dict_writes_the_sectioned_form_and_reloads_to_the_same_config(tmp_pa
 
 
 def test_a_sweep_cell_folder_with_an_older_flat_config_is_the_same_config(tmp_path):
-    from pflkit.run.sweep import _resolved
+    from pflkit.run.sweep import saved_differences
 
     cfg = load_config(None, ["lr=0.05", "num_clients=5"])
     path = tmp_path / "config.toml"
     path.write_text(tomli_w.dumps(flat_form(to_dict(cfg))))
-    assert _resolved(path) == to_dict(cfg)
+    assert saved_differences(path, cfg) == []
+    assert saved_differences(path, load_config(None, ["lr=0.05", "num_clients=6"])) == ["partition.num_clients"]
     path.write_text("lr = -1\n")
-    assert _resolved(path) is None
+    assert saved_differences(path, cfg)[0].startswith("(its config.toml does not load")
 
 
 def test_config_keys_lists_every_key_with_its_flat_alias():
@@ -365,3 +366,24 @@ def test_config_keys_lists_every_key_with_its_flat_alias():
     assert 'run.engine (flat: engine) = "auto"' in lines and "partition.max_retries = 1000" in lines
     printed = CliRunner().invoke(main, ["config", "lr=0.05"]).output
     assert "[train]\n" in printed and "lr = 0.05\n" in printed and "[partition]\n" in printed
+
+
+def test_a_section_override_updates_the_files_section_instead_of_replacing_it(tmp_path):
+    """`train={batch_size=5}` sets one key of [train]: the file's flat `lr` (moved into [train]) and
+    its `num_clients` stay, and an error in the table names the key in its section."""
+    path = tmp_path / "c.toml"
+    path.write_text("num_clients = 50\nlr = 0.05\n")
+    config = load_config(path, ['partition={method="iid"}', "train={batch_size=5}"])
+    assert (config.partition.num_clients, config.partition.method) == (50, "iid")
+    assert (config.train.lr, config.train.batch_size) == (0.05, 5)
+    with pytest.raises(ConfigError, match=r"train\.lr: must be > 0"):
+        load_config(path, ["train={lr=-1}"])
+
+
+def test_every_flat_alias_names_a_field_of_its_section():
+    """The aliases are the keys users typed before the sections (a fixed list); each must still land
+    on a field, so that renaming a field cannot silently break old configs."""
+    from pflkit.config import FLAT_KEYS, ExperimentConfig
+
+    for key, (section, field) in FLAT_KEYS.items():
+        assert field in ExperimentConfig.model_fields[section].annotation.model_fields, (key, section, field)

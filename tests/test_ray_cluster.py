@@ -73,6 +73,8 @@ def kill_a_running_cell(parent: Path, killed: list[tuple[str, int]], stop: threa
             except (OSError, ValueError):
                 continue
             if status.get("status") == "running" and rows >= 2:
+                # Ray reuses worker processes: the pid may run another cell by the time it is killed,
+                # so the test follows the pid, not the folder
                 os.kill(int(status["pid"]), signal.SIGKILL)
                 killed.append((run.parent.name, int(status["pid"])))
                 return
@@ -98,9 +100,8 @@ def test_a_sweep_on_a_two_node_ray_cluster_survives_a_killed_worker(cluster, tmp
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # Ray's are gone
     assert killed, "no cell was seen running: nothing was killed"
     cell, pid = killed[0]
-    # the killed cell was retried from its checkpoint, and said so
-    assert any(line.startswith(f"cell {cell}: done") and f"resumed after pid {pid} died" in line
-               for line in lines), lines
+    # the cell the killed worker was running was retried from its checkpoint, and said so
+    assert any(": done" in line and f"resumed after pid {pid} died" in line for line in lines), lines
     assert all("error" not in c for c in remote["cells"]) and len(remote["cells"]) == 4
     for a, b in zip(local["cells"], remote["cells"]):
         assert a["folder"] == b["folder"]

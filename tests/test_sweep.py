@@ -92,3 +92,16 @@ def test_paper_sweep_files_plan_their_grids(path) -> None:
     assert len(cells) == len(axes[0].values) and all(c.algorithms == ["fedala"] for _, c in cells)
     with pytest.raises(ConfigError, match="is a sweep file"):
         load_config(path, ["data_dir='/x'"])
+
+
+def test_a_cell_with_an_unreadable_run_json_fails_clearly_and_the_sweep_goes_on(tmp_path) -> None:
+    """A finished cell whose run.json was damaged is not trusted as finished (nor resumed blindly): it
+    is reported failed naming the file, and the sweep finishes the others."""
+    grid = ["rounds=1", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.05,0.1]"]
+    first = run_sweep(None, grid, tmp_path / "s", progress=False, echo=lambda s: None)
+    (tmp_path / "s" / "lr=0.05" / "run.json").write_text("{not json")
+    lines: list[str] = []
+    again = run_sweep(None, grid, tmp_path / "s", progress=False, echo=lines.append)
+    assert "run.json is not valid JSON" in again["cells"][0]["error"]
+    assert again["cells"][1]["summary"] == first["cells"][1]["summary"]
+    assert any(line.startswith("sweep cell lr=0.05 failed") for line in lines)

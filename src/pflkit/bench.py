@@ -27,10 +27,10 @@ from .algorithms import Algorithm, ClientSummary, TrainSettings
 from .config import load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
-from .engines import Engine, RoundSetup, build_engine, default_workers
+from .engines import RoundSetup, build_engine, default_workers
 from .federation.driver import RoundDriver
 from .federation.evaluation import GlobalEvaluation
-from .federation.session import Execute, RunSession
+from .federation.session import RunSession, on_engine
 from .federation.setup import initial_model
 from .functional import SGD, Batch, classification_loss, forward, net_of
 from .functional.training import autograd_value_and_grad
@@ -138,7 +138,7 @@ def bench_data(dataset: Dataset, num_clients: int, test_set: str,
 
 
 #: Local training of every benchmark: the FedALA MNIST setting's batch 10, one epoch, lr 0.1.
-BENCH_TRAIN = TrainSettings(batch_size=10, local_epochs=1, lr=0.1)
+BENCH_TRAIN = TrainSettings(batch_size=10, local_epochs=1, lr=0.1, rounds=1)  # rounds: as recorded so far
 
 
 def bench_model(data: FederatedData, algorithm: str, seed: int,
@@ -148,11 +148,6 @@ def bench_model(data: FederatedData, algorithm: str, seed: int,
     model, init = initial_model("fedavg_cnn", data, seed, device)
     return model, init, build_algorithm(algorithm, load_config(None, []).algorithm_sections(), BENCH_TRAIN,
                                         model.units())
-
-
-def executes(engine: Engine, setup: RoundSetup) -> Execute:
-    """A session's ``execute``: the round's jobs on ``engine``."""
-    return lambda jobs, round: engine.run(setup, jobs, round)
 
 
 def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
@@ -178,7 +173,7 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 train.eval_batch_size, workers=getattr(engine, "workers", 1))
             driver = RoundDriver(alg, num_clients=data.num_clients, seed=settings.seed, rounds=settings.rounds + 1,
                                  join_ratio=1.0, eval_every=1, global_evaluation=evaluation)
-            runs[engine_name] = (executes(engine, setup), engine, RunSession.open(driver, init, summaries), [])
+            runs[engine_name] = (on_engine(engine, setup), engine, RunSession.open(driver, init, summaries), [])
         for t in range(1, settings.rounds + 1):
             order = settings.engines if t % 2 else list(reversed(settings.engines))
             for engine_name in order:

@@ -28,13 +28,13 @@ from typing import Any, Callable
 import torch
 
 from .algorithms import ClientSummary
-from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, executes, mnist_like, single_model_limits
+from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, mnist_like, single_model_limits
 from .data import PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine
 from .federation.checkpoint import Checkpointer
 from .federation.driver import RoundDriver
-from .federation.session import Execute, RunSession
+from .federation.session import Execute, RunSession, on_engine
 from .federation.state_store import DiskStateStore
 
 
@@ -83,7 +83,7 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
             session = RunSession.open(driver, init, summaries, store=store,
                                       callbacks=[Checkpointer(folder / "checkpoint.pt", every=1)])
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
-            runs[(name, engine_name)] = (executes(engine, setup), engine, session, store, folder, [])
+            runs[(name, engine_name)] = (on_engine(engine, setup), engine, session, store, folder, [])
     order = list(runs)
     for t in range(1, settings.rounds + 1):
         for key in (order if t % 2 else list(reversed(order))):

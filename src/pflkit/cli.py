@@ -90,6 +90,9 @@ def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: boo
             if resume is not None:
                 if args or out:
                     raise click.UsageError("--resume takes no CONFIG, overrides or --out: the folder's config is used")
+                if on != "simulator" or ray_address:
+                    raise click.UsageError("--resume continues a simulator run; a flower-simulation run continues "
+                                           "when its command (same --out) runs again")
                 resume_experiment(resume, progress=not quiet, echo=click.echo)
                 return
             config_path, overrides = _split(args)
@@ -106,7 +109,8 @@ def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: boo
                 raise click.UsageError("--ray-address goes with --on flower-simulation")
             run_experiment(config, out, progress=not quiet, echo=click.echo)
     except RunInterrupted as exc:
-        interrupted(exc, f"pflkit run --resume {exc.folder}")
+        interrupted(exc, f"pflkit run --resume {exc.folder}" if on == "simulator" else
+                    f"the same command with --out {exc.folder}")
     except USER_ERRORS as exc:
         fail(exc)
 
@@ -235,9 +239,14 @@ def sweep(args: tuple[str, ...], out: Path, metric: str, quiet: bool, executor: 
     from .run.sweep import run_sweep
 
     metric_words = ["--metric", metric] if metric != "best_accuracy" else []
+    ray_options = {"--address": address, "--cpus-per-cell": cpus_per_cell != 1.0,
+                   "--gpus-per-cell": gpus_per_cell != 0.0, "--max-retries": max_retries != 3}
+    if executor == "local" and any(ray_options.values()):
+        raise click.UsageError(f"{', '.join(k for k, v in ray_options.items() if v)} go(es) with --executor ray")
     if executor == "ray":
         metric_words += ["--executor", "ray", *(["--address", address] if address else []),
-                         "--cpus-per-cell", f"{cpus_per_cell:g}", "--gpus-per-cell", f"{gpus_per_cell:g}"]
+                         "--cpus-per-cell", f"{cpus_per_cell:g}", "--gpus-per-cell", f"{gpus_per_cell:g}",
+                         "--max-retries", str(max_retries)]
     words = " ".join(shlex.quote(w) for w in ["pflkit", "sweep", *args, "--out", str(out), *metric_words])
     try:
         config, overrides = _split(args)

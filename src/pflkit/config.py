@@ -379,13 +379,19 @@ def split_overrides(text: str) -> list[str]:
 
 
 def merge(base: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set ``path`` to ``value``; a table set onto a table updates it key by key (``train={lr=0.05}``
+    keeps the file's other [train] settings)."""
     node = base
     for part in path[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise ConfigError(f"cannot set {'.'.join(path)}: {part} is not a section")
         node = child
-    node[path[-1]] = value
+    if isinstance(value, dict) and isinstance(node.get(path[-1]), dict):
+        for key, item in value.items():
+            merge(node[path[-1]], [key], item)
+    else:
+        node[path[-1]] = value
 
 
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
@@ -470,7 +476,8 @@ def apply_override(data: dict[str, Any], item: str, written: Written) -> None:
     path, value = parse_override(item)
     target = canonical_path(path, value)
     merge(data, target, value)
-    for key in [k for k in written if k[:len(target)] == tuple(target)]:
+    replaced = [tuple(target)] if not isinstance(value, dict) else [(*target, field) for field in value]
+    for key in [k for k in written if any(k[:len(r)] == r for r in replaced)]:
         del written[key]
     if len(target) == 2 and target[0] in SECTIONS:
         written[(target[0], target[1])] = ".".join(path)
@@ -525,6 +532,12 @@ def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | N
         if key in sections and key not in read and (typed is None or key in typed):
             lines.append(f"[{key}] is not used: no method of algorithms = {list(config.algorithms)} reads it")
     return lines
+
+
+def resolved(table: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """A saved config table in its resolved, sectioned form (an older results folder's spells its keys
+    flat), to compare with ``to_dict`` of a config; ConfigError if it no longer validates."""
+    return to_dict(build_config(table, source))
 
 
 def to_dict(config: BaseConfig) -> dict[str, Any]:

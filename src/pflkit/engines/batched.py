@@ -79,6 +79,7 @@ class BatchedClientContext:
         self.device = data.x.device
         self.num_classes = num_outputs(model)
         self._net = net_of(model)
+        self._cpu_rows: list[Tensor] | None = None
 
     # ---- who -------------------------------------------------------------------------------
     @property
@@ -215,8 +216,7 @@ class BatchedClientContext:
         mixing = epochs[0].mixup is not None
         lam = torch.ones(K, S) if mixing else None
         perm = torch.arange(b).repeat(K, S, 1) if mixing else None
-        for k, (epoch, client) in enumerate(zip(epochs, self.clients)):
-            train_rows = client.train_rows.cpu()
+        for k, (epoch, train_rows) in enumerate(zip(epochs, self._cpu_train_rows())):
             for s, idx in enumerate(epoch.batches):
                 rows[k, s, :len(idx)] = train_rows[idx]
                 mask[k, s, :len(idx)] = 1.0
@@ -225,6 +225,12 @@ class BatchedClientContext:
                     perm[k, s, :len(idx)] = torch.as_tensor(partners)  # type: ignore[index]
         to = (lambda t: t.to(self.device) if t is not None else None)  # noqa: E731
         return _Schedule(to(rows), to(mask), steps, to(lam), to(perm))
+
+    def _cpu_train_rows(self) -> list[Tensor]:
+        """Each client's dataset rows on the CPU (copied once per context, not once per epoch)."""
+        if self._cpu_rows is None:
+            self._cpu_rows = [c.train_rows.cpu() for c in self.clients]
+        return self._cpu_rows
 
     def _plan(self, data: DataSpec) -> "_Plan":
         if isinstance(data, SampleBatches):

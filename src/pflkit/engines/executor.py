@@ -108,10 +108,9 @@ def receive_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int,
             [{**ctx.split_metrics(info, k), "init_seconds": seconds} for k in range(len(jobs))])
 
 
-def run_client(setup: RoundSetup, job: ClientJob, round: int, received: Metrics | None = None) -> ClientResult:
+def run_client(setup: RoundSetup, job: ClientJob, round: int) -> ClientResult:
     """One client's part of a round on its own context (Flower's ClientApp, tests)."""
-    return run_group(setup, [job], round, group_context(setup, [job.client_id], round, False),
-                     None if received is None else [received])[0]
+    return run_group(setup, [job], round, group_context(setup, [job.client_id], round, False))[0]
 
 
 class ClientExecutor:

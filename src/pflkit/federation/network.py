@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 
 from ..config import ConfigError
@@ -18,3 +19,11 @@ def reachable(address: str, timeout: float = 5.0) -> None:
     except OSError as exc:
         raise ConfigError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` "
                           "running there, and is the port open?)") from None
+
+
+def prepare_ray(address: str | None) -> None:
+    """Before Ray starts or joins a cluster (a Ray sweep, Flower's Simulation Engine): a HOST:PORT
+    address must answer, and Ray leaves the visible GPUs alone for tasks that ask for none."""
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    if address and address != "auto" and "://" not in address:
+        reachable(address)

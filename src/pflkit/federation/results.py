@@ -74,13 +74,13 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
-def _differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+def differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
     """The dotted keys whose values differ between two config tables, sorted."""
     keys = []
     for k in sorted(set(a) | set(b)):
         x, y = a.get(k), b.get(k)
         if isinstance(x, Mapping) and isinstance(y, Mapping):
-            keys += _differences(x, y, f"{prefix}{k}.")
+            keys += differences(x, y, f"{prefix}{k}.")
         elif x != y:
             keys.append(prefix + k)
     return keys
@@ -146,7 +146,7 @@ class ResultsFolder:
         self.check_resumable()
         saved = dict(resolve(tomllib.loads(self.config_path.read_text(encoding="utf-8"))))
         if saved != dict(config):
-            keys = _differences(saved, dict(config))
+            keys = differences(saved, dict(config))
             raise FileExistsError(f"results folder {self.root} holds an unfinished run of another config "
                                   f"(it differs in {', '.join(keys[:5])}); choose another out")
         return True

@@ -6,9 +6,11 @@ trackers). Whoever runs the clients supplies only how a round's jobs execute:
 
     session.run(execute)          # the loop of rounds: the simulator, the benchmarks
     session.step(execute)         # one round (benchmarks alternate runs round by round)
-    plan = session.next_plan(); ...; session.finish(plan, results)   # Flower's own loop
+    plan = session.next_plan(); ...; session.finish(plan, results)   # whoever acts in between
 
-where ``execute(jobs, round) -> results`` runs client jobs (an engine, or Flower messages).
+where ``execute(jobs, round) -> results`` runs client jobs (an engine, or Flower messages). The
+Flower strategy plans the round Flower's loop names (``driver.plan``, ``driver.plan_final``) and
+hands the replies to ``session.finish``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..algorithms import ClientSummary
-from ..engines.base import ClientJob, ClientResult
+from ..engines.base import ClientJob, ClientResult, Engine, RoundSetup
 from ..functional import Params
 from .checkpoint import load_checkpoint
 from .driver import Callback, RoundDriver, RoundPlan, RunState
 from .state_store import ClientStore
 
 Execute = Callable[[list[ClientJob], int], list[ClientResult]]
+
+
+def on_engine(engine: Engine, setup: RoundSetup) -> Execute:
+    """``execute`` for a session whose rounds run on ``engine`` (the simulator, the benchmarks)."""
+    return lambda jobs, round: engine.run(setup, jobs, round)
 
 
 class RunSession:

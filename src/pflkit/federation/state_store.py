@@ -22,7 +22,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -32,7 +32,6 @@ from ..functional import to_device
 _FILE = re.compile(r"client(\d+)-v(\d+)\.pt")
 
 
-@runtime_checkable
 class ClientStore(Protocol):
     """Where a run's client states live between rounds (``RunState.clients``): a mapping client id
     -> state that also says what a checkpoint records of it and cleans up once one is written."""

@@ -54,7 +54,7 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     meta = message.content["pflkit"]
     name, seed, round = str(meta["algorithm"]), int(meta["seed"]), int(meta["round"])
     run = node_run(str(meta["config"]), context.node_config, name, seed)
-    setup, algorithm = run.setup, run.algorithm
+    setup, algorithm = run.setup, run.round_setup.algorithm
     key = state_key(name, seed)
     path = state_file(context.node_config, key)
     if serde.has(context.state, key):

@@ -117,15 +117,14 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
 
 @dataclass
 class NodeRun:
-    """One run (config, algorithm, seed) on this node: what each of its messages reuses."""
-    config: BaseConfig
+    """One run (config, algorithm, seed) on this node: what each of its messages reuses (the
+    algorithm is ``round_setup.algorithm``)."""
     setup: NodeSetup
-    algorithm: Algorithm
     round_setup: RoundSetup
 
 
 def node_run(config_text: str, node_config: Mapping[str, Any], name: str, seed: int) -> NodeRun:
-    """Build (and cache in this process) one run's config, node setup, algorithm and round setup."""
+    """Build (and cache in this process) one run's node setup and round setup (with its algorithm)."""
     return _node_run(config_text, tuple(sorted(node_config.items())), name, seed)
 
 
@@ -136,7 +135,7 @@ def _node_run(config_text: str, node_items: tuple, name: str, seed: int) -> Node
     algorithm = setup.algorithm(config, name)
     gamma = config.metrics.template_gamma if config.metrics.adaptability else None
     round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed, gamma)
-    return NodeRun(config, setup, algorithm, round_setup)
+    return NodeRun(setup, round_setup)
 
 
 def state_file(node_config: Mapping[str, Any], key: str) -> Path | None:

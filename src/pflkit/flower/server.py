@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from ..algorithms import ClientSummary
-from ..config import BaseConfig, ConfigError, build_config, to_dict
+from ..config import BaseConfig, ConfigError, resolved, to_dict
 from ..data import load_dataset
 from ..data.federated import official_split
 from ..federation import (GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, initial_params, partition_seed,
@@ -133,7 +133,7 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     results = ResultsFolder(out)
     config_dict = to_dict(config)
     with results.locked():
-        if results.start_or_resume(config_dict, lambda saved: to_dict(build_config(saved, str(results.config_path)))):
+        if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path))):
             log.info("continuing the unfinished run in %s from its checkpoints", results.root)
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")

@@ -10,7 +10,6 @@ node's ``context.state`` for the run. A client reserves ``run.threads`` CPUs, an
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..config import BaseConfig, ConfigError
-from ..federation.network import reachable
+from ..federation.network import prepare_ray
 from ..federation.stopping import signal_handlers_kept
 from .client_app import app as client_app
 from .server import check_flower_config, run_on_flower
@@ -39,9 +38,7 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
         import ray  # noqa: F401  (flwr's Ray backend)
     except ImportError:
         raise ConfigError("--on flower-simulation needs Flower's Ray backend: pip install 'pflkit[ray]'") from None
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    if ray_address and ray_address != "auto" and "://" not in ray_address:
-        reachable(ray_address)
+    prepare_ray(ray_address)
     summary: dict[str, Any] = {}
     errors: list[BaseException] = []
     server = ServerApp()

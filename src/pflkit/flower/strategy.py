@@ -19,7 +19,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from ..engines.base import ClientJob, ClientResult
-from ..federation.driver import RoundPlan
+from ..federation.driver import RoundDriver, RoundPlan, RunState
 from ..federation.session import RunSession
 from . import serde
 
@@ -29,11 +29,17 @@ log = logging.getLogger(__name__)
 class PflkitStrategy(Strategy):
     def __init__(self, session: RunSession, config_text: str, nodes: dict[int, int]) -> None:
         self.session = session
-        self.driver = session.driver
-        self.state = session.state
         self.config_text = config_text
         self.nodes = nodes  # pflkit client id -> Flower node id
         self._plan: RoundPlan | None = None
+
+    @property
+    def driver(self) -> RoundDriver:
+        return self.session.driver
+
+    @property
+    def state(self) -> RunState:
+        return self.session.state
 
     def summary(self) -> None:
         log.info("pflkit strategy: %s, seed %d, %d clients, %d rounds", self.driver.algorithm.name,

@@ -10,7 +10,6 @@ the other cells go on. Ray is imported here only, when a sweep asks for it (``pf
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -18,30 +17,22 @@ from typing import Any, Callable, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, build_config
-from ..federation import ResultsFolder
-from ..federation.network import reachable
+from ..federation.network import prepare_ray
 from ..federation.stopping import signal_handlers_kept
 
 #: what a cell gets back: {"summary": ...} or {"error": ...}, with the attempts its folder saw
 CellResult = dict[str, Any]
 
 
-def run_cell(config: Mapping[str, Any], folder: str) -> CellResult:
-    """One sweep cell in this process: its run (resumed where a checkpoint exists), or its error.
-    ``resumed_from_pid``: the process of an earlier attempt that died while running it."""
-    from .experiment import run_experiment
+def cell_task(config: Mapping[str, Any], folder: str) -> CellResult:
+    """What a Ray worker runs: the sweep cell of the resolved ``config`` into ``folder``."""
+    from .sweep import run_cell
 
-    results = ResultsFolder(folder)
-    out: CellResult = {"pid": os.getpid(), "host": os.uname().nodename}
-    status = results.status() if results.config_path.is_file() else {}
-    if status.get("status") == "running":  # an earlier attempt died mid-run: this one continues it
-        out["resumed_from_pid"] = status.get("pid")
     try:
-        out["summary"] = run_experiment(build_config(dict(config), f"sweep cell {folder}"), folder,
-                                        resume=results.config_path.is_file(), progress=False, echo=lambda s: None)
-    except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    return out
+        built = build_config(dict(config), f"sweep cell {folder}")
+    except ConfigError as exc:
+        return {"error": f"ConfigError: {exc}"}
+    return run_cell(built, Path(folder))
 
 
 def _import_ray() -> Any:
@@ -56,9 +47,7 @@ def connect(address: str | None, cpus: float, gpus: float) -> tuple[Any, bool]:
     """Ray, connected to the cluster at ``address`` (None: a Ray instance started here), after
     checking that one of its nodes can hold a cell; and whether this call started it."""
     ray = _import_ray()
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    if address and address != "auto" and "://" not in address:
-        reachable(address)
+    prepare_ray(address)
     started = not ray.is_initialized()
     if started:
         try:
@@ -85,7 +74,7 @@ def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, ad
     and failed, with the elapsed time."""
     ray, started = connect(address, cpus, gpus)
     try:
-        task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(run_cell)
+        task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(cell_task)
         pending = {task.remote(dict(config), str(folder.resolve())): name for name, config, folder in cells}
         results: dict[str, CellResult] = {}
         start = time.perf_counter()

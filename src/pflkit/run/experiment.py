@@ -20,6 +20,7 @@ from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, load_config, to_dict
 from ..data.federated import FederatedData
 from ..engines import Engine, RoundSetup, build_engine
+from ..federation.session import on_engine
 from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, build_partitions,
                           initial_params, partition_seed, resolve_device, run_all)
 from ..methods import build_algorithm
@@ -64,7 +65,7 @@ class Simulator:
         data, model = self._seeds[driver.seed]
         gamma = self.config.metrics.template_gamma if self.config.metrics.adaptability else None
         setup = RoundSetup(driver.algorithm, data, model, model.units(), self.config.train, driver.seed, gamma)
-        session.run(lambda jobs, round: self.engine.run(setup, jobs, round))
+        session.run(on_engine(self.engine, setup))
 
 
 def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool = False, progress: bool = True,

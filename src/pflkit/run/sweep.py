@@ -9,6 +9,8 @@ a config with a ``[sweep]`` table of such keys (``"fedala.p" = [1, 2]`` or ``[sw
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
 import itertools
 import json
 import tomllib
@@ -20,12 +22,13 @@ from typing import Any, Callable, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from ..config import (BaseConfig, ConfigError, ExperimentConfig, build_config, canonical_path, load_config,
-                      parse_override, read_toml, to_dict)
+from ..config import (BaseConfig, ConfigError, ExperimentConfig, canonical_path, load_config,
+                      parse_override, read_toml, resolved, to_dict)
 from ..data import load_dataset
 from ..federation import (ResultsFolder, build_partitions, folder_lock, partition_dataset,
                           partition_seed)
 from ..federation.driver import Callback
+from ..federation.results import differences
 from ..reporting import plot_sweep
 from ..reporting.summary import round_seconds, summary_metrics
 from .experiment import check_fits, run_experiment
@@ -153,21 +156,40 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
             raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
 
 
-def _resolved(path: Path) -> dict[str, Any] | None:
-    """The resolved form of a saved config (an older folder's may spell its keys flat); None if it
-    no longer loads."""
+def saved_differences(path: Path, config: BaseConfig) -> list[str]:
+    """The dotted keys in which the config saved at ``path`` differs from ``config`` (a saved
+    config that no longer loads: its error)."""
     try:
-        return to_dict(build_config(tomllib.loads(path.read_text(encoding="utf-8")), str(path)))
-    except (ConfigError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return None
+        return differences(resolved(tomllib.loads(path.read_text(encoding="utf-8")), str(path)), to_dict(config))
+    except (ConfigError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        return [f"(its config.toml does not load: {str(exc).splitlines()[0]})"]
 
 
-def complete(results: ResultsFolder) -> bool:
-    """Whether a cell's folder holds a finished run (an unreadable or partial one is run again)."""
+def finished_summary(results: ResultsFolder) -> dict[str, Any] | None:
+    """The summary of a cell's finished run, or None: no run, an unfinished one, or damaged files
+    (running the cell then names the damaged file in its error; the sweep goes on)."""
     try:
-        return results.summary_path.is_file() and results.status().get("status") == "complete"
-    except (OSError, ValueError):
-        return False
+        if results.summary_path.is_file() and results.status().get("status") == "complete":
+            return json.loads(results.summary_path.read_text())
+    except (OSError, ValueError, RuntimeError):
+        pass
+    return None
+
+
+def run_cell(config: BaseConfig, folder: Path, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+    """One cell in this process (locally or in a Ray worker): ``summary`` or ``error``, with the
+    process; ``resumed_from_pid``: the process of an earlier attempt that died while running it
+    (this one continues from its checkpoint)."""
+    results = ResultsFolder(folder)
+    out: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
+    try:
+        if results.config_path.is_file() and results.status().get("status") == "running":
+            out["resumed_from_pid"] = results.status().get("pid")
+        out["summary"] = run_experiment(config, folder, resume=results.config_path.is_file(), progress=False,
+                                        echo=lambda s: None, callbacks=callbacks)
+    except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def check_metric(metric: str) -> None:
@@ -202,14 +224,17 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
         for assignment, config in cells:
             folder = parent / cell_name(assignment)
             saved = ResultsFolder(folder).config_path
-            if saved.is_file() and _resolved(saved) != to_dict(config):
-                raise ConfigError(f"sweep cell {folder} was run with another config (the fixed overrides or the "
-                                  "config file changed); choose another --out or delete that folder")
+            changed = saved_differences(saved, config) if saved.is_file() else []
+            if changed:
+                raise ConfigError(f"sweep cell {folder} was run with another config (it differs in "
+                                  f"{', '.join(changed[:5])}: the fixed overrides or the config file changed); choose "
+                                  "another --out or delete that folder")
         summaries = [{"values": dict(assignment), "folder": cell_name(assignment)} for assignment, _ in cells]
         todo = []
         for cell, (assignment, config) in zip(summaries, cells):
-            if complete(ResultsFolder(parent / cell["folder"])):
-                cell["summary"] = json.loads((parent / cell["folder"] / "summary.json").read_text())  # never rerun
+            summary = finished_summary(ResultsFolder(parent / cell["folder"]))
+            if summary is not None:
+                cell["summary"] = summary  # never rerun or overwritten
             else:
                 todo.append((cell, config))
         if executor == "ray" and todo:
@@ -224,13 +249,10 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
         elif todo:
             bar = tqdm(total=len(todo), desc="sweep", disable=not progress, dynamic_ncols=True)
             for cell, config in todo:
-                folder = parent / cell["folder"]
-                try:
-                    cell["summary"] = run_experiment(config, folder, resume=ResultsFolder(folder).config_path.is_file(),
-                                                     progress=False, echo=lambda s: None, callbacks=callbacks)
-                except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
-                    cell["error"] = f"{type(exc).__name__}: {exc}"
-                    echo(f"sweep cell {folder.name} failed: {cell['error']}")
+                outcome = run_cell(config, parent / cell["folder"], callbacks)
+                cell.update({k: outcome[k] for k in ("summary", "error") if k in outcome})
+                if "error" in outcome:
+                    echo(f"sweep cell {cell['folder']} failed: {cell['error']}")
                 bar.update(1)
             bar.close()
         table = sweep_table(axes, summaries, metric)

@@ -145,7 +145,7 @@ class PartitionSpec(BaseModel):
     balance_cap: bool = Field(True, description="dirichlet: stop feeding clients that hold the average share "
                               "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)")
     train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5; "
-                                  "test_set = client_split only)")
+                                  "test_set = client_split; also sizes the default minimum of dirichlet/pathological)")
     rng: Literal[PARTITION_RNGS] = Field(  # type: ignore[valid-type]
         "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
         "np.random.seed(partition seed) order, which reproduces PFLlib's generated split of the same pool")
