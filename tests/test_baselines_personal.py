@@ -542,7 +542,7 @@ def test_two_rounds_through_run_client(name):
             states[i] = res.state
             results.append(res)
         old = server["global"]
-        server = alg.aggregate(server, [r.upload for r in results], t)
+        server = alg.aggregate(server, [{**r.upload, "client_id": r.client_id} for r in results], t)
         assert differs(server["global"], old)
     if base == "fedphp":  # mu_t = mu * t / T with T = config rounds
         assert results[0].metrics["hpm_mu"] == pytest.approx(0.9)

@@ -67,7 +67,7 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
             reply = client_app(_message(text, "fedala", 0, t, algorithm.downlink(server, i, t), 10 + i),
                                contexts[i])
             assert not reply.has_error(), reply.error
-            uploads.append(serde.get(reply.content, "upload"))
+            uploads.append({**serde.get(reply.content, "upload"), "client_id": i})
             metrics = reply.content["metrics"]
             assert int(metrics["client-id"]) == i and "eval.correct" in metrics
         server = algorithm.aggregate(server, uploads, t)
@@ -270,7 +270,7 @@ def test_sosicfl_on_flower_matches_the_simulator_and_refuses_evaluating_absent_c
     with pytest.raises(ValueError, match="trace.clients runs in the simulator only"):
         run_on_flower(load_config(None, overrides + ["trace.clients=[0]"]), grid, tmp_path / "traced",
                       wait_seconds=5)
-    with pytest.raises(ValueError, match="state_store = \"disk\" runs in the simulator only"):
+    with pytest.raises(ValueError, match="state_store = \"disk\" runs in the simulator and on Flower.s Simulation"):
         run_on_flower(load_config(None, overrides + ["state_store=disk"]), grid, tmp_path / "disk", wait_seconds=5)
     assert not (tmp_path / "again").exists() and not (tmp_path / "traced").exists()  # nothing half-written
     assert not (tmp_path / "disk").exists()

@@ -166,7 +166,8 @@ class RunSettings(BaseModel):
         "under states/ in the results folder, read when sampled, written back after its round; checkpoints use "
         "the same files), for many stateful clients")
     state_cache: int | None = Field(None, ge=1, description="state_store = disk: client states kept in memory "
-                                    "(default: the clients of one round)")
+                                    "(default: the clients of one round, at most 64; a client's state is read when "
+                                    "its job starts, so memory holds the clients in flight and this cache)")
     tracker: Literal["none", "tensorboard"] = Field(
         "none", description="also write every record to TensorBoard event files under tensorboard/ in the results "
         "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')")

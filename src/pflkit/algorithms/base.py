@@ -20,13 +20,13 @@ metrics; values are numbers (one client) or [K] tensors (batched).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, TypedDict
+from typing import Any, ClassVar, Mapping, Protocol, TypedDict
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from ..functional import Params, clone, weighted_average
+from ..functional import Params, WeightedSum, clone, weighted_average
 from ..functional.training import LossFn, classification_loss
 from ..models import Units, parameter_names
 from .context import ClientContext, Fit, Metrics, PerClient, TrainBatches, TrainSettings
@@ -79,6 +79,39 @@ class ClientSummary:
 
 #: key of the server state under which ``aggregate`` may leave numbers for the round's record
 ROUND_INFO = "round_info"
+
+
+def upload_order(upload: SentUpload) -> tuple[float, int]:
+    """The order a weighted-sum server rule folds uploads in: largest training set first, then by
+    client id; the order in which the engines finish their clients, so that folding them in as they
+    arrive needs no buffer."""
+    return -float(upload["num_samples"]), upload["client_id"]
+
+
+class Aggregator(Protocol):
+    """The streaming form of a server rule that is a weighted sum: uploads are folded in one at a
+    time, in ``upload_order``, and ``result`` is the new server state (a round then never holds all
+    its uploads at once)."""
+
+    def add(self, upload: SentUpload) -> None: ...
+
+    def result(self) -> State: ...
+
+
+class WeightedAverage:
+    """FedAvg's server rule as an ``Aggregator``: the sample-weighted average of the uploads'
+    ``params`` replaces those entries of the global model. ``total``: the sum of the uploads'
+    ``num_samples``, known before the first arrives."""
+
+    def __init__(self, server: State, total: float) -> None:
+        self.server = server
+        self.sum = WeightedSum(total)
+
+    def add(self, upload: SentUpload) -> None:
+        self.sum.add(upload["params"], upload["num_samples"])
+
+    def result(self) -> State:
+        return {**self.server, "global": {**self.server["global"], **self.sum.result()}}
 
 
 class Algorithm:
@@ -158,12 +191,23 @@ class Algorithm:
         return {"global": {k: server["global"][k] for k in names}}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        """Sample-weighted average of the uploaded ``params`` (spec §0.2).
+        """Sample-weighted average of the uploaded ``params`` (spec §0.2), folded in ``upload_order``.
 
         A method may put a dict of JSON values under ``ROUND_INFO`` in the returned state (e.g. its
         aggregation weights): the round driver moves it into the round's record."""
-        merged = weighted_average([u["params"] for u in uploads], [u["num_samples"] for u in uploads])
-        return {**server, "global": {**server["global"], **merged}}
+        average = WeightedAverage(server, sum(u["num_samples"] for u in uploads))
+        for upload in sorted(uploads, key=upload_order):
+            average.add(upload)
+        return average.result()
+
+    def aggregator(self, server: State, round: int, total: float) -> Aggregator | None:
+        """``aggregate`` in streaming form, for uploads whose ``num_samples`` sum to ``total``; the
+        driver folds each upload in as it arrives and gets the same bits as ``aggregate``. None
+        (every method that overrides ``aggregate`` without overriding this): the server rule needs
+        all uploads at once (FedFomo, APPLE, FedAMP, SosicFL's clustering, ...)."""
+        if type(self).aggregate is not Algorithm.aggregate:
+            return None
+        return WeightedAverage(server, total)
 
     def global_params(self, server: State) -> Params:
         return server["global"]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 from torch import nn
@@ -19,13 +19,19 @@ from .client import SingleClientContext
 
 @dataclass
 class ClientJob:
-    """One client's part of a round: its payload and state (None on Flower's server side)."""
+    """One client's part of a round: its payload and state (None on Flower's server side, or until
+    ``load`` reads it: clients kept on disk are read when their job starts, not when it is planned)."""
 
     client_id: int
     payload: Payload
     state: State | None
     evaluate: bool
     train: bool = True
+    load: Callable[[], State] | None = None
+
+    def loaded(self) -> ClientJob:
+        """The job with its state read (itself where nothing is left to read)."""
+        return self if self.load is None else replace(self, state=self.load(), load=None)
 
 
 @dataclass
@@ -75,8 +81,12 @@ def adaptability_metrics(setup: RoundSetup, client_id: int, params: Params) -> d
 
 
 class Engine(Protocol):
-    """Runs the client jobs of one round and returns their results in job order."""
+    """Runs the client jobs of one round: ``run`` returns their results in job order; ``stream``
+    yields each as it is done, in the order weighted-sum server rules fold uploads in (training-set
+    size, largest first, then client id), holding only the clients in flight."""
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]: ...
+
+    def stream(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> Iterator[ClientResult]: ...
 
     def close(self) -> None: ...

@@ -9,7 +9,7 @@ results back per client. The engines are this executor with other numbers:
 * ``parallel``: groups of one spread over worker threads (largest first, so the idle tail of a
   round is at most one client's work), and for algorithms whose ``receive`` trains (ALA) that
   step first on batched groups of ``receive_chunk`` clients, since its many tiny steps would
-  serialise on Python's GIL;
+  serialise on Python's GIL (a wave of clients at a time, received then trained);
 * ``vmap``: batched groups of ``chunk_size`` clients (made for GPUs).
 
 Groups are cut from the clients sorted by training-set size (largest first): within a batched
@@ -25,9 +25,10 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from torch import nn
 
@@ -131,34 +132,76 @@ class ClientExecutor:
         self._logged: set[str] = set()
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
-        jobs, received = self.receive(setup, jobs, round)
-        batched = self.chunk_size > 1 and self._batchable(setup, "clients")
-        groups = self._groups(setup, jobs, self.chunk_size if batched else 1)
-
-        def run(group: list[int]) -> list[ClientResult]:
-            ctx_setup, group_jobs, _, ctx = self._on_worker(setup, jobs, group, round, batched)
-            before = [received[j] for j in group]
-            return self._run_group(ctx_setup, group_jobs, round, ctx, None if before[0] is None else before)
         results: dict[int, ClientResult] = {}
-        for group, out in zip(groups, self._map(run, groups)):
+        for group, out in self._group_results(setup, jobs, round):
             results.update(zip(group, out))
         return [results[j] for j in range(len(jobs))]
+
+    def stream(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> Iterator[ClientResult]:
+        """The results group by group, in the groups' order (training-set size, largest first, then
+        job order): a client's state is read when its group is submitted and let go once its result
+        is taken, so a round holds only the clients in flight (see ``window``)."""
+        for _group, out in self._group_results(setup, jobs, round):
+            yield from out
+
+    def _group_results(self, setup: RoundSetup, jobs: list[ClientJob],
+                       round: int) -> Iterator[tuple[list[int], list[ClientResult]]]:
+        """(job positions, results) group by group. Where the ``receive`` step runs batched first
+        (ALA on the parallel engine), the round goes in waves of ``wave`` clients (whole receive
+        chunks, in size order): each wave is received, then trained, so only a wave's received
+        states are held; the chunks and groups are those of one wave over the whole round."""
+        receives = self._receives_first(setup)
+        order = size_order(setup.data, [job.client_id for job in jobs])
+        step = self.wave if receives else max(1, len(order))
+        for begin in range(0, len(order), step):
+            wave = order[begin:begin + step]
+            wave_jobs, received = self.receive(setup, [jobs[j] for j in wave], round)
+            for group, out in self._run_groups(setup, wave_jobs, received, round):
+                yield [wave[k] for k in group], out
+
+    def _run_groups(self, setup: RoundSetup, jobs: list[ClientJob], received: list[Metrics | None],
+                    round: int) -> Iterator[tuple[list[int], list[ClientResult]]]:
+        batched = self.chunk_size > 1 and self._batchable(setup, "clients")
+        groups = self._groups(setup, jobs, self.chunk_size if batched else 1)
+        pending: list[ClientJob | None] = list(jobs)
+
+        def start(group: list[int]) -> list[ClientJob]:  # on the calling thread: the store is not shared
+            return [pending[j].loaded() for j in group]  # type: ignore[union-attr]
+
+        def run(group: list[int], group_jobs: list[ClientJob]) -> list[ClientResult]:
+            ctx_setup, _, _, ctx = self._on_worker(setup, group_jobs, round, batched)
+            before = [received[j] for j in group]
+            return self._run_group(ctx_setup, group_jobs, round, ctx, None if before[0] is None else before)
+        for group, out in zip(groups, self._map(run, groups, start)):
+            for j in group:
+                pending[j] = None  # the job's state is the result's now
+            yield group, out
+
+    def _receives_first(self, setup: RoundSetup) -> bool:
+        return bool(self.receive_chunk and setup.algorithm.trains_on_receive
+                    and self._batchable(setup, "local initialisation"))
+
+    @property
+    def wave(self) -> int:
+        """Clients received together before they train (a multiple of ``receive_chunk``)."""
+        return (self.receive_chunk or 1) * 4 * self.workers
 
     def receive(self, setup: RoundSetup, jobs: list[ClientJob],
                 round: int) -> tuple[list[ClientJob], list[Metrics | None]]:
         """With ``receive_chunk``, the ``receive`` step of an algorithm that trains in it, on batched
         groups: the jobs with their received states and the step's metrics (else the jobs as they are)."""
         received: list[Metrics | None] = [None] * len(jobs)
-        if not (self.receive_chunk and setup.algorithm.trains_on_receive
-                and self._batchable(setup, "local initialisation")):
+        if not self._receives_first(setup):
             return jobs, received
-        groups = self._groups(setup, jobs, self.receive_chunk)
-        outputs = self._map(lambda group: receive_group(*self._on_worker(setup, jobs, group, round, True)), groups)
-        jobs = list(jobs)
-        for group, (new_jobs, metrics) in zip(groups, outputs):
+        groups = self._groups(setup, jobs, self.receive_chunk)  # type: ignore[arg-type]
+
+        def run(group: list[int], group_jobs: list[ClientJob]) -> tuple[list[ClientJob], list[Metrics]]:
+            return receive_group(*self._on_worker(setup, group_jobs, round, True))
+        out = list(jobs)
+        for group, (new_jobs, metrics) in zip(groups, self._map(run, groups, lambda g: [jobs[j].loaded() for j in g])):
             for j, job, info in zip(group, new_jobs, metrics):
-                jobs[j], received[j] = job, info
-        return jobs, received
+                out[j], received[j] = job, info
+        return out, received
 
     def _run_group(self, setup: RoundSetup, jobs: list[ClientJob], round: int, ctx: Context,
                    received: list[Metrics | None] | None) -> list[ClientResult]:
@@ -176,12 +219,11 @@ class ClientExecutor:
         order = size_order(setup.data, [job.client_id for job in jobs])
         return [order[start:start + size] for start in range(0, len(order), size)]
 
-    def _on_worker(self, setup: RoundSetup, jobs: Sequence[ClientJob], group: list[int], round: int,
+    def _on_worker(self, setup: RoundSetup, group_jobs: list[ClientJob], round: int,
                    batched: bool) -> tuple[RoundSetup, list[ClientJob], int, Context]:
         """The setup (this thread's model skeleton), jobs, round and context of a group."""
         if self._pool is not None:
             setup = replace(setup, model=self._model(setup.model))
-        group_jobs = [jobs[j] for j in group]
         return setup, group_jobs, round, group_context(setup, [job.client_id for job in group_jobs], round, batched)
 
     def _model(self, model: nn.Module) -> nn.Module:
@@ -191,10 +233,36 @@ class ClientExecutor:
             cache = self._local.models = (model, copy.deepcopy(model))
         return cache[1]
 
-    def _map(self, fn: Callable[[list[int]], T], groups: list[list[int]]) -> list[T]:
+    @property
+    def window(self) -> int:
+        """Groups submitted to the workers ahead of the one whose result is awaited: enough that a
+        large client at the head keeps no worker idle, few enough that memory stays flat."""
+        return 16 * self.workers
+
+    def _map(self, fn: Callable[[list[int], list[ClientJob]], T], groups: list[list[int]],
+             start: Callable[[list[int]], list[ClientJob]]) -> Iterator[T]:
+        """``fn(group, start(group))`` for every group, yielded in the groups' order; ``start`` runs
+        on the calling thread as a group is submitted, at most ``window`` groups ahead."""
         if self._pool is None or len(groups) <= 1:
-            return [fn(group) for group in groups]
-        return list(self._pool.map(fn, groups))
+            for group in groups:
+                yield fn(group, start(group))
+            return
+        queue, pending = iter(groups), deque[Future[T]]()
+
+        def submit() -> None:
+            group = next(queue, None)
+            if group is not None:
+                pending.append(self._pool.submit(fn, group, start(group)))  # type: ignore[union-attr]
+        try:
+            for _ in range(self.window):
+                submit()
+            while pending:
+                out = pending.popleft().result()
+                submit()
+                yield out
+        finally:
+            for future in pending:  # a failed client or a stopped run: the queued clients do not train
+                future.cancel()
 
     def close(self) -> None:
         if self._pool is not None:

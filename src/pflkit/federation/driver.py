@@ -18,13 +18,14 @@ clients of round r are those sampled for round r + 1 (spec: "only the joining cl
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from ..algorithms.base import ROUND_INFO, Algorithm, ClientSummary, SentUpload, State
+from ..algorithms.base import ROUND_INFO, Aggregator, Algorithm, ClientSummary, SentUpload, State
 from ..engines.base import ClientJob, ClientResult
 from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
@@ -117,29 +118,126 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
     return out
 
 
-def communication(jobs: Sequence[ClientJob], results: Sequence[ClientResult]) -> dict[str, float]:
-    """Values and bytes of the round's payloads and uploads, counted from the real messages
-    (the sample count every upload carries is left out): per participating client (mean) and for
-    the round (sum)."""
+def communication(jobs: Sequence[ClientJob], upload_sizes: Sequence[tuple[int, int]]) -> dict[str, float]:
+    """Values and bytes of the round's payloads and uploads (``message_size`` of each upload, the
+    sample count it carries left out), counted from the real messages: per participating client
+    (mean) and for the round (sum)."""
     down = [message_size(j.payload) for j in jobs]
-    up = [message_size({k: v for k, v in r.upload.items() if k != "num_samples"}) for r in results
-          if r.upload is not None]
     out: dict[str, float] = {}
-    for name, sizes in (("down", down), ("up", up)):
+    for name, sizes in (("down", down), ("up", upload_sizes)):
         if sizes:
             out[f"{name}_floats_per_client"] = float(np.mean([s[0] for s in sizes]))
             out[f"{name}_bytes"] = float(sum(s[1] for s in sizes))
     return out
 
 
-def update_variance(algorithm: Algorithm, server: State, uploads: Sequence[SentUpload]) -> float | None:
-    """Total variance of the participants' last-layer updates, sum_k ||dw_k - mean dw||^2
-    (SosicFL Eq. 10); None where uploads carry no head."""
-    updates = [algorithm.head_update(server, u) for u in uploads]
+def update_variance(updates: Sequence[torch.Tensor | None]) -> float | None:
+    """Total variance of the participants' last-layer updates (``Algorithm.head_update``),
+    sum_k ||dw_k - mean dw||^2 (SosicFL Eq. 10); None where uploads carry no head."""
     if not updates or any(u is None for u in updates):
         return None
-    stacked = torch.stack([u.detach().float().cpu() for u in updates])  # type: ignore[union-attr]
+    stacked = torch.stack(updates)  # type: ignore[arg-type]
     return float(((stacked - stacked.mean(0)) ** 2).sum())
+
+
+class OpenRound:
+    """A round whose client results arrive one at a time (``add``) until ``close`` records it.
+
+    A trained client's state goes to the store as it arrives. Where the method's server rule is a
+    weighted sum (``Algorithm.aggregator``) and the clients' training-set sizes are known
+    (``sizes``), its upload is folded in as soon as the uploads before it in ``upload_order`` are
+    (engines deliver them in that order, so none waits), and only the small part of each result is
+    kept (metrics, evaluation, message sizes): the round's memory does not grow with its clients.
+    Otherwise the uploads are kept for ``Algorithm.aggregate``; both give the same bits."""
+
+    def __init__(self, driver: RoundDriver, state: RunState, plan: RoundPlan,
+                 sizes: Mapping[int, int] | None = None) -> None:
+        self.driver, self.state, self.plan = driver, state, plan
+        self.participants = {j.client_id for j in plan.jobs}
+        self.results: list[ClientResult] = []  # without states and parameters
+        self.uploads: dict[int, SentUpload] = {}  # kept for ``aggregate``, or waiting for their turn
+        self.heads: dict[int, torch.Tensor | None] = {}
+        self.upload_sizes: list[tuple[int, int]] = []
+        self.aggregator: Aggregator | None = None
+        if plan.train and sizes is not None and self.participants:
+            self.expected = {c: sizes[c] for c in self.participants}
+            self.aggregator = driver.algorithm.aggregator(state.server, plan.round, sum(self.expected.values()))
+            self.order = sorted(self.participants, key=lambda c: (-self.expected[c], c))
+            self.folded = 0
+
+    def add(self, result: ClientResult) -> None:
+        cid = result.client_id
+        if not (self.plan.train and cid in self.participants):  # evaluated only: its state is discarded
+            self.results.append(replace(result, state=None, upload=None))
+            return
+        if result.state is not None:
+            self.state.clients[cid] = result.state
+        upload = result.upload
+        if upload is not None:
+            sent: SentUpload = {**upload, "client_id": cid}  # type: ignore[typeddict-item]
+            head = self.driver.algorithm.head_update(self.state.server, sent)
+            self.heads[cid] = None if head is None else head.detach().float().cpu()
+            self.upload_sizes.append(message_size({k: v for k, v in upload.items() if k != "num_samples"}))
+            self._take(sent)
+            upload = {"num_samples": upload["num_samples"]}  # type: ignore[assignment,typeddict-item]
+        self.results.append(replace(result, state=None, upload=upload))
+
+    def _take(self, upload: SentUpload) -> None:
+        cid = upload["client_id"]
+        self.uploads[cid] = upload
+        if self.aggregator is None:
+            return
+        if float(upload["num_samples"]) != float(self.expected[cid]):
+            raise ValueError(f"round {self.plan.round}: client {cid} uploaded num_samples = {upload['num_samples']}, "
+                             f"but its training set has {self.expected[cid]} samples; a weighted-sum server rule "
+                             "needs the weights announced before the uploads (override Algorithm.aggregator)")
+        while self.folded < len(self.order) and self.order[self.folded] in self.uploads:
+            self.aggregator.add(self.uploads.pop(self.order[self.folded]))
+            self.folded += 1
+
+    def close(self) -> dict[str, Any]:
+        """Aggregate the uploads, advance the run's state and return the record of the evaluated
+        round (``plan.round - 1``, or T for the final pass)."""
+        driver, state, plan = self.driver, self.state, self.plan
+        results = sorted(self.results, key=lambda r: r.client_id)
+        evaluated = results if plan.evaluate else None
+        results = [r for r in results if r.client_id in self.participants]  # eval-only clients change nothing
+        if not plan.train:
+            record = driver._record(state, driver.rounds, evaluated, plan)
+            # the final evaluation pass is waited for too (and may run ALA's start phase first)
+            record["final_pass_seconds"] = time.perf_counter() - plan.started
+            init = [r.metrics["init_seconds"] for r in results if "init_seconds" in r.metrics]
+            if init:
+                record["final_pass_init_seconds"] = float(np.sum(init))
+            state.pending = None
+            state.done = True
+            state.history.append(record)
+            return record
+        variance = update_variance([self.heads[c] for c in sorted(self.heads)])
+        if self.aggregator is not None:
+            if self.folded < len(self.order):
+                missing = [c for c in self.order[self.folded:] if c not in self.uploads]
+                raise RuntimeError(f"round {plan.round}: no upload from clients {missing[:10]}")
+            state.server = self.aggregator.result()
+        else:
+            state.server = driver.algorithm.aggregate(state.server, [self.uploads[c] for c in sorted(self.uploads)],
+                                                      plan.round)
+        info = state.server.pop(ROUND_INFO, None)  # what the server rule reports (FedACD's weights)
+        record = driver._record(state, plan.round - 1, evaluated, plan)
+        state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        state.pending.update(driver.algorithm.round_metrics({r.client_id: r.metrics for r in results}))
+        if info:
+            state.pending.update(info)
+        state.pending.update(communication(plan.jobs, self.upload_sizes))
+        if variance is not None:
+            state.pending["update_variance"] = variance
+        risks = [driver.global_evaluation.local_risk(r.metrics["class_correct"]) for r in results
+                 if driver.global_evaluation is not None and "class_correct" in r.metrics]
+        if risks:  # [metrics] adaptability: the trained local models' risk over the clients' distributions
+            state.pending["local_risk"] = float(np.mean(risks))
+        state.rounds_done = plan.round
+        state.history.append(record)
+        return record
 
 
 class RoundDriver:
@@ -211,50 +309,24 @@ class RoundDriver:
         return plan
 
     def _jobs(self, state: RunState, selected: list[int], t: int, evaluate: bool, train: bool) -> list[ClientJob]:
-        return [ClientJob(i, self.algorithm.downlink(state.server, i, t), state.clients.get(i), evaluate, train)
+        """The clients' jobs; states in memory go with them, states on disk are read when a job starts."""
+        store, eager = state.clients, isinstance(state.clients, MemoryStateStore)
+        return [ClientJob(i, self.algorithm.downlink(state.server, i, t), store.get(i) if eager else None, evaluate,
+                          train, load=None if eager else partial(store.__getitem__, i))
                 for i in selected]
 
+    def open_round(self, state: RunState, plan: RoundPlan, sizes: Mapping[int, int] | None = None) -> OpenRound:
+        """The round of ``plan``, to which results are added as they arrive (see ``OpenRound``);
+        ``sizes``: every client's training-set size, for folding uploads in as they come."""
+        return OpenRound(self, state, plan, sizes)
+
     def finish(self, state: RunState, plan: RoundPlan, results: Sequence[ClientResult]) -> dict[str, Any]:
-        """Take a round's results: keep client states, aggregate the uploads, and return the
-        record of the evaluated round (``plan.round - 1``, or T for the final pass)."""
-        results = sorted(results, key=lambda r: r.client_id)  # one aggregation order on every executor
-        evaluated = list(results) if plan.evaluate else None
-        trained = {j.client_id for j in plan.jobs}
-        results = [r for r in results if r.client_id in trained]  # eval-only clients change nothing
-        if not plan.train:
-            record = self._record(state, self.rounds, evaluated, plan)
-            # the final evaluation pass is waited for too (and may run ALA's start phase first)
-            record["final_pass_seconds"] = time.perf_counter() - plan.started
-            init = [r.metrics["init_seconds"] for r in results if "init_seconds" in r.metrics]
-            if init:
-                record["final_pass_init_seconds"] = float(np.sum(init))
-            state.pending = None
-            state.done = True
-            state.history.append(record)
-            return record
-        for res in results:
-            if res.state is not None:
-                state.clients[res.client_id] = res.state
-        uploads: list[SentUpload] = [{**r.upload, "client_id": r.client_id}  # type: ignore[typeddict-item]
-                                     for r in results if r.upload is not None]
-        variance = update_variance(self.algorithm, state.server, uploads)
-        state.server = self.algorithm.aggregate(state.server, uploads, plan.round)
-        info = state.server.pop(ROUND_INFO, None)  # what the server rule reports (FedACD's weights)
-        record = self._record(state, plan.round - 1, evaluated, plan)
-        state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
-        state.pending.update(self.algorithm.round_metrics({r.client_id: r.metrics for r in results}))
-        if info:
-            state.pending.update(info)
-        state.pending.update(communication(plan.jobs, results))
-        if variance is not None:
-            state.pending["update_variance"] = variance
-        risks = [self.global_evaluation.local_risk(r.metrics["class_correct"]) for r in results
-                 if self.global_evaluation is not None and "class_correct" in r.metrics]
-        if risks:  # [metrics] adaptability: the trained local models' risk over the clients' distributions
-            state.pending["local_risk"] = float(np.mean(risks))
-        state.rounds_done = plan.round
-        state.history.append(record)
-        return record
+        """Take a round's results at once (Flower's replies): keep client states, aggregate the
+        uploads, and return the record of the evaluated round."""
+        round = self.open_round(state, plan)
+        for result in results:
+            round.add(result)
+        return round.close()
 
     def _record(self, state: RunState, r: int, results: Sequence[ClientResult] | None,
                 plan: RoundPlan) -> dict[str, Any]:

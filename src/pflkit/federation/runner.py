@@ -88,9 +88,8 @@ def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorith
     """The disk store of run (``name``, ``seed``); a client's first state is ``init_client``'s."""
     clients = config.partition.num_clients
     per_round = max(1, int(config.run.join_ratio * clients))
-    return DiskStateStore(results.states_path(name, seed), clients,
-                          lambda i: algorithm.init_client(init, i), cache=config.run.state_cache or per_round,
-                          device=device)
+    return DiskStateStore(results.states_path(name, seed), clients, lambda i: algorithm.init_client(init, i),
+                          cache=config.run.state_cache or min(per_round, 64), device=device)
 
 
 def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor, setup: SeedSetup, name: str,

@@ -8,15 +8,16 @@ trackers). Whoever runs the clients supplies only how a round's jobs execute:
     session.step(execute)         # one round (benchmarks alternate runs round by round)
     plan = session.next_plan(); ...; session.finish(plan, results)   # whoever acts in between
 
-where ``execute(jobs, round) -> results`` runs client jobs (an engine, or Flower messages). The
-Flower strategy plans the round Flower's loop names (``driver.plan``, ``driver.plan_final``) and
-hands the replies to ``session.finish``.
+where ``execute(jobs, round) -> results`` runs client jobs (an engine, or Flower messages). ``step``
+takes each result as it comes (an engine's ``stream``), so a round of many clients holds only those in
+flight (``driver.OpenRound``). The Flower strategy plans the round Flower's loop names
+(``driver.plan``, ``driver.plan_final``) and hands the replies to ``session.finish``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -27,21 +28,26 @@ from .checkpoint import load_checkpoint
 from .driver import Callback, RoundDriver, RoundPlan, RunState
 from .state_store import ClientStore
 
-Execute = Callable[[list[ClientJob], int], list[ClientResult]]
+Execute = Callable[[list[ClientJob], int], Iterable[ClientResult]]
 
 
 def on_engine(engine: Engine, setup: RoundSetup) -> Execute:
-    """``execute`` for a session whose rounds run on ``engine`` (the simulator, the benchmarks)."""
-    return lambda jobs, round: engine.run(setup, jobs, round)
+    """``execute`` for a session whose rounds run on ``engine`` (the simulator, the benchmarks):
+    its results streamed."""
+    return lambda jobs, round: engine.stream(setup, jobs, round)
 
 
 class RunSession:
     """One run: ``driver`` plans and finishes its rounds on ``state``; ``callbacks`` see every record."""
 
-    def __init__(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback] = ()) -> None:
+    def __init__(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback] = (),
+                 sizes: Mapping[int, int] | None = None) -> None:
+        """``sizes``: each client's training-set size (from its summary), which lets ``step`` fold
+        uploads in as they arrive."""
         self.driver = driver
         self.state = state
         self.callbacks = list(callbacks)
+        self.sizes = sizes
 
     @classmethod
     def open(cls, driver: RoundDriver, init: Params, summaries: list[ClientSummary], *,
@@ -56,7 +62,7 @@ class RunSession:
             if store is not None:
                 store.prune()  # files of a run killed before its first checkpoint
             state = driver.start(init, summaries, client_states=client_states, store=store)
-        return cls(driver, state, callbacks)
+        return cls(driver, state, callbacks, {s.client_id: s.num_train for s in summaries})
 
     @property
     def done(self) -> bool:
@@ -68,21 +74,25 @@ class RunSession:
 
     def finish(self, plan: RoundPlan, results: Sequence[ClientResult]) -> dict[str, Any]:
         """Hand a round's results to the driver and its record to every callback."""
-        record = self.driver.finish(self.state, plan, results)
-        for callback in self.callbacks:
-            callback.on_record(self.state, record)
-        return record
+        return self._recorded(self.driver.finish(self.state, plan, results))
 
     def step(self, execute: Execute) -> dict[str, Any] | None:
-        """Run the next round (its evaluation-only clients too) with ``execute``; its record, or
-        None when the run is done."""
+        """Run the next round (its evaluation-only clients too) with ``execute``, taking each result
+        as it comes; its record, or None when the run is done."""
         plan = self.next_plan()
         if plan is None:
             return None
-        results = execute(plan.jobs, plan.round)
-        if plan.eval_jobs:
-            results = [*results, *execute(plan.eval_jobs, plan.round)]
-        return self.finish(plan, results)
+        round = self.driver.open_round(self.state, plan, self.sizes)
+        for jobs in (plan.jobs, plan.eval_jobs):
+            if jobs:
+                for result in execute(jobs, plan.round):
+                    round.add(result)
+        return self._recorded(round.close())
+
+    def _recorded(self, record: dict[str, Any]) -> dict[str, Any]:
+        for callback in self.callbacks:
+            callback.on_record(self.state, record)
+        return record
 
     def run(self, execute: Execute) -> RunState:
         """Every remaining round, the final evaluation included."""

@@ -4,7 +4,9 @@
 ``train``: local initialisation (e.g. ALA), personalised evaluation (returned with the reply, as
 pFL needs), local training, upload. ``evaluate``: the final evaluation-only pass.
 Per-client state persists in ``context.state`` (one entry per algorithm and seed) and, when the
-node config names a ``state-dir``, on disk, so a restarted SuperNode carries on. The state after
+node config names a ``state-dir``, on disk, so a restarted SuperNode carries on; on Flower's
+Simulation Engine with ``state_store = "disk"`` the server names a folder under the results instead
+and the state lives only there (thousands of virtual nodes hold none in memory). The state after
 the client's latest round is kept with the one before it, so a round that a restarted ServerApp
 sends again starts from the same state as the first time.
 """
@@ -12,6 +14,7 @@ sends again starts from the same state as the first time.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,8 +59,10 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     run = node_run(str(meta["config"]), context.node_config, name, seed)
     setup, algorithm = run.setup, run.round_setup.algorithm
     key = state_key(name, seed)
-    path = state_file(context.node_config, key)
-    if serde.has(context.state, key):
+    shared = meta["state-dir"] if "state-dir" in meta else None  # the simulation's folder: no copy in memory
+    path = (Path(str(shared)) / f"client{setup.client_id}" / f"{key}.pt" if shared is not None
+            else state_file(context.node_config, key))
+    if shared is None and serde.has(context.state, key):
         versions = versions_from_record(serde.get(context.state, key, setup.device))
     elif path is not None and path.is_file():
         versions = load_state(path, setup.device)
@@ -81,7 +86,8 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
         metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})
     if train:
         versions = add_version(versions, round, result.state)
-        serde.put(context.state, key, versions_to_record(versions))
+        if shared is None:
+            serde.put(context.state, key, versions_to_record(versions))
         if path is not None:
             save_state(path, versions)
         upload = result.upload

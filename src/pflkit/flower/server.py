@@ -59,17 +59,19 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
     return nodes, sorted(summaries, key=lambda s: s.client_id), info
 
 
-def check_flower_config(config: BaseConfig) -> None:
-    """Refuse the simulator-only keys before anything is written."""
+def check_flower_config(config: BaseConfig, simulation: bool = False) -> None:
+    """Refuse the simulator-only keys before anything is written (``state_store = "disk"`` is
+    Flower's Simulation Engine's too: its virtual SuperNodes share the results folder)."""
     if config.run.eval_all_clients:
         raise ConfigError("eval_all_clients = true runs in the simulator only: on Flower only the sampled "
                           "clients are reached each round; set eval_all_clients = false")
     if config.trace.clients:
         raise ConfigError("trace.clients runs in the simulator only: on Flower the client models stay on the "
                           "nodes; set trace.clients = []")
-    if config.run.state_store == "disk":
-        raise ConfigError("state_store = \"disk\" runs in the simulator only: on Flower each node keeps its own "
-                          "client's state; set state_store = \"memory\"")
+    if config.run.state_store == "disk" and not simulation:
+        raise ConfigError("state_store = \"disk\" runs in the simulator and on Flower's Simulation Engine only: in "
+                          "a deployment each node keeps its own client's state (its node config's state-dir); "
+                          "set state_store = \"memory\"")
 
 
 class FlowerExecutor:
@@ -78,8 +80,12 @@ class FlowerExecutor:
 
     keeps_client_states = False
 
-    def __init__(self, config: BaseConfig, config_text: str, grid: Grid, timeout: float, wait_seconds: float) -> None:
-        check_flower_config(config)
+    def __init__(self, config: BaseConfig, config_text: str, grid: Grid, timeout: float, wait_seconds: float,
+                 client_state_dir: Path | None = None) -> None:
+        """``client_state_dir``: a folder every client reaches (Flower's Simulation Engine), where
+        clients keep their states instead of in their nodes' memory (``state_store = "disk"``)."""
+        check_flower_config(config, simulation=client_state_dir is not None)
+        self.client_state_dir = client_state_dir
         self.config = config
         self.config_text = config_text
         self.grid = grid
@@ -114,7 +120,7 @@ class FlowerExecutor:
 
     def run(self, session: RunSession) -> None:
         driver, state = session.driver, session.state
-        strategy = PflkitStrategy(session, self.config_text, self._nodes[driver.seed])
+        strategy = PflkitStrategy(session, self.config_text, self._nodes[driver.seed], self.client_state_dir)
         strategy.start(self.grid, initial_arrays=ArrayRecord(torch_state_dict=self._init[driver.seed]),
                        num_rounds=driver.rounds, timeout=self.timeout)
         if not state.done:
@@ -122,15 +128,18 @@ class FlowerExecutor:
 
 
 def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: float = 3600.0,
-                  wait_seconds: float = 120.0) -> dict[str, Any]:
+                  wait_seconds: float = 120.0, simulation: bool = False) -> dict[str, Any]:
     """The Flower counterpart of ``run_experiment`` (same records, summary and plots).
 
     The server state, history and round are checkpointed in ``out`` after every
     ``checkpoint_every`` aggregations; started again with the same config and ``out`` (a
-    restarted ServerApp), the run continues where it stopped.
+    restarted ServerApp), the run continues where it stopped. ``simulation``: the clients are
+    virtual SuperNodes that reach ``out`` (with ``state_store = "disk"`` they keep their states in
+    its ``states/flower`` folder).
     """
-    check_flower_config(config)
+    check_flower_config(config, simulation)
     results = ResultsFolder(out)
+    state_dir = results.root / "states" / "flower" if simulation and config.run.state_store == "disk" else None
     config_dict = to_dict(config)
     with results.locked():
         if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path))):
@@ -138,7 +147,7 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")
         executor = FlowerExecutor(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
-                                  wait_seconds)
+                                  wait_seconds, state_dir)
         summary = run_all(config, results, executor, RunReport(), progress=False)
     log.info("\n%s\nresults: %s", format_table(summary), results.root)
     return summary

@@ -4,8 +4,10 @@ SuperNodes on a Ray backend, on this machine or on the Ray cluster at ``ray_addr
 The same apps as a real deployment (``flower/server_app.py``, ``flower/client_app.py``), the same
 records as the simulator. Each of the config's ``num_clients`` clients is a virtual SuperNode
 (``partition-id`` = its client id) that holds its data partition and keeps its client state in the
-node's ``context.state`` for the run. A client reserves ``run.threads`` CPUs, and one GPU when
-``run.device`` is CUDA. Flower's ``flwr[simulation]`` needs Ray (``pip install 'pflkit[ray]'``).
+node's ``context.state`` for the run, or, with ``state_store = "disk"`` (many stateful clients), in a
+file under the results folder's ``states/flower/`` (the nodes' memory then holds none). A client
+reserves ``run.threads`` CPUs, and one GPU when ``run.device`` is CUDA. Flower's ``flwr[simulation]``
+needs Ray (``pip install 'pflkit[ray]'``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
                              timeout: float = 3600.0) -> dict[str, Any]:
     """Run ``config`` into ``out`` on Flower's Simulation Engine; return the summary (the same
     results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
-    check_flower_config(config)
+    check_flower_config(config, simulation=True)
     try:
         from flwr.simulation import run_simulation
         import ray  # noqa: F401  (flwr's Ray backend)
@@ -46,7 +48,7 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
     @server.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            summary.update(run_on_flower(config, grid, out, timeout=timeout, wait_seconds=120.0))
+            summary.update(run_on_flower(config, grid, out, timeout=timeout, wait_seconds=120.0, simulation=True))
         except BaseException as exc:  # Flower logs and swallows the ServerApp's errors: keep it for the caller
             errors.append(exc)
             raise

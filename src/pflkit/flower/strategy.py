@@ -11,6 +11,7 @@ argument Flower passes around is not used: the server state lives in the run sta
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,10 +28,14 @@ log = logging.getLogger(__name__)
 
 
 class PflkitStrategy(Strategy):
-    def __init__(self, session: RunSession, config_text: str, nodes: dict[int, int]) -> None:
+    def __init__(self, session: RunSession, config_text: str, nodes: dict[int, int],
+                 client_state_dir: Path | None = None) -> None:
+        """``client_state_dir``: where clients keep their states on disk rather than in their nodes'
+        memory (a folder they all reach: Flower's Simulation Engine); None: in ``context.state``."""
         self.session = session
         self.config_text = config_text
         self.nodes = nodes  # pflkit client id -> Flower node id
+        self.client_state_dir = client_state_dir
         self._plan: RoundPlan | None = None
 
     @property
@@ -52,7 +57,8 @@ class PflkitStrategy(Strategy):
     def _message(self, job: ClientJob, round: int, message_type: str) -> Message:
         content = RecordDict({"pflkit": ConfigRecord({
             "config": self.config_text, "algorithm": self.driver.algorithm.name, "seed": self.driver.seed,
-            "round": round, "evaluate": job.evaluate})})
+            "round": round, "evaluate": job.evaluate,
+            **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {})})})
         serde.put(content, "payload", job.payload)
         return Message(content, dst_node_id=self.nodes[job.client_id], message_type=message_type,
                        group_id=str(round))

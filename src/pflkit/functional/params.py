@@ -17,20 +17,46 @@ def subset(params: Mapping[str, torch.Tensor], names: Iterable[str]) -> Params:
     return {k: params[k] for k in names}
 
 
+class WeightedSum:
+    """Sum_i w_i * model_i / total, folded in one model at a time (streaming aggregation: a round's
+    uploads need not all be held). ``total`` is the sum of the weights to come, known up front, so
+    that every model is added as ``acc += (w_i / total) * model_i``: the same operations, in the
+    same order, as :func:`weighted_average`, hence the same bits."""
+
+    def __init__(self, total: float) -> None:
+        if total <= 0:
+            raise ValueError(f"aggregation weights must sum to a positive number, got {total}")
+        self.total = float(total)
+        self.added = 0.0
+        self.sum: Params | None = None
+
+    def add(self, model: Mapping[str, torch.Tensor], weight: float) -> None:
+        if self.sum is None:
+            self.sum = {name: torch.zeros_like(value) for name, value in model.items()}
+        for name, acc in self.sum.items():
+            acc.add_(model[name], alpha=weight / self.total)
+        self.added += float(weight)
+
+    def result(self) -> Params:
+        if self.sum is None:
+            raise ValueError("cannot average an empty list of models")
+        if self.added != self.total:
+            raise ValueError(f"the added weights sum to {self.added:g}, not to the {self.total:g} announced")
+        return self.sum
+
+
 def weighted_average(models: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> Params:
-    """Sum_i w_i * model_i / Sum_i w_i over the keys of the first model (FedAvg, spec §0.2)."""
+    """Sum_i w_i * model_i / Sum_i w_i over the keys of the first model (FedAvg, spec §0.2), folded
+    in list order."""
     if not models:
         raise ValueError("cannot average an empty list of models")
     total = float(sum(weights))
     if total <= 0:
         raise ValueError(f"aggregation weights must sum to a positive number, got {list(weights)}")
-    out: Params = {}
-    for name in models[0]:
-        acc = torch.zeros_like(models[0][name])
-        for model, w in zip(models, weights):
-            acc.add_(model[name], alpha=w / total)
-        out[name] = acc
-    return out
+    average = WeightedSum(total)
+    for model, w in zip(models, weights):
+        average.add(model, w)
+    return average.result()
 
 
 def equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:

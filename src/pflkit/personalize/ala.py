@@ -32,7 +32,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from ..algorithms.base import Algorithm, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
+from ..algorithms.base import (Aggregator, Algorithm, ClientSummary, Init, Payload, SentUpload, Settings, State,
+                               Trained)
 from ..algorithms.context import ClientContext, Metrics, PerClient, SampleBatches, StepFn, TrainSettings
 from ..algorithms.registry import Modifier, register_modifier
 from ..functional import Params
@@ -296,6 +297,9 @@ class WithALA(Algorithm):
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         return self.base.aggregate(server, uploads, round)
+
+    def aggregator(self, server: State, round: int, total: float) -> Aggregator | None:
+        return self.base.aggregator(server, round, total)
 
     def global_params(self, server: State) -> Params:
         return self.base.global_params(server)
