@@ -47,7 +47,8 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
         "eval_batch_size", "rounds", "bn_buffers")},
     **{key: ("run", key) for key in (
         "join_ratio", "eval_every", "eval_all_clients", "engine", "workers", "device", "threads",
-        "checkpoint_every", "state_store", "state_cache", "tracker")},
+        "checkpoint_every", "state_store", "state_cache", "tracker", "plateau_evaluations", "plateau_points",
+        "plateau_metric")},
 }
 
 #: The sections that flat keys belong to.
@@ -168,6 +169,15 @@ class RunSettings(BaseModel):
     state_cache: int | None = Field(None, ge=1, description="state_store = disk: client states kept in memory "
                                     "(default: the clients of one round, at most 64; a client's state is read when "
                                     "its job starts, so memory holds the clients in flight and this cache)")
+    plateau_evaluations: int | None = Field(
+        None, ge=1, description="stop a run once its best plateau_metric has not improved by more than "
+        "plateau_points over the last this many evaluations (rounds is then the cap; FedALA's convergence rule: "
+        "20); default: run every round")
+    plateau_points: float = Field(0.1, ge=0, description="plateau rule: the improvement, in percentage points, "
+                                  "that counts as progress")
+    plateau_metric: Literal["accuracy", "global_accuracy", "local_accuracy"] = Field(
+        "accuracy", description="plateau rule: the record's metric it watches (global_accuracy: methods without "
+        "a global model fall back to accuracy)")
     tracker: Literal["none", "tensorboard"] = Field(
         "none", description="also write every record to TensorBoard event files under tensorboard/ in the results "
         "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')")

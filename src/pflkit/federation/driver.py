@@ -80,6 +80,24 @@ def should_evaluate(r: int, rounds: int, eval_every: int) -> bool:
     return r % eval_every == 0 or r == rounds
 
 
+@dataclass(frozen=True)
+class Plateau:
+    """The convergence rule of a run that stops before its ``rounds`` (then only a cap): the best
+    ``metric`` has not improved by more than ``points`` percentage points over the last
+    ``evaluations`` evaluations."""
+
+    evaluations: int
+    points: float = 0.1
+    metric: str = "accuracy"
+
+    def reached(self, history: Sequence[dict[str, Any]]) -> bool:
+        values = [float(r[self.metric]) for r in history
+                  if isinstance(r.get(self.metric), (int, float)) and not np.isnan(r[self.metric])]
+        if len(values) <= self.evaluations:
+            return False
+        return max(values) - max(values[:-self.evaluations]) <= self.points / 100
+
+
 def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False) -> dict[str, Any]:
     """Pooled (sample-weighted) and per-client accuracy of the evaluated clients; with
     ``local_test`` (the official protocol's local test sets) also ``local_accuracy``, the mean over
@@ -203,7 +221,9 @@ class OpenRound:
         evaluated = results if plan.evaluate else None
         results = [r for r in results if r.client_id in self.participants]  # eval-only clients change nothing
         if not plan.train:
-            record = driver._record(state, driver.rounds, evaluated, plan)
+            record = driver._record(state, state.rounds_done, evaluated, plan)
+            if state.rounds_done < driver.rounds:
+                record["stopped"] = "plateau"
             # the final evaluation pass is waited for too (and may run ALA's start phase first)
             record["final_pass_seconds"] = time.perf_counter() - plan.started
             init = [r.metrics["init_seconds"] for r in results if "init_seconds" in r.metrics]
@@ -245,11 +265,12 @@ class RoundDriver:
 
     def __init__(self, algorithm: Algorithm, *, num_clients: int, seed: int, rounds: int, join_ratio: float,
                  eval_every: int, global_evaluation: GlobalEvaluation | None = None,
-                 local_test: bool = False, evaluate_all: bool = False) -> None:
+                 local_test: bool = False, evaluate_all: bool = False, plateau: Plateau | None = None) -> None:
         """``global_evaluation`` scores the global model of every evaluated round on the global
         test set (algorithms with a global model); ``local_test``: clients are scored on local
         test sets (the official protocol) and records carry ``local_accuracy``; ``evaluate_all``:
-        every client is scored at each evaluation, participants or not (SosicFL's protocol)."""
+        every client is scored at each evaluation, participants or not (SosicFL's protocol);
+        ``plateau``: stop training once it is reached (``rounds`` is then the cap)."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.seed = seed
@@ -259,6 +280,7 @@ class RoundDriver:
         self.global_evaluation = global_evaluation if algorithm.has_global_model else None
         self.local_test = local_test
         self.evaluate_all = evaluate_all
+        self.plateau = plateau
 
     def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True,
               store: ClientStore | None = None) -> RunState:
@@ -280,7 +302,7 @@ class RoundDriver:
         """The next training round, the final evaluation after the last one, or None when done."""
         if state.done:
             return None
-        if state.rounds_done < self.rounds:
+        if state.rounds_done < self.rounds and not (self.plateau and self.plateau.reached(state.history)):
             return self.plan(state, state.rounds_done + 1)
         return self.plan_final(state)
 
@@ -297,7 +319,7 @@ class RoundDriver:
 
     def plan_final(self, state: RunState) -> RoundPlan:
         """The evaluation of round T: local initialisation and evaluation, no training."""
-        final = self.rounds + 1
+        final = state.rounds_done + 1
         selected = (list(range(self.num_clients)) if self.evaluate_all
                     else sample_clients(self.seed, final, self.num_clients, self.join_ratio))
         return self._scored(state, RoundPlan(final, self._jobs(state, selected, final, True, False), True, False))

@@ -23,7 +23,7 @@ from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
 from .checkpoint import Checkpointer, TraceWriter
-from .driver import Callback, RoundDriver, RunState
+from .driver import Callback, Plateau, RoundDriver, RunState
 from .session import RunSession
 from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
@@ -92,6 +92,17 @@ def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorith
                           cache=config.run.state_cache or min(per_round, 64), device=device)
 
 
+def plateau_rule(config: BaseConfig, algorithm: Algorithm) -> Plateau | None:
+    """The run's convergence rule (``plateau_*`` of ``[run]``), if any."""
+    run = config.run
+    if run.plateau_evaluations is None:
+        return None
+    metric = run.plateau_metric
+    if metric == "global_accuracy" and not algorithm.has_global_model:
+        metric = "accuracy"
+    return Plateau(run.plateau_evaluations, run.plateau_points, metric)
+
+
 def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor, setup: SeedSetup, name: str,
                  algorithm: Algorithm, seed: int) -> RunSession:
     """The run (``name``, ``seed``) of ``config``: continued from its checkpoint in ``results``
@@ -99,7 +110,7 @@ def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor,
     driver = RoundDriver(algorithm, num_clients=config.partition.num_clients, seed=seed, rounds=config.train.rounds,
                          join_ratio=config.run.join_ratio, eval_every=config.run.eval_every,
                          global_evaluation=setup.global_evaluation, local_test=config.partition.official,
-                         evaluate_all=config.run.eval_all_clients)
+                         evaluate_all=config.run.eval_all_clients, plateau=plateau_rule(config, algorithm))
     store = None
     if config.run.state_store == "disk" and executor.keeps_client_states:
         store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
