@@ -414,3 +414,22 @@ def test_bad_input_exits_with_one_clear_message(tmp_path, make_args, needle):
     assert "Traceback" not in result.output
     assert needle in result.output, result.output
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("summary.json")} == summaries
+
+
+def test_data_dir_may_name_an_environment_variable_and_an_unset_one_is_named(tmp_path, monkeypatch):
+    """Committed result cells say data_dir = "${PFLKIT_DATA}/mnist": no machine's path."""
+    from pflkit.data import DataError, write_idx
+    from pflkit.data.sources import data_folder, load_dataset
+
+    folder = tmp_path / "mnist"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for prefix, n in (("train", 30), ("t10k", 10)):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte", rng.integers(0, 255, (n, 28, 28), dtype=np.uint8))
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
+    monkeypatch.setenv("PFLKIT_DATA", str(tmp_path))
+    assert data_folder("${PFLKIT_DATA}/mnist") == folder
+    assert len(load_dataset("mnist", "${PFLKIT_DATA}/mnist").y) == 40
+    monkeypatch.delenv("PFLKIT_DATA")
+    with pytest.raises(DataError, match="environment variable PFLKIT_DATA, which is not set"):
+        load_dataset("mnist", "${PFLKIT_DATA}/mnist")

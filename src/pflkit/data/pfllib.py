@@ -26,6 +26,7 @@ import torch
 
 from pflkit.data.errors import DataError
 from pflkit.data.federated import ClientData, FederatedData
+from pflkit.data.sources import data_folder
 
 __all__ = ["load_pfllib", "read_pfllib_config"]
 
@@ -126,7 +127,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def load_pfllib(data_dir: str | Path, *, device: torch.device | str = "cpu") -> FederatedData:
     """Read a PFLlib dataset folder into a FederatedData with its own client splits, on ``device``."""
-    root = Path(data_dir)
+    root = data_folder(data_dir)
     config = read_pfllib_config(root)
     num_clients = config["num_clients"]
     files = client_files(root, num_clients)

@@ -9,6 +9,9 @@ live in their own modules (cifar, tiny_imagenet, agnews).
 
 from __future__ import annotations
 
+import os
+import re
+
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +159,18 @@ def _require_dir(name: str, data_dir: str | Path | None) -> Path:
     return Path(data_dir)
 
 
+def data_folder(data_dir: str | Path) -> Path:
+    """``data_dir`` with ``~`` and environment variables expanded (``${PFLKIT_DATA}/mnist``: configs that
+    name no machine's path, as the committed result cells do); an unset variable is an error."""
+    text = os.path.expandvars(os.path.expanduser(str(data_dir)))
+    unset = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text)
+    if unset:
+        raise DataError(f"data_dir {str(data_dir)!r} names the environment variable {unset[0]}, which is not set; "
+                        f"set it to the folder that holds the datasets (e.g. export {unset[0]}=/path/to/datasets) "
+                        "or give data_dir=DIR")
+    return Path(text)
+
+
 def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test: bool = False) -> Dataset:
     """Load a dataset by name (see :data:`DATASETS`) as one pool (train and test merged, spec §5.1).
 
@@ -164,6 +179,8 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test
     default (Tiny-ImageNet's val images, which FedALA does not use).
     ``"pfllib"`` holds ready-made client splits: load it with :func:`pflkit.data.load_pfllib`.
     """
+    if data_dir is not None:
+        data_dir = data_folder(data_dir)
     if name == "digits":
         return _load_digits()
     if name == "mnist":
