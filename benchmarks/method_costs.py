@@ -1,0 +1,117 @@
+"""What each method's round costs against the work it must do (issue 23 §2).
+
+FedALA's MNIST setting (configs/paper/mnist-dir0.1-all.toml: 20 clients, Dir(0.1), FedAvgCNN,
+batch 10, one local epoch, every method with its Appendix G settings), the parallel engine. All
+methods advance round by round in turn (A B C ..., then ... C B A) so that the machine's drift hits
+them alike; a method's cost is the median of its steady rounds (round 3 on: round 2 is ALA's start
+phase) divided by FedAvg's. Its *inherent work* is what it must compute, in FedAvg rounds
+(``WORK``: training epochs over its data, and the forward passes it cannot avoid, a no-grad forward
+counted as a third of a training step); the goal is a cost within 1.3x of it.
+
+    python benchmarks/method_costs.py --data-dir ../shared/datasets/mnist --rounds 4 --out costs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pflkit.algorithms import ClientSummary
+from pflkit.config import load_config
+from pflkit.engines import RoundSetup, build_engine
+from pflkit.federation import RoundDriver, RunSession, build_partitions, initial_params
+from pflkit.federation.session import on_engine
+from pflkit.methods import build_algorithm
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "paper" / "mnist-dir0.1-all.toml"
+FORWARD = 1 / 3  # a no-grad forward pass, in training steps of the same samples
+
+#: Inherent work per round in FedAvg rounds (one training epoch over every client's data = 1), with
+#: the method's default (FedALA Appendix G) settings; the reason is printed with the table.
+WORK = {
+    "fedavg": (1.0, "1 epoch"),
+    "fedprox": (1.0, "1 epoch (the proximal term is elementwise)"),
+    "local": (1.0, "1 epoch"),
+    "fedavgc": (2.0, "1 fine-tuning epoch + 1 epoch"),
+    "fedproxc": (2.0, "1 fine-tuning epoch + 1 epoch"),
+    "perfedavg": (2.0, "each step trains on two batches (B, B')"),
+    "fedrep": (1.0 + FORWARD + 5 * 0.1, "1 body epoch + 1 forward for the features + 5 head-only epochs "
+                                         "(~0.1 each on cached features)"),
+    "pfedme": (5.0, "K = 5 inner steps per batch"),
+    "ditto": (3.0, "1 global epoch + 2 personal epochs"),
+    "fedamp": (1.0, "1 epoch"),
+    "fedphp": (1.0 + FORWARD, "1 epoch + the HPM's forward for the MMD"),
+    "fedfomo": (1.0 + 19 * 0.2 * FORWARD, "1 epoch + 19 downloaded models scored on a 20% holdout"),
+    "apple": (1.0, "1 epoch (plus mixing 20 downloaded models at every step)"),
+    "partialfed": (1.0, "1 epoch (model and strategy batches)"),
+    "fedala": (1.0 + 0.8 * FORWARD, "1 epoch + one forward over the s = 80% sample (steady ALA)"),
+}
+METHODS = list(WORK)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("method-costs.json"))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    methods = args.methods.split(",")
+    config = load_config(str(CONFIG), [f"data_dir={args.data_dir}", f"rounds={args.rounds + 1}", "seeds=[0]",
+                                       f"algorithms={json.dumps(methods)}", f"workers={args.workers}"])
+    device = torch.device("cpu")
+    config, partitions = build_partitions(config, device)
+    data = next(iter(partitions.values()))
+    summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
+    engine = build_engine("parallel", workers=args.workers, device="cpu")
+    runs = {}
+    for name in methods:
+        model, init = initial_params(config, data, 0, device)
+        alg = build_algorithm(name, config.algorithm_sections(), config.train, model.units())
+        driver = RoundDriver(alg, num_clients=data.num_clients, seed=0, rounds=args.rounds + 1, join_ratio=1.0,
+                             eval_every=1)
+        setup = RoundSetup(alg, data, model, model.units(), config.train, 0)
+        runs[name] = (RunSession.open(driver, init, summaries), on_engine(engine, setup), [])
+    try:
+        for t in range(1, args.rounds + 1):
+            for name in (methods if t % 2 else methods[::-1]):
+                session, execute, rows = runs[name]
+                start = time.perf_counter()
+                session.step(execute)
+                rows.append({**session.state.pending, "wall": time.perf_counter() - start})
+                print(f"round {t} {name}: {rows[-1]['wall']:.1f} s", file=sys.stderr, flush=True)
+    finally:
+        engine.close()
+    report = {"config": str(CONFIG.name), "rounds": args.rounds, "workers": args.workers, "methods": {}}
+    base = statistics.median(r["wall"] for r in runs["fedavg"][2][2:]) if "fedavg" in runs else None
+    for name, (_session, _execute, rows) in runs.items():
+        steady = rows[2:]
+        seconds = statistics.median(r["wall"] for r in steady)
+        work, why = WORK.get(name.split("+")[0], (float("nan"), "?"))
+        entry = {"round_seconds": [r["wall"] for r in rows], "steady_seconds": seconds,
+                 "init_seconds": statistics.median(r.get("init_seconds", 0.0) for r in steady),
+                 "train_seconds": statistics.median(r.get("train_seconds", 0.0) for r in steady),
+                 "eval_seconds": statistics.median(r.get("eval_seconds", 0.0) for r in steady),
+                 "inherent_work": work, "work": why}
+        if base:
+            entry["cost_vs_fedavg"] = seconds / base
+            entry["cost_vs_inherent"] = seconds / (base * work)
+        report["methods"][name] = entry
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"{'method':<14} {'s/round':>8} {'x FedAvg':>9} {'inherent':>9} {'x inherent':>11}  work")
+    for name, e in report["methods"].items():
+        print(f"{name:<14} {e['steady_seconds']:>8.1f} {e.get('cost_vs_fedavg', float('nan')):>8.2f}x "
+              f"{e['inherent_work']:>8.2f}x {e.get('cost_vs_inherent', float('nan')):>10.2f}x  {e['work']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
