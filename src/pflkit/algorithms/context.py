@@ -211,7 +211,7 @@ class ClientContext(Protocol):
             trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
             optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
             max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
-            epoch_end: EpochEnd | None = None, stage: str = "local training") -> Fit:
+            epoch_end: EpochEnd | None = None, stage: str = "local training", start: int = 0) -> Fit:
         """Train ``trainable`` (default: every parameter, never batch-norm statistics) of
         ``params`` over ``data``: each step either minimises ``loss`` with ``optimizer`` (default:
         the run's SGD) or applies ``step``; ``transform`` follows every step. ``until`` makes
@@ -219,6 +219,10 @@ class ClientContext(Protocol):
         them. ``active`` (per client) leaves inactive clients' parameters unchanged. ``carry``
         names entries the loss updates itself: it then returns ``(value, {name: new value})``
         (e.g. running statistics of the batches); ``epoch_end`` maps them after every epoch.
+        ``start``: the units below it are frozen; where their forward is deterministic (no dropout
+        or batch norm, no mixup, ``TrainBatches`` data) their output over the client's training
+        data is computed once and every step runs from unit ``start`` on it (the loss's ``net``
+        then starts there): FedRep's head epochs. Otherwise the whole model runs, the same function.
         Raises NonFiniteLossError naming the stage when a loss is NaN/inf."""
 
     def holdout(self, fraction: float) -> Sample:

@@ -2,6 +2,8 @@
 
 Round: take the global body; train the head alone for ``head_epochs`` epochs, then the body
 alone for E epochs; upload the body only. Evaluated model: (latest global body, local head).
+The head epochs run on the body's outputs, computed once per round (``cache_features``): the body
+is frozen then, so every head step sees the same inputs as a step through the whole model.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ class FedRepSettings(Settings):
     clip_norm: float = Field(10.0, ge=0, description="clip each step's gradient at this global L2 norm in both "
                              "phases (pflkit's, not the paper's or PFLlib's: at FedALA's lr 0.1 unclipped "
                              "FedRep blows up at some seeds; 0: off, PFLlib's)")
+    cache_features: bool = Field(True, description="head epochs on the body's outputs computed once per round "
+                                 "(the body is frozen then; the same function, far fewer forward passes); "
+                                 "false: the whole model runs at every head step, as PFLlib does")
 
 
 @register
@@ -40,7 +45,7 @@ class FedRep(Algorithm):
         opt = ctx.train.optimizer(clip_norm=self.settings.clip_norm or None)
         head_fit = self.train_model(state["model"], ctx, classification_loss, purpose="head",
                                     epochs=self.settings.head_epochs, trainable=head, stage="head training",
-                                    optimizer=opt)
+                                    optimizer=opt, start=len(self.units) - 1 if self.settings.cache_features else 0)
         fit = self.train_model(head_fit.params, ctx, classification_loss, trainable=body, stage="body training",
                                optimizer=opt)
         return ({**state, "model": fit.params}, self.upload(subset(fit.params, body), ctx),

@@ -30,7 +30,7 @@ from ..data.federated import ClientData, FederatedData
 from ..functional import Params, torch_generator
 from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, mix, net_of, prediction_logits
 from ..models import UnitModel, Units, buffer_names, num_outputs
-from .client import class_sums
+from .client import cached_prefix, class_sums, from_unit
 from .schedule import ClientSchedule, holdout_positions, sample_positions
 from .stacking import stack, unstack
 
@@ -232,6 +232,23 @@ class BatchedClientContext:
             self._cpu_rows = [c.train_rows.cpu() for c in self.clients]
         return self._cpu_rows
 
+    @torch.no_grad()
+    def _prefix_outputs(self, params: Params, start: int) -> tuple[Tensor, Tensor]:
+        """Units ``0..start-1`` over every client's training rows, each on its own parameters:
+        (outputs stacked client after client, the position of each dataset row in them)."""
+        step = self.train.eval_batch_size
+        outputs = []
+        for k, c in enumerate(self.clients):
+            own = {name: value[k] for name, value in params.items()}
+            outputs += [forward(self.model, own, self.fed.x[c.train_rows[i:i + step]], stop=start, train=True)
+                        for i in range(0, c.num_train, step)]
+        position = torch.zeros(len(self.fed.x), dtype=torch.long, device=self.device)  # padding rows: any real one
+        offset = 0
+        for c in self.clients:
+            position[c.train_rows] = torch.arange(offset, offset + c.num_train, device=self.device)
+            offset += c.num_train
+        return torch.cat(outputs), position
+
     def _plan(self, data: DataSpec) -> "_Plan":
         if isinstance(data, SampleBatches):
             return _SamplePlan(data.sample, self.train.batch_size)
@@ -248,9 +265,10 @@ class BatchedClientContext:
             trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
             optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
             max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
-            epoch_end: EpochEnd | None = None, stage: str = "local training") -> Fit:
+            epoch_end: EpochEnd | None = None, stage: str = "local training", start: int = 0) -> Fit:
         if (loss is None) == (step is None):
             raise ValueError("fit takes either a loss or a step function")
+        start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
         if [k for k in buffer_names(self.model) if k in params]:
             raise NotImplementedError(f"batched training does not support models with buffers (batch norm: "
                                       f"{type(self.model).__name__}); engines run them client by client")
@@ -259,7 +277,7 @@ class BatchedClientContext:
         train = {k: params[k].detach().clone() for k in names}
         carried = {k: params[k].detach().clone() for k in carry}
         frozen = {k: v.detach() for k, v in params.items() if k not in train and k not in carried}
-        net = self._net
+        net = self._net if not start else from_unit(self._net, start)
         opt = optimizer or self.train.optimizer()
         opt_state = opt.init(train) if step is None else {}
         if step is None:
@@ -273,7 +291,7 @@ class BatchedClientContext:
             batched = partial(step, None)
         else:
             batched = _vmapped(lambda tp, fz, b, a: step(grad_and_value, tp, fz, b, a), aux)
-        plan = self._plan(data)
+        plan = self._plan(data) if not start else _TrainPlan(self, data, self._prefix_outputs(params, start))  # type: ignore[arg-type]
         loss_sum = torch.zeros(K, device=self.device)
         count = torch.zeros(K, device=self.device)
         last = torch.full((K,), math.nan, device=self.device)
@@ -378,8 +396,10 @@ class _Plan:
 
 
 class _TrainPlan(_Plan):
-    def __init__(self, ctx: BatchedClientContext, spec: TrainBatches) -> None:
-        self.ctx, self.spec = ctx, spec
+    def __init__(self, ctx: BatchedClientContext, spec: TrainBatches,
+                 inputs: tuple[Tensor, Tensor] | None = None) -> None:
+        """``inputs``: (features, position of each dataset row in them) replacing the dataset's inputs."""
+        self.ctx, self.spec, self.inputs = ctx, spec, inputs
         # one schedule per client for all epochs, drawn in order (the per-client context's draws)
         train = ctx.train
         self.clients = [ClientSchedule(spec, c.num_train, train.batch_size, ctx.seed, ctx.round, i, train.mixup,
@@ -400,7 +420,8 @@ class _TrainPlan(_Plan):
     def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Batch:
         s = self.schedule(epoch)
         rows = s.rows[clients, step]
-        x, y, mask = self.ctx.fed.x[rows], self.ctx.fed.y[rows], s.mask[clients, step]
+        x = self.ctx.fed.x[rows] if self.inputs is None else self.inputs[0][self.inputs[1][rows]]
+        y, mask = self.ctx.fed.y[rows], s.mask[clients, step]
         if s.lam is None or s.perm is None:
             return Batch(x, y, mask)
         return mix(x, y, s.lam[clients, step], s.perm[clients, step])._replace(mask=mask)

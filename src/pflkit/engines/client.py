@@ -72,8 +72,10 @@ class SingleClientContext:
         for epoch in self._train_epochs(spec):
             yield from epoch
 
-    def _train_epochs(self, spec: TrainBatches, open_ended: bool = False) -> Iterator[list[Batch]]:
-        x, y = self.data.train_x, self.data.train_y
+    def _train_epochs(self, spec: TrainBatches, open_ended: bool = False,
+                      inputs: Tensor | None = None) -> Iterator[list[Batch]]:
+        """The epochs of ``spec``; ``inputs`` replaces the training inputs row for row (features)."""
+        x, y = (self.data.train_x if inputs is None else inputs), self.data.train_y
         schedule = ClientSchedule(spec, len(y), self.train.batch_size, self.seed, self.round, self.client_id,
                                   self.train.mixup, self.train.mixup_alpha)
         for _ in (itertools.count() if open_ended else range(spec.epochs)):
@@ -88,9 +90,9 @@ class SingleClientContext:
                     batches.append(Batch(x[idx], y[idx]))
             yield batches
 
-    def _epochs(self, data: DataSpec, open_ended: bool) -> Iterator[list[Any]]:
+    def _epochs(self, data: DataSpec, open_ended: bool, inputs: Tensor | None = None) -> Iterator[list[Any]]:
         if isinstance(data, TrainBatches):
-            yield from self._train_epochs(data, open_ended)
+            yield from self._train_epochs(data, open_ended, inputs)
         elif isinstance(data, PairedBatches):
             for epochs in zip(*(self._train_epochs(s) for s in data.streams)):
                 yield list(zip(*epochs))
@@ -164,11 +166,18 @@ class SingleClientContext:
             trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
             optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
             max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
-            epoch_end: EpochEnd | None = None, stage: str = "local training") -> Fit:
+            epoch_end: EpochEnd | None = None, stage: str = "local training", start: int = 0) -> Fit:
         if (loss is None) == (step is None):
             raise ValueError("fit takes either a loss or a step function")
         if active is not None and not bool(active):
             return Fit(dict(params), 0.0, 0, float("nan"), 0)
+        start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
+        inputs = None
+        if start:
+            with torch.no_grad():
+                inputs = torch.cat([forward(self.model, params, self.data.train_x[i:i + self.train.eval_batch_size],
+                                            stop=start, train=True)
+                                    for i in range(0, self.data.num_train, self.train.eval_batch_size)])
         buffers = [k for k in buffer_names(self.model) if k in params]
         skip = set(buffers) | set(carry)
         names = [k for k in (params if trainable is None else trainable) if k not in skip]
@@ -178,7 +187,7 @@ class SingleClientContext:
         stats = {k: params[k].detach().clone() for k in buffers}
         frozen = {**{k: v.detach() for k, v in params.items()
                      if k not in train and k not in stats and k not in carried}, **stats}
-        net = self.net
+        net = self.net if not start else from_unit(self.net, start)
         if step is None:
             assert loss is not None
             opt = optimizer or self.train.optimizer()
@@ -190,7 +199,7 @@ class SingleClientContext:
         loss_sum = torch.zeros((), device=device)
         count = 0
         epoch_losses: list[float] = []
-        for epoch in self._epochs(data, open_ended=until is not None):
+        for epoch in self._epochs(data, open_ended=until is not None, inputs=inputs):
             last = None
             for batch in epoch:
                 if step is None:
@@ -222,6 +231,29 @@ class SingleClientContext:
         return Fit({k: out[k] for k in params}, float(loss_sum) / max(count, 1), len(epoch_losses),
                    epoch_losses[-1] if epoch_losses else float("nan"), count,
                    epoch_losses if until is not None else None)
+
+
+def cached_prefix(model: UnitModel, units: Units, train: TrainSettings, data: DataSpec, start: int,
+                  trainable: Sequence[str]) -> int:
+    """``start`` where ``fit`` may compute units ``0..start-1`` once (see ``ClientContext.fit``), else 0."""
+    if start <= 0:
+        return 0
+    lower = {name for _, names in units[:start] for name in names}
+    below = sorted(lower & set(trainable))
+    if below:
+        raise ValueError(f"fit(start={start}) would train parameters of the units below it: {below}")
+    if not (isinstance(data, TrainBatches) and not train.mixup and getattr(model, "prefix_is_deterministic", False)
+            and getattr(model, "apply_units", None) is not None and not buffer_names(model)):
+        return 0
+    return start
+
+
+def from_unit(net: Net, start: int) -> Net:
+    """``net`` on inputs that are already the output of units ``0..start-1``."""
+    def shifted(params: Mapping[str, Tensor], x: Tensor, first: int = 0, stop: int | None = None, *,
+                train: bool = True) -> Tensor:
+        return net(params, x, start + first, stop, train=train)
+    return shifted
 
 
 @torch.no_grad()
