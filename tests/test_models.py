@@ -516,3 +516,45 @@ def test_every_algorithm_trains_a_model_whose_classifier_has_no_bias(name, model
     assert losses and all(np.isfinite(losses))
     accuracies = [r["accuracy"] for r in result.history if "accuracy" in r]
     assert accuracies and all(0 <= a <= 1 for a in accuracies)
+
+
+def test_fast_pooling_gives_max_pool2d_numbers():
+    """max_pool_2x2 without autograd equals F.max_pool2d (ties, NaN, odd sizes); with autograd it is it."""
+    import torch.nn.functional as F
+    from pflkit.models.pooling import max_pool_2x2
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-2, 3, (4, 3, 8, 8), generator=g).float()  # many ties
+    x[0, 0, 0, 0] = float("nan")
+    with torch.no_grad():
+        assert torch.equal(max_pool_2x2(x).nan_to_num(9.0), F.max_pool2d(x, 2).nan_to_num(9.0))
+        odd = torch.randn(2, 3, 7, 7, generator=g)
+        assert torch.equal(max_pool_2x2(odd), F.max_pool2d(odd, 2))
+    tracked = torch.randn(2, 3, 8, 8, generator=g, requires_grad=True)
+    assert type(max_pool_2x2(tracked).grad_fn).__name__.startswith("MaxPool2D")
+
+
+def test_fedavg_cnn_pools_before_its_relu_with_the_same_values_and_gradients():
+    """ReLU after the pool (a quarter of the elements) gives ReLU-then-pool's numbers bit for bit."""
+    import torch.nn.functional as F
+    from pflkit.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("fedavg_cnn", (1, 28, 28), 10)
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
+    x = torch.zeros(6, 1, 28, 28)
+    x[:, :, 8:20, 8:20] = torch.rand(6, 1, 12, 12)  # a blank border: exact ties in the pooled maps
+
+    def reference(p):
+        h = F.max_pool2d(F.relu(F.conv2d(x, p["conv1.weight"], p["conv1.bias"])), 2)
+        h = F.max_pool2d(F.relu(F.conv2d(h, p["conv2.weight"], p["conv2.bias"])), 2)
+        h = F.relu(F.linear(torch.flatten(h, 1), p["fc1.weight"], p["fc1.bias"]))
+        return F.linear(h, p["fc.weight"], p["fc.bias"])
+    ours = model.apply_units(params, x, 0, None, train=True)
+    theirs = reference(params)
+    assert torch.equal(ours, theirs)
+    g1 = torch.autograd.grad(ours.square().sum(), list(params.values()))
+    g2 = torch.autograd.grad(theirs.square().sum(), list(params.values()))
+    assert all(torch.equal(a, b) for a, b in zip(g1, g2))
+    with torch.no_grad():
+        assert torch.equal(model.apply_units(params, x, 0, None, train=True), reference(params))

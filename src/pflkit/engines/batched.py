@@ -28,7 +28,8 @@ from ..algorithms.context import (DataSpec, EpochEnd, Fit, Metrics, PairedBatche
                                   SampleMap, SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings, Transform)
 from ..data.federated import ClientData, FederatedData
 from ..functional import Params, torch_generator
-from ..functional.training import SGD, Batch, LossFn, Net, NonFiniteLossError, forward, mix, net_of, prediction_logits
+from ..functional.training import (SGD, Batch, LossFn, Net, NonFiniteLossError, features_of, forward, mix, net_of,
+                                  prediction_logits)
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import cached_prefix, class_sums, from_unit
 from .schedule import ClientSchedule, holdout_positions, sample_positions
@@ -138,7 +139,7 @@ class BatchedClientContext:
         if sample.x.device.type == "cpu":
             # vmapped convolutions become grouped convolutions, slow on CPU: one large batch per client
             _log_once("features on CPU run client by client (vmapped convolutions are slow on CPU)")
-            parts = [forward(self.model, {k: v[i] for k, v in params.items()}, sample.x[i, :n], stop=stop, train=True)
+            parts = [features_of(self.model, {k: v[i] for k, v in params.items()}, sample.x[i, :n], stop)
                      for i, n in enumerate(lengths)]
             out = parts[0].new_zeros((len(parts), sample.x.shape[1], *parts[0].shape[1:]))
             for i, part in enumerate(parts):
@@ -236,12 +237,8 @@ class BatchedClientContext:
     def _prefix_outputs(self, params: Params, start: int) -> tuple[Tensor, Tensor]:
         """Units ``0..start-1`` over every client's training rows, each on its own parameters:
         (outputs stacked client after client, the position of each dataset row in them)."""
-        step = self.train.eval_batch_size
-        outputs = []
-        for k, c in enumerate(self.clients):
-            own = {name: value[k] for name, value in params.items()}
-            outputs += [forward(self.model, own, self.fed.x[c.train_rows[i:i + step]], stop=start, train=True)
-                        for i in range(0, c.num_train, step)]
+        outputs = [features_of(self.model, {name: value[k] for name, value in params.items()}, self.fed.x[c.train_rows],
+                               start) for k, c in enumerate(self.clients)]
         position = torch.zeros(len(self.fed.x), dtype=torch.long, device=self.device)  # padding rows: any real one
         offset = 0
         for c in self.clients:

@@ -18,7 +18,8 @@ from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, Metrics, 
                                   Transform)
 from ..data.federated import ClientData
 from ..functional import Params, evaluate, torch_generator
-from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, check_finite, forward, mix, net_of
+from ..functional.training import (SGD, Batch, LossFn, Net, autograd_value_and_grad, check_finite, features_of,
+                                  mix, net_of)
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .schedule import ClientSchedule, holdout_positions, sample_positions, split_halves
 
@@ -138,7 +139,7 @@ class SingleClientContext:
 
     @torch.no_grad()
     def features(self, params: Params, sample: Sample, stop: int) -> Sample:
-        return sample.with_inputs(forward(self.model, params, sample.x, stop=stop, train=True))
+        return sample.with_inputs(features_of(self.model, params, sample.x, stop))
 
     # ---- what the executor needs ------------------------------------------------------------
     @torch.no_grad()
@@ -174,10 +175,7 @@ class SingleClientContext:
         start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
         inputs = None
         if start:
-            with torch.no_grad():
-                inputs = torch.cat([forward(self.model, params, self.data.train_x[i:i + self.train.eval_batch_size],
-                                            stop=start, train=True)
-                                    for i in range(0, self.data.num_train, self.train.eval_batch_size)])
+            inputs = features_of(self.model, params, self.data.train_x, start)
         buffers = [k for k in buffer_names(self.model) if k in params]
         skip = set(buffers) | set(carry)
         names = [k for k in (params if trainable is None else trainable) if k not in skip]

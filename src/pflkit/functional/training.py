@@ -74,6 +74,23 @@ def forward(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, start: in
     return functional_call(model, dict(params), (x,), {"start": start, "stop": stop})
 
 
+#: Rows per forward when a CPU computes features without gradients: convolution and pooling over
+#: larger batches become memory-bound (FedAvgCNN on MNIST: 1,600 rows in one batch take 1.8x the
+#: time of 64-row chunks).
+CPU_FEATURE_ROWS = 64
+
+
+@torch.no_grad()
+def features_of(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, stop: int, *,
+                rows: int | None = None) -> Tensor:
+    """Units ``0..stop-1`` over ``x`` (training-mode forward, no gradient), in chunks of ``rows``
+    (default: ``CPU_FEATURE_ROWS`` on the CPU, one batch elsewhere)."""
+    rows = rows or (CPU_FEATURE_ROWS if x.device.type == "cpu" else len(x))
+    if len(x) <= rows:
+        return forward(model, params, x, stop=stop, train=True)
+    return torch.cat([forward(model, params, x[i:i + rows], stop=stop, train=True) for i in range(0, len(x), rows)])
+
+
 def net_of(model: nn.Module) -> Net:
     """``model``'s forward as a :class:`Net` (training mode unless asked otherwise)."""
     def net(params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *,

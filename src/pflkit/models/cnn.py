@@ -9,15 +9,20 @@ from torch import nn
 from torch.nn import functional as F
 
 from .base import UnitModel
+from .pooling import max_pool_2x2
 
 
 def _four_unit_forward(model: nn.Module, index: int, p: Mapping[str, torch.Tensor],
                        x: torch.Tensor) -> torch.Tensor:
-    """conv1 -> pool, conv2 -> pool, fc1 (on the flattened maps), fc; ReLU after all but fc."""
+    """conv1 -> pool, conv2 -> pool, fc1 (on the flattened maps), fc; ReLU after all but fc.
+
+    The ReLU of a conv unit is applied after its max-pool: ReLU is monotone, so the values and the
+    gradients are the ones of ReLU then pool, bit for bit, on a quarter of the elements; pooling
+    without gradients takes ``max_pool_2x2``'s faster way to the same numbers."""
     if index == 0:
-        return F.max_pool2d(F.relu(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=model.conv1.padding)), 2)
+        return F.relu(max_pool_2x2(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=model.conv1.padding)))
     if index == 1:
-        return F.max_pool2d(F.relu(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=model.conv2.padding)), 2)
+        return F.relu(max_pool_2x2(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=model.conv2.padding)))
     if index == 2:
         return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"], p["fc1.bias"]))
     return F.linear(x, p["fc.weight"], p["fc.bias"])
@@ -94,9 +99,9 @@ class CifarCNN(UnitModel):
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         p = params
         if index == 0:
-            return F.max_pool2d(F.relu(F.conv2d(x, p["conv1.weight"], p["conv1.bias"])), 2)
+            return F.relu(max_pool_2x2(F.conv2d(x, p["conv1.weight"], p["conv1.bias"])))  # see _four_unit_forward
         if index == 1:
-            return F.max_pool2d(F.relu(F.conv2d(x, p["conv2.weight"], p["conv2.bias"])), 2)
+            return F.relu(max_pool_2x2(F.conv2d(x, p["conv2.weight"], p["conv2.bias"])))
         if index == 2:
             return F.relu(F.linear(torch.flatten(x, -3), p["fc1.weight"], p["fc1.bias"]))
         if index == 3:
