@@ -184,3 +184,32 @@ def test_an_unfinished_run_is_reported_over_its_finished_runs(tmp_path) -> None:
     (tmp_path / "empty" / "config.toml").write_text((tmp_path / "run" / "config.toml").read_text())
     with pytest.raises(ValueError, match="none of its runs has finished yet"):
         build_report([tmp_path / "empty"], tmp_path / "out2")
+
+
+def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp_path) -> None:
+    """docs/results/<table>/<cell>/: cells that differ only in methods and seeds are one table;
+    an unfinished cell is listed with the round it reached; paper methods not run say so."""
+    from test_run import InterruptAfter
+
+    base = ["num_clients=4", "rounds=6", "plateau_evaluations=2", "plateau_points=100",
+            "paper_table=fedala-table7/mnist-dir0.1"]
+    for method, seed in (("fedavg", 0), ("fedavg", 1), ("fedprox", 0)):
+        config = load_config(None, [*base, f'algorithms=["{method}"]', f"seeds=[{seed}]"])
+        run_experiment(config, tmp_path / "table" / f"algorithms={method},seeds={seed}", progress=False,
+                       echo=lambda s: None)
+    config = load_config(None, [*base, 'algorithms=["ditto"]', "seeds=[0]"])
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, tmp_path / "table" / "algorithms=ditto,seeds=0", progress=False, echo=lambda s: None,
+                       callbacks=[InterruptAfter("ditto", 1)])
+    text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
+    assert "4 cells" in text and "at most 6 rounds" in text
+    assert "**Not finished**: algorithms=ditto,seeds=0 (ditto, seed 0: " in text and "reached round" in text
+    fedavg = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
+    cells = [c.strip() for c in fedavg.strip("|").split("|")]
+    assert cells[1] == "0,1" and "±" in cells[2] and cells[4] == "3*,3*"  # stopped by the plateau rule at round 3
+    assert cells[5] == "98.81" and cells[6].startswith(("+", "-"))
+    assert "| fedala | - | not run yet |" in text and "| ditto | - | not run yet |" in text
+    best = [json.loads((tmp_path / "table" / f"algorithms=fedavg,seeds={s}" / "summary.json").read_text())
+            ["fedavg"]["best_accuracy"] for s in (0, 1)]
+    assert cells[2].startswith(f"{100 * np.mean(best):.2f} ± {100 * np.std(best):.2f}")
+    assert "AMD" in text or "cores" in text  # the machine, from run.json

@@ -90,6 +90,24 @@ def config_digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def machine() -> str:
+    """What ran a run, for reports: CPU, cores this process may use, PyTorch and CUDA device."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu}, {cores} cores, {gpu}, torch {torch.__version__}"
+
+
 class ResultsFolder:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -161,7 +179,8 @@ class ResultsFolder:
                 if self.config_path.is_file():
                     kept = {"config_sha256": config_digest(self.config_path.read_text(encoding="utf-8",
                                                                                       errors="replace"))}
-        info = {"status": status, "pflkit_version": __version__, "host": socket.gethostname(), "pid": os.getpid(),
+        info = {"status": status, "pflkit_version": __version__, "host": socket.gethostname(), "machine": machine(),
+                "pid": os.getpid(),
                 "updated": dt.datetime.now().isoformat(timespec="seconds"), **kept, **extra}
         _atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
 

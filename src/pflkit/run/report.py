@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..config import load_config
+from ..config import load_config, to_dict
 from ..federation import ResultsFolder
 from ..reporting import summarize
 from ..reporting.summary import round_seconds
@@ -219,6 +219,103 @@ def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> tuple[str
     return f"beside the paper: {cell['source']}", header, rows
 
 
+def cell_folders(folder: Path) -> list[Path]:
+    """The results folders directly under ``folder`` (a sweep's or a table's cells)."""
+    return sorted(p for p in folder.iterdir() if (p / "config.toml").is_file()) if folder.is_dir() else []
+
+
+def one_setting(cells: Sequence[Path]) -> bool:
+    """Whether the cells' configs differ in nothing but their methods, seeds and names: one table."""
+    def setting(cell: Path) -> dict[str, Any]:
+        table = to_dict(load_config(cell / "config.toml"))
+        return {k: v for k, v in table.items() if k not in ("algorithms", "seeds", "name")}
+    first = setting(cells[0])
+    return all(setting(c) == first for c in cells[1:])
+
+
+def _histories(results: ResultsFolder) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    if results.metrics_path.is_file():
+        for line in results.metrics_path.read_text().splitlines():
+            record = json.loads(line)
+            out.setdefault((record["algorithm"], int(record["seed"])), []).append(record)
+    return out
+
+
+def _status(results: ResultsFolder) -> dict[str, Any]:
+    try:
+        return results.status()
+    except (OSError, RuntimeError, ValueError):
+        return {"status": "unreadable"}
+
+
+def table_section(folder: Path, cells: Sequence[Path]) -> Section:
+    """One setting's cells (results folders that differ only in methods and seeds) as one table:
+    per method the best accuracy (mean ± std over seeds), the round it was reached and the rounds
+    run (the plateau rule or the cap), the paper's number and the difference, and the wall time;
+    unfinished cells are listed with the round they reached."""
+    config = load_config(cells[0] / "config.toml")
+    histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    wall: dict[tuple[str, int], float] = {}
+    machines: set[str] = set()
+    unfinished = []
+    for cell in cells:
+        results = ResultsFolder(cell)
+        status = _status(results)
+        runs = _histories(results)
+        done = {k: h for k, h in runs.items() if h and "final_pass_seconds" in h[-1]}
+        histories.update(done)
+        for key, history in done.items():
+            wall[key] = sum(r.get("seconds", 0.0) for r in history) + history[-1]["final_pass_seconds"]
+        if done:
+            machines.add(str(status.get("machine") or status.get("host", "?")))
+        for key in sorted(set(runs) - set(done)):
+            unfinished.append(f"{cell.name} ({key[0]}, seed {key[1]}: {status.get('status', '?')}, reached round "
+                              f"{max(r['round'] for r in runs[key])})")
+        if not runs:
+            unfinished.append(f"{cell.name} ({status.get('status', '?')}, no round yet)")
+    methods = list(dict.fromkeys(m for m, _ in histories))
+    cell = paper_cell(config.paper_table) if config.paper_table else None
+    plateau = (f"a run stops once its best {config.run.plateau_metric} has not improved by more than "
+               f"{config.run.plateau_points} points over its last {config.run.plateau_evaluations} evaluations, "
+               f"at most {config.train.rounds} rounds" if config.run.plateau_evaluations
+               else f"{config.train.rounds} rounds")
+    section = Section(f"{config.name} ({folder.name}): {len(cells)} cells")
+    section.text.append(
+        f"{config.dataset}, model {config.model}, partition {config.partition.method}, "
+        f"{config.partition.num_clients} clients, join ratio {config.run.join_ratio}; {plateau}. Accuracies in % "
+        f"(mean ± std over seeds where there are several). Each cell is `pflkit run {folder.name}/<cell>/config.toml` "
+        "(its data_dir names the dataset's folder as ${PFLKIT_DATA}/...).")
+    total = sum(wall.values())
+    section.text.append(f"Machine(s): {', '.join(sorted(machines)) or '-'}; wall time of the finished runs "
+                        f"{total / 3600:.2f} h.")
+    if unfinished:
+        section.text.append("**Not finished**: " + "; ".join(unfinished) + ".")
+    header = ["method", "seeds", "best acc", "best at round", "rounds run", "paper", "pflkit − paper", "s/round",
+              "wall min (all seeds)"]
+    rows = []
+    for method in methods:
+        seeds = sorted(s for m, s in histories if m == method)
+        entry = summarize(histories, [method], seeds)[method]
+        per_seed = [entry["seeds"][str(s)] for s in seeds]
+        ran = [f"{m['rounds']}{'*' if histories[(method, s)][-1].get('stopped') else ''}"
+               for m, s in zip(per_seed, seeds)]
+        published = (cell or {}).get("values", {}).get(method)
+        paper = published[0] if published else None
+        ours = entry.get("best_accuracy")
+        rows.append([method, ",".join(map(str, seeds)), _pct(entry, "best_accuracy", len(seeds) > 1),
+                     ",".join(str(m["best_round"]) for m in per_seed), ",".join(ran),
+                     "-" if paper is None else f"{paper:.2f}",
+                     "-" if paper is None or ours is None else f"{100 * ours - paper:+.2f}",
+                     f"{round_seconds(entry):.1f}", f"{sum(wall[(method, s)] for s in seeds) / 60:.1f}"])
+    for method, published in ((cell or {}).get("values") or {}).items():
+        if method not in methods:
+            rows.append([method, "-", "not run yet", "-", "-", f"{published[0]:.2f}", "-", "-", "-"])
+    caption = "results" + (f" beside {cell['source']}" if cell else "")
+    section.tables.append((caption + " (rounds run: * = stopped by the plateau rule)", header, rows))
+    return section
+
+
 def _header(title: str, command: str | None, intro: str | None) -> list[str]:
     lines = [f"# {title}", ""]
     if command:
@@ -285,7 +382,10 @@ def build_report(paths: Sequence[str | Path], out: str | Path, *, name: str = "r
                          "<--out>/<name>.md and <name>.html")
     sections = []
     for path in map(Path, paths):
-        if (path / "sweep.json").is_file():
+        cells = cell_folders(path) if not (path / "config.toml").is_file() else []
+        if cells and one_setting(cells):
+            sections.append(table_section(path, cells))
+        elif (path / "sweep.json").is_file():
             sections.append(sweep_section(path))
         elif path.is_dir():
             sections.append(run_section(path))

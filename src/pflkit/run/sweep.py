@@ -90,10 +90,13 @@ MAX_CELL_NAME = 120
 
 
 def cell_name(assignment: Sequence[tuple[str, Any]]) -> str:
-    """A folder name from the cell's values: ``fedala.p=2,fedala.sample_fraction=0.1`` (cut to
-    ``MAX_CELL_NAME`` characters plus a hash of the whole when the values are long)."""
+    """A folder name from the cell's values: ``fedala.p=2,fedala.sample_fraction=0.1``; a list of one
+    number or name is that value (``algorithms=fedavg,seeds=0``); cut to ``MAX_CELL_NAME``
+    characters plus a hash of the whole when the values are long."""
     parts = []
     for key, value in assignment:
+        if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, int, float)):
+            value = value[0]
         text = json.dumps(value, separators=(",", ":")) if isinstance(value, (list, dict)) else str(value)
         parts.append(f"{key}={text}".replace("/", "_").replace("\\", "_").replace(" ", "").replace("\0", ""))
     name = ",".join(parts)
