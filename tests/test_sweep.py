@@ -105,3 +105,15 @@ def test_a_cell_with_an_unreadable_run_json_fails_clearly_and_the_sweep_goes_on(
     assert "run.json is not valid JSON" in again["cells"][0]["error"]
     assert again["cells"][1]["summary"] == first["cells"][1]["summary"]
     assert any(line.startswith("sweep cell lr=0.05 failed") for line in lines)
+
+
+def test_a_command_line_list_replaces_the_sweep_files_list(tmp_path):
+    from pflkit.run.sweep import plan_sweep
+
+    path = tmp_path / "sweep.toml"
+    path.write_text('rounds = 2\n[sweep]\nalgorithms = [["fedavg"], ["fedprox"], ["ditto"]]\nseeds = [[0]]\n')
+    _, axes, cells = plan_sweep(str(path), ["seeds=[[1],[2]]"])
+    assert [(a.key, a.values) for a in axes] == [("algorithms", [["fedavg"], ["fedprox"], ["ditto"]]),
+                                                  ("seeds", [[1], [2]])]
+    _, axes, cells = plan_sweep(str(path), ['algorithms=["fedala"]'])  # a fixed value: no longer an axis
+    assert [a.key for a in axes] == ["seeds"] and cells[0][1].algorithms == ["fedala"]

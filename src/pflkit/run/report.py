@@ -16,7 +16,8 @@ from typing import Any, Sequence
 from ..config import load_config, to_dict
 from ..federation import ResultsFolder
 from ..reporting import summarize
-from ..reporting.summary import round_seconds
+from ..federation.runner import tta_bases
+from ..reporting.summary import round_seconds, time_to_accuracy
 from ..reporting.paper import paper_cell
 
 #: Summary metrics of the main table (shown where a run recorded them), accuracies in %.
@@ -219,6 +220,12 @@ def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> tuple[str
     return f"beside the paper: {cell['source']}", header, rows
 
 
+#: Columns a table of cells shows where its runs recorded them (best values; local risk: lowest).
+TABLE_EXTRA_COLUMNS = (("best global acc", "best_global_accuracy"),
+                       ("best global client-dist acc", "best_global_client_accuracy"),
+                       ("best local acc", "best_local_accuracy"), ("best local risk", "best_local_risk"))
+
+
 def cell_folders(folder: Path) -> list[Path]:
     """The results folders directly under ``folder`` (a sweep's or a table's cells)."""
     return sorted(p for p in folder.iterdir() if (p / "config.toml").is_file()) if folder.is_dir() else []
@@ -291,28 +298,45 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
                         f"{total / 3600:.2f} h.")
     if unfinished:
         section.text.append("**Not finished**: " + "; ".join(unfinished) + ".")
-    header = ["method", "seeds", "best acc", "best at round", "rounds run", "paper", "pflkit − paper", "s/round",
-              "wall min (all seeds)"]
+    entries = {m: summarize(histories, [m], sorted(s for n, s in histories if n == m))[m] for m in methods}
+    extra = [(name, key) for name, key in TABLE_EXTRA_COLUMNS if any(key in e for e in entries.values())]
+    header = ["method", "seeds", "best acc", *(n for n, _ in extra), "best at round", "rounds run", "paper",
+              "pflkit − paper", "s/round", "wall min (all seeds)"]
     rows = []
-    for method in methods:
+    for method, entry in entries.items():
         seeds = sorted(s for m, s in histories if m == method)
-        entry = summarize(histories, [method], seeds)[method]
         per_seed = [entry["seeds"][str(s)] for s in seeds]
         ran = [f"{m['rounds']}{'*' if histories[(method, s)][-1].get('stopped') else ''}"
                for m, s in zip(per_seed, seeds)]
         published = (cell or {}).get("values", {}).get(method)
         paper = published[0] if published else None
         ours = entry.get("best_accuracy")
-        rows.append([method, ",".join(map(str, seeds)), _pct(entry, "best_accuracy", len(seeds) > 1),
+        multi = len(seeds) > 1
+        rows.append([method, ",".join(map(str, seeds)), _pct(entry, "best_accuracy", multi),
+                     *(_pct(entry, key, multi) for _, key in extra),
                      ",".join(str(m["best_round"]) for m in per_seed), ",".join(ran),
                      "-" if paper is None else f"{paper:.2f}",
                      "-" if paper is None or ours is None else f"{100 * ours - paper:+.2f}",
                      f"{round_seconds(entry):.1f}", f"{sum(wall[(method, s)] for s in seeds) / 60:.1f}"])
     for method, published in ((cell or {}).get("values") or {}).items():
         if method not in methods:
-            rows.append([method, "-", "not run yet", "-", "-", f"{published[0]:.2f}", "-", "-", "-"])
+            rows.append([method, "-", "not run yet", *("-" for _ in extra), "-", "-", f"{published[0]:.2f}", "-",
+                         "-", "-"])
     caption = "results" + (f" beside {cell['source']}" if cell else "")
     section.tables.append((caption + " (rounds run: * = stopped by the plateau rule)", header, rows))
+    bases = tta_bases(methods)
+    if bases:
+        seeds = sorted({s for _, s in histories})
+        tta = []
+        for method, found in time_to_accuracy(histories, bases, seeds).items():
+            for key, value in found.items():
+                improvement = value["improvement"]
+                tta.append([method, key[len("tta_"):], improvement if isinstance(improvement, str)
+                            else f"x{improvement:.2f}", f"{value['reached_seeds']}/{len(value['seeds'])}"])
+        if tta:
+            section.tables.append(("time to accuracy (SosicFL §4.13): the round the base first reaches its best, "
+                                   "over the round the method does", ["method", "metric vs base", "improvement",
+                                                                      "seeds reaching"], tta))
     return section
 
 

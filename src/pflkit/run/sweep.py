@@ -3,7 +3,8 @@ parent, resumable cell by cell, with a table and a plot of a summary metric agai
 
 An override whose value is a list sweeps that key (``fedala.p=[1,2,3]``), except for keys that
 take a list themselves (``algorithms``, ``seeds``), which a list of lists sweeps. A sweep file is
-a config with a ``[sweep]`` table of such keys (``"fedala.p" = [1, 2]`` or ``[sweep.fedala]``).
+a config with a ``[sweep]`` table of such keys (``"fedala.p" = [1, 2]`` or ``[sweep.fedala]``); a key
+given on the command line replaces the file's list for it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ def _takes_a_list(path: list[str]) -> bool:
             return False  # an unknown key: load_config names it
         model = fields[part].annotation
     return typing.get_origin(model) is list or model is list
+
+
+def _target(item: str) -> tuple[str, ...]:
+    path, value = parse_override(item)
+    return tuple(canonical_path(path, value))
 
 
 def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[Axis]]:
@@ -113,7 +119,8 @@ def plan_sweep(config_path: str | None, overrides: Sequence[str]
     listed = data.pop("sweep", {})  # a sweep file: a config with a [sweep] table of key = [values]
     if not isinstance(listed, dict):
         raise ConfigError(f"{config_path}: [sweep] must be a table of key = [values]")
-    from_file = [f"{k}={json.dumps(v)}" for k, v in _flatten(listed)]
+    given = {_target(item) for item in overrides}  # the command line replaces the file's list of a key
+    from_file = [item for item in (f"{k}={json.dumps(v)}" for k, v in _flatten(listed)) if _target(item) not in given]
     fixed, axes = split_axes([*from_file, *overrides])
     cells = []
     seen: dict[str, list[tuple[str, Any]]] = {}
