@@ -117,3 +117,15 @@ def test_a_command_line_list_replaces_the_sweep_files_list(tmp_path):
                                                   ("seeds", [[1], [2]])]
     _, axes, cells = plan_sweep(str(path), ['algorithms=["fedala"]'])  # a fixed value: no longer an axis
     assert [a.key for a in axes] == ["seeds"] and cells[0][1].algorithms == ["fedala"]
+
+
+def test_a_cell_run_with_other_workers_is_the_same_cell(tmp_path):
+    """run.workers (and the other execution keys) change no number: a finished cell is reused, an
+    unfinished one continued, whatever the machine's worker count."""
+    grid = ["rounds=1", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.1]"]
+    first = run_sweep(None, [*grid, "workers=1"], tmp_path / "s", progress=False, echo=lambda s: None)
+    again = run_sweep(None, [*grid, "workers=2", "checkpoint_every=3"], tmp_path / "s", progress=False,
+                      echo=lambda s: None)
+    assert again["cells"][0]["summary"] == first["cells"][0]["summary"]
+    with pytest.raises(ConfigError, match="differs in train.lr_decay"):
+        run_sweep(None, [*grid, "lr_decay=0.5"], tmp_path / "s", progress=False, echo=lambda s: None)

@@ -74,6 +74,12 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+#: ``[run]`` keys that say how a run executes, not what it computes (the engines give the same
+#: numbers for any number of workers): a run, or a sweep cell, continues under other values (more
+#: workers on a bigger machine), so comparisons of a saved config leave them out.
+EXECUTION_KEYS = frozenset({"run.workers", "run.state_cache", "run.checkpoint_every", "run.tracker"})
+
+
 def differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
     """The dotted keys whose values differ between two config tables, sorted."""
     keys = []
@@ -163,8 +169,8 @@ class ResultsFolder:
             raise FileExistsError(f"results folder {self.root} holds a complete run; choose another out")
         self.check_resumable()
         saved = dict(resolve(tomllib.loads(self.config_path.read_text(encoding="utf-8"))))
-        if saved != dict(config):
-            keys = differences(saved, dict(config))
+        keys = [k for k in differences(saved, dict(config)) if k not in EXECUTION_KEYS]
+        if keys:
             raise FileExistsError(f"results folder {self.root} holds an unfinished run of another config "
                                   f"(it differs in {', '.join(keys[:5])}); choose another out")
         return True

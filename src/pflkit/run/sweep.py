@@ -29,7 +29,7 @@ from ..data import load_dataset
 from ..federation import (ResultsFolder, build_partitions, folder_lock, partition_dataset,
                           partition_seed)
 from ..federation.driver import Callback
-from ..federation.results import differences
+from ..federation.results import EXECUTION_KEYS, differences
 from ..reporting import plot_sweep
 from ..reporting.summary import round_seconds, summary_metrics
 from .experiment import check_fits, run_experiment
@@ -170,7 +170,8 @@ def saved_differences(path: Path, config: BaseConfig) -> list[str]:
     """The dotted keys in which the config saved at ``path`` differs from ``config`` (a saved
     config that no longer loads: its error)."""
     try:
-        return differences(resolved(tomllib.loads(path.read_text(encoding="utf-8")), str(path)), to_dict(config))
+        return [k for k in differences(resolved(tomllib.loads(path.read_text(encoding="utf-8")), str(path)),
+                                       to_dict(config)) if k not in EXECUTION_KEYS]
     except (ConfigError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         return [f"(its config.toml does not load: {str(exc).splitlines()[0]})"]
 
