@@ -519,7 +519,7 @@ def test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_
 
 @XFAIL_DIFFERS(reason="PFLlib starts every client's p at 1/N (clientapple.py __init__, "
                    "self.ps) and uses the data shares p0 only in the proximal term; pflkit starts p at p0 "
-                   "(apple.py:96)")
+                   "(apple.py:107)")
 def test_apple_first_p_is_uniform_as_in_pfllib():
     ctx, alg, payload, cores, ref = apple_setup()
     state, _ = alg.local_init(payload, alg.init_client(cores[0], 0), ctx)
@@ -528,7 +528,7 @@ def test_apple_first_p_is_uniform_as_in_pfllib():
 
 @XFAIL_DIFFERS(reason="PFLlib's client uploads model_c = deepcopy(self.model), the mixture "
                    "sum_j p_j w_j^c of its last batch (clientapple.py train, end), not its trained core, and its next "
-                   "evaluate() scores that same model; pflkit uploads the core (apple.py:123-125)")
+                   "evaluate() scores that same model; pflkit uploads the core (apple.py:136-138)")
 def test_apple_upload_is_pfllibs_model_c():
     ctx, alg, payload, cores, ref = apple_setup()
     state, _ = alg.local_init(payload, {**alg.init_client(cores[0], 0), "p": torch.full((3,), 1 / 3)}, ctx)
@@ -539,7 +539,7 @@ def test_apple_upload_is_pfllibs_model_c():
 
 @XFAIL_DIFFERS(reason="PFLlib's proximal step on p is lamda*mu*(p - p0) (the gradient of "
                    "lamda*mu/2 ||p - p0||^2); pflkit's loss lamda*mu*||p - p0||^2 steps 2*lamda*mu*(p - p0) "
-                   "(apple.py:69)")
+                   "(apple.py:80)")
 def test_apple_proximal_step_on_p_is_pfllibs():
     rounds, r = 10, 3
     ctx, alg, payload, cores, ref = apple_setup(mu=1.0, rounds=rounds, round=r)
@@ -554,7 +554,7 @@ def test_apple_proximal_step_on_p_is_pfllibs():
 
 @XFAIL_DIFFERS(reason="PFLlib's lamda is 1 in its first round (R = 0) and, in round R >= 1, "
                    "(cos((R-1) pi / int(L T)) + 1) / 2, set at the end of the previous round; pflkit's round r "
-                   "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py:39-46, 118): two rounds ahead")
+                   "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py:39-46, 130): two rounds ahead")
 def test_apple_lambda_schedule_is_pfllibs():
     rounds, l_frac = 10, 0.5
     ref = PfllibAppleClient(0, torch.nn.Linear(1, 1), 1, lr=0.1, drlr=0.0, mu=0.0, l_frac=l_frac, rounds=rounds,

@@ -49,14 +49,25 @@ def loss_scale(r: int, total_rounds: int, L: float, scheduler: str) -> float:
 P = "apple.p"  # the DR vector among the tensors a fit trains
 
 
-def mixture(p: torch.Tensor, cores: list[Params], own: Params, own_onehot: torch.Tensor) -> Params:
-    """w^p = sum_j p_j w_j^c with the client's own core in its own slot (p [N], or [K, N])."""
+def stacked_cores(cores: list[Params], lead: int) -> Params:
+    """The downloaded cores stacked per parameter along a new dimension after the ``lead`` client
+    dimensions ([N, ...], batched [K, N, ...]): the mixture of a step is then one contraction."""
+    return {k: torch.stack([core[k] for core in cores], dim=lead) for k in cores[0]}
+
+
+def mixture(p: torch.Tensor, stacked: Params, own: Params, own_onehot: torch.Tensor) -> Params:
+    """w^p = sum_j p_j w_j^c with the client's own core in its own slot (p [N], or [K, N]; ``stacked``
+    from :func:`stacked_cores`): the other cores are frozen, so each parameter is one tensordot of the
+    weights with the stack (gradient of p: the same contraction with the gradient) plus the own term."""
+    others = p * (1 - own_onehot)
+    self_weight = (p * own_onehot).sum(-1)
     out = {}
-    for k in own:
-        total = scale((p * own_onehot).sum(-1), own[k])
-        for j, core in enumerate(cores):
-            total = total + scale(p[..., j] * (1 - own_onehot[..., j]), core[k])
-        out[k] = total
+    for k, value in own.items():
+        cores = stacked[k]
+        lead = others.dim() - 1
+        flat = cores.reshape(*cores.shape[:lead + 1], -1)  # [..., N, numel]
+        mixed = torch.matmul(others.unsqueeze(-2), flat).squeeze(-2).reshape(value.shape)
+        out[k] = mixed + scale(self_weight, value)
     return out
 
 
@@ -65,7 +76,7 @@ def apple_loss(scale_p: float) -> LossFn:
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         p = params[P]
         own = {k: v for k, v in params.items() if k != P}
-        value = cross_entropy(net(mixture(p, aux["cores"], own, aux["own"]), batch.x), batch)
+        value = cross_entropy(net(mixture(p, aux["stacked"], own, aux["own"]), batch.x), batch)
         return value + scale_p * torch.sum((p - aux["p0"]) ** 2) if scale_p else value
     return loss
 
@@ -103,7 +114,8 @@ class Apple(Algorithm):
 
     def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         with torch.no_grad():
-            personal = mixture(state["p"], payload["cores"], state["model"], self.own_onehot(payload, ctx))
+            stacked = stacked_cores(payload["cores"], len(ctx.client_shape))
+            personal = mixture(state["p"], stacked, state["model"], self.own_onehot(payload, ctx))
         return {**state, "personal": personal}, {}
 
     def eval_params(self, state: State) -> Params:
@@ -116,7 +128,8 @@ class Apple(Algorithm):
         cfg = self.settings
         core_lr = cfg.core_lr if cfg.core_lr is not None else ctx.train.lr
         scale_p = loss_scale(ctx.round, self.train.rounds, cfg.L, cfg.scheduler) * cfg.mu
-        aux = {"cores": payload["cores"], "p0": payload["p0"], "own": self.own_onehot(payload, ctx)}
+        aux = {"stacked": stacked_cores(payload["cores"], len(ctx.client_shape)), "p0": payload["p0"],
+               "own": self.own_onehot(payload, ctx)}
         names = self.parameter_names
         fit = self.train_model({**state["model"], P: state["p"]}, ctx, apple_loss(scale_p), aux=aux,
                                trainable=[*names, P], optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}))
