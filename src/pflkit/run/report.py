@@ -9,11 +9,12 @@ import json
 import math
 import shlex
 import shutil
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..config import load_config, to_dict
+from ..config import load_config
 from ..federation import ResultsFolder
 from ..reporting import summarize
 from ..federation.runner import tta_bases
@@ -132,12 +133,7 @@ def portable(word: str) -> str:
 def finished_part(results: ResultsFolder, rounds: int) -> dict[str, Any]:
     """The summary of an unfinished run over its finished (method, seed) runs: those whose
     metrics hold the final evaluation (round ``rounds``)."""
-    histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
-    if results.metrics_path.is_file():
-        for line in results.metrics_path.read_text().splitlines():
-            record = json.loads(line)
-            histories.setdefault((record["algorithm"], record["seed"]), []).append(record)
-    done = {key: h for key, h in histories.items() if any(r["round"] == rounds for r in h)}
+    done = {key: h for key, h in _histories(results).items() if any(r["round"] == rounds for r in h)}
     if not done:
         raise ValueError(f"{results.root} is not a finished results folder and none of its runs has finished yet "
                          "(an unfinished run is continued with pflkit run --resume)")
@@ -233,8 +229,11 @@ def cell_folders(folder: Path) -> list[Path]:
 
 def one_setting(cells: Sequence[Path]) -> bool:
     """Whether the cells' configs differ in nothing but their methods, seeds and names: one table."""
-    def setting(cell: Path) -> dict[str, Any]:
-        table = to_dict(load_config(cell / "config.toml"))
+    def setting(cell: Path) -> dict[str, Any]:  # the saved (resolved) tables: no validation, no warnings per cell
+        try:
+            table = tomllib.loads((cell / "config.toml").read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{cell / 'config.toml'} is not a readable config ({exc})") from None
         return {k: v for k, v in table.items() if k not in ("algorithms", "seeds", "name")}
     first = setting(cells[0])
     return all(setting(c) == first for c in cells[1:])
