@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import scipy.stats
+
 from ..config import load_config
 from ..federation import ResultsFolder
 from ..reporting import summarize
@@ -323,6 +325,15 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
                          "-", "-"])
     caption = "results" + (f" beside {cell['source']}" if cell else "")
     section.tables.append((caption + " (rounds run: * = stopped by the plateau rule)", header, rows))
+    ours = {m: e["best_accuracy"] for m, e in entries.items() if e.get("best_accuracy") is not None}
+    published = {m: v[0] for m, v in ((cell or {}).get("values") or {}).items()}
+    agreement = ranking_table(ours, published)
+    if agreement:
+        section.text.append(agreement[0])
+        section.tables.append(agreement[1])
+    gains = ala_gain_table(ours, published)
+    if gains:
+        section.tables.append(gains)
     bases = tta_bases(methods)
     if bases:
         seeds = sorted({s for _, s in histories})
@@ -337,6 +348,57 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
                                    "over the round the method does", ["method", "metric vs base", "improvement",
                                                                       "seeds reaching"], tta))
     return section
+
+
+def ranking_table(ours: dict[str, float], paper: dict[str, float], base: str = "fedavg"
+                  ) -> tuple[str, tuple[str, list[str], list[list[str]]]] | None:
+    """How our ranking and gaps agree with the paper's over the methods both have (best
+    accuracy, ours a fraction, the paper's in %): a sentence with Kendall's tau and how many
+    methods are on the same side of ``base`` in both, and a table of ranks and gaps to
+    ``base``. None where fewer than two methods have both numbers."""
+    common = [m for m in ours if m in paper]
+    if len(common) < 2:
+        return None
+    mine = {m: 100 * ours[m] for m in common}
+    rank_ours = {m: i + 1 for i, m in enumerate(sorted(common, key=lambda m: -mine[m]))}
+    rank_paper = {m: i + 1 for i, m in enumerate(sorted(common, key=lambda m: -paper[m]))}
+    tau = scipy.stats.kendalltau([mine[m] for m in common], [paper[m] for m in common]).statistic
+    has_base = base in common
+    text = (f"Ranking beside the paper: over the {len(common)} methods that both have, Kendall's tau between "
+            f"our best accuracies and the paper's is {tau:.2f} (1: the same order, 0: unrelated).")
+    if has_base:
+        others = [m for m in common if m != base]
+        same = [m for m in others if (mine[m] - mine[base]) * (paper[m] - paper[base]) > 0]
+        text += (f" {len(same)} of {len(others)} methods are on the same side of {base} in both "
+                 f"(the other{'s' if len(others) - len(same) != 1 else ''}: "
+                 f"{', '.join(m for m in others if m not in same) or 'none'}).")
+    header = ["method", "pflkit rank", "paper rank"]
+    if has_base:
+        header += [f"pflkit − {base}", f"paper − {base}"]
+    rows = []
+    for m in sorted(common, key=lambda m: rank_ours[m]):
+        row = [m, str(rank_ours[m]), str(rank_paper[m])]
+        if has_base:
+            row += [f"{mine[m] - mine[base]:+.2f}", f"{paper[m] - paper[base]:+.2f}"]
+        rows.append(row)
+    return text, ("ranks and gaps (points of best accuracy) beside the paper", header, rows)
+
+
+def ala_gain_table(ours: dict[str, float], paper: dict[str, float]
+                   ) -> tuple[str, list[str], list[list[str]]] | None:
+    """What ALA adds to each method X that ran both as X and as X+ala (points of best
+    accuracy), with the paper's gain where its table has both; None where no pair ran."""
+    pairs = [m for m in ours if not m.endswith("+ala") and f"{m}+ala" in ours]
+    if not pairs:
+        return None
+    rows = []
+    for m in pairs:
+        gain = 100 * (ours[f"{m}+ala"] - ours[m])
+        theirs = paper[f"{m}+ala"] - paper[m] if m in paper and f"{m}+ala" in paper else None
+        rows.append([m, f"{100 * ours[m]:.2f}", f"{100 * ours[f'{m}+ala']:.2f}", f"{gain:+.2f}",
+                     "-" if theirs is None else f"{theirs:+.2f}"])
+    return ("X + ALA: what the ALA module adds to each method run both ways", ["method X", "X", "X + ALA",
+                                                                               "gain", "paper gain"], rows)
 
 
 def _header(title: str, command: str | None, intro: str | None) -> list[str]:
