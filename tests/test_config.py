@@ -194,6 +194,20 @@ def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
     assert "train_fraction = 0.9 is not used" in caplog.text and "balanced = True is not used" in caplog.text
 
 
+def test_a_saved_resolved_config_reads_back_without_warnings(tmp_path, caplog):
+    """A results folder's config.toml writes every default, also of partition keys its partition
+    does not read; rerunning it (pflkit run <cell>/config.toml) must not warn about them, while a
+    value the user set away from its default still does."""
+    saved = tmp_path / "config.toml"
+    saved.write_text(tomli_w.dumps(to_dict(load_config(None, ["partition=dirichlet", "num_clients=5"]))))
+    with caplog.at_level("WARNING", logger="pflkit.config"):
+        load_config(saved)
+    assert "not used" not in caplog.text
+    with caplog.at_level("WARNING", logger="pflkit.config"):
+        load_config(saved, ["partition.classes_per_client=3"])
+    assert "classes_per_client = 3 is not used" in caplog.text
+
+
 def test_no_shipped_config_sets_a_key_it_does_not_use(caplog):
     from pathlib import Path
 

@@ -26,6 +26,7 @@ from typing import Any, Literal, Mapping
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, create_model, field_validator,
                       model_validator)
+from pydantic_core import PydanticUndefined
 
 from .algorithms import Settings, TrainSettings
 from .methods import ALGORITHMS, config_sections, parse_name
@@ -521,6 +522,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), *,
     return config
 
 
+def _is_default(model: type[BaseModel], key: str, value: Any) -> bool:
+    """Whether ``value`` is the field's default: a saved, resolved config writes every default,
+    and reading it back must not warn about them."""
+    field = model.model_fields.get(key)
+    return field is not None and field.default is not PydanticUndefined and value == field.default
+
+
 def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | None = None,
                 written: Written | None = None) -> list[str]:
     """The keys set in ``data`` (flat or in sections) that the chosen setting never reads, each
@@ -532,7 +540,8 @@ def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | N
     data = nest(data, written)
     table = data.get("partition") if isinstance(data.get("partition"), dict) else {}
     lines = [f"{written[('partition', key)]} = {table[key]!r} is not used: only {reader} reads it"
-             for key, (reader, used) in _PARTITION_KEYS.items() if key in table and not used(config.partition)]
+             for key, (reader, used) in _PARTITION_KEYS.items()
+             if key in table and not used(config.partition) and not _is_default(PartitionSpec, key, table[key])]
     sections = config_sections()
     read = set()
     for name in config.algorithms:
