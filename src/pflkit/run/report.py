@@ -329,8 +329,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
     published = {m: v[0] for m, v in ((cell or {}).get("values") or {}).items()}
     agreement = ranking_table(ours, published)
     if agreement:
-        section.text.append(agreement[0])
-        section.tables.append(agreement[1])
+        section.tables.append(agreement)
     gains = ala_gain_table(ours, published)
     if gains:
         section.tables.append(gains)
@@ -351,11 +350,11 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
 
 
 def ranking_table(ours: dict[str, float], paper: dict[str, float], base: str = "fedavg"
-                  ) -> tuple[str, tuple[str, list[str], list[list[str]]]] | None:
+                  ) -> tuple[str, list[str], list[list[str]]] | None:
     """How our ranking and gaps agree with the paper's over the methods both have (best
-    accuracy, ours a fraction, the paper's in %): a sentence with Kendall's tau and how many
-    methods are on the same side of ``base`` in both, and a table of ranks and gaps to
-    ``base``. None where fewer than two methods have both numbers."""
+    accuracy, ours a fraction, the paper's in %): a table of ranks and gaps to ``base`` whose
+    caption gives Kendall's tau and how many methods are on the same side of ``base`` in both.
+    None where fewer than two methods have both numbers."""
     common = [m for m in ours if m in paper]
     if len(common) < 2:
         return None
@@ -364,14 +363,15 @@ def ranking_table(ours: dict[str, float], paper: dict[str, float], base: str = "
     rank_paper = {m: i + 1 for i, m in enumerate(sorted(common, key=lambda m: -paper[m]))}
     tau = scipy.stats.kendalltau([mine[m] for m in common], [paper[m] for m in common]).statistic
     has_base = base in common
-    text = (f"Ranking beside the paper: over the {len(common)} methods that both have, Kendall's tau between "
-            f"our best accuracies and the paper's is {tau:.2f} (1: the same order, 0: unrelated).")
+    text = (f"ranks and gaps (points of best accuracy) beside the paper: over the {len(common)} methods that both "
+            f"have, Kendall's tau between our best accuracies and the paper's is {tau:.2f} (1: the same order, 0: "
+            "unrelated).")
     if has_base:
         others = [m for m in common if m != base]
         same = [m for m in others if (mine[m] - mine[base]) * (paper[m] - paper[base]) > 0]
-        text += (f" {len(same)} of {len(others)} methods are on the same side of {base} in both "
-                 f"(the other{'s' if len(others) - len(same) != 1 else ''}: "
-                 f"{', '.join(m for m in others if m not in same) or 'none'}).")
+        apart = [m for m in others if m not in same]
+        text += (f" {len(same)} of {len(others)} methods are on the same side of {base} in both"
+                 + (f" (on the other side in one of them: {', '.join(apart)})." if apart else "."))
     header = ["method", "pflkit rank", "paper rank"]
     if has_base:
         header += [f"pflkit − {base}", f"paper − {base}"]
@@ -381,7 +381,7 @@ def ranking_table(ours: dict[str, float], paper: dict[str, float], base: str = "
         if has_base:
             row += [f"{mine[m] - mine[base]:+.2f}", f"{paper[m] - paper[base]:+.2f}"]
         rows.append(row)
-    return text, ("ranks and gaps (points of best accuracy) beside the paper", header, rows)
+    return text, header, rows
 
 
 def ala_gain_table(ours: dict[str, float], paper: dict[str, float]
