@@ -236,3 +236,30 @@ def test_ranks_and_gaps_beside_the_paper_and_what_ala_adds() -> None:
     caption, header, rows = ala_gain_table(ours, {**paper, "fedprox+ala": 99.0})
     assert rows == [["fedprox", "98.10", "99.50", "+1.40", "+0.18"]]
     assert ala_gain_table({"fedavg": 0.9, "fedala": 0.95}, paper) is None
+
+
+def test_the_committed_results_report_is_what_its_command_makes_from_the_committed_cells(tmp_path) -> None:
+    """docs/results.md and .html hold no number that the committed cells do not give: the command
+    at the top of docs/results.md, run again on docs/results/, writes the same files."""
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    committed = (root / "docs" / "results.md").read_text()
+    command = committed.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    words = shlex.split(command)
+    assert words[:2] == ["pflkit", "report"], command
+    folders, options, rest = [], {}, iter(words[2:])
+    for word in rest:
+        if word.startswith("--"):
+            options[word] = next(rest)
+        else:
+            folders.append(root / word)
+    intro = (root / options["--intro"]).read_text() if "--intro" in options else None
+    md, page = build_report(folders, tmp_path, name=options.get("--name", "report"),
+                            title=options.get("--title", "pflkit report"), command=command, intro=intro)
+    hint = ("docs/results.md is not what the command at its top makes from docs/results/ (a cell added or "
+            "changed, the report's code or docs/results-intro.md changed, or a sweep is writing cells there now): "
+            "rerun that command")
+    assert md.read_text() == committed, hint
+    assert page.read_text() == (root / "docs" / "results.html").read_text(), hint
