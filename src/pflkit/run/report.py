@@ -364,8 +364,9 @@ def ranking_table(ours: dict[str, float], paper: dict[str, float], base: str = "
     tau = scipy.stats.kendalltau([mine[m] for m in common], [paper[m] for m in common]).statistic
     has_base = base in common
     text = (f"ranks and gaps (points of best accuracy) beside the paper: over the {len(common)} methods that both "
-            f"have, Kendall's tau between our best accuracies and the paper's is {tau:.2f} (1: the same order, 0: "
-            "unrelated).")
+            "have, Kendall's tau between our best accuracies and the paper's is "
+            + ("undefined (all tied on one side)." if math.isnan(tau) else
+               f"{tau:.2f} (1: the same order, 0: unrelated)."))
     if has_base:
         others = [m for m in common if m != base]
         same = [m for m in others if (mine[m] - mine[base]) * (paper[m] - paper[base]) > 0]
@@ -384,21 +385,30 @@ def ranking_table(ours: dict[str, float], paper: dict[str, float], base: str = "
     return text, header, rows
 
 
+def _with_ala(method: str, numbers: dict[str, float]) -> str | None:
+    """The name under which ``numbers`` hold ``method`` + ALA (FedAvg + ALA is FedALA)."""
+    names = [f"{method}+ala"] + (["fedala"] if method == "fedavg" else [])
+    return next((n for n in names if n in numbers), None)
+
+
 def ala_gain_table(ours: dict[str, float], paper: dict[str, float]
                    ) -> tuple[str, list[str], list[list[str]]] | None:
-    """What ALA adds to each method X that ran both as X and as X+ala (points of best
-    accuracy), with the paper's gain where its table has both; None where no pair ran."""
-    pairs = [m for m in ours if not m.endswith("+ala") and f"{m}+ala" in ours]
-    if not pairs:
-        return None
+    """What ALA adds to each method X that ran both as X and as X + ALA (``X+ala``; for FedAvg,
+    FedALA), in points of best accuracy, with the paper's gain where its table has both; None
+    where no pair ran."""
     rows = []
-    for m in pairs:
-        gain = 100 * (ours[f"{m}+ala"] - ours[m])
-        theirs = paper[f"{m}+ala"] - paper[m] if m in paper and f"{m}+ala" in paper else None
-        rows.append([m, f"{100 * ours[m]:.2f}", f"{100 * ours[f'{m}+ala']:.2f}", f"{gain:+.2f}",
-                     "-" if theirs is None else f"{theirs:+.2f}"])
-    return ("X + ALA: what the ALA module adds to each method run both ways", ["method X", "X", "X + ALA",
-                                                                               "gain", "paper gain"], rows)
+    for m in ours:
+        with_ala = _with_ala(m, ours) if not m.endswith("+ala") else None
+        if with_ala is None:
+            continue
+        gain = 100 * (ours[with_ala] - ours[m])
+        theirs = _with_ala(m, paper) if m in paper else None
+        rows.append([m, with_ala, f"{100 * ours[m]:.2f}", f"{100 * ours[with_ala]:.2f}", f"{gain:+.2f}",
+                     "-" if theirs is None else f"{paper[theirs] - paper[m]:+.2f}"])
+    if not rows:
+        return None
+    return ("X + ALA: what the ALA module adds to each method run both ways",
+            ["method X", "X + ALA", "X", "X + ALA", "gain", "paper gain"], rows)
 
 
 def _header(title: str, command: str | None, intro: str | None) -> list[str]:
