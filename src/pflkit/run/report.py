@@ -408,7 +408,7 @@ def ala_gain_table(ours: dict[str, float], paper: dict[str, float]
     if not rows:
         return None
     return ("X + ALA: what the ALA module adds to each method run both ways",
-            ["method X", "X + ALA", "X", "X + ALA", "gain", "paper gain"], rows)
+            ["X", "X + ALA", "X best acc", "X + ALA best acc", "gain", "paper gain"], rows)
 
 
 def _header(title: str, command: str | None, intro: str | None) -> list[str]:
