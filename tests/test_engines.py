@@ -231,3 +231,27 @@ def test_vmap_batches_every_method_but_those_with_per_client_code():
     resnet = build_model("resnet18", (3, 32, 32), 10)
     fedavg = build_algorithm("fedavg", cfg.algorithm_sections(), train, resnet.units())
     assert "buffers" in batching_blocker(fedavg, resnet, data)
+
+
+def test_a_batched_context_gathers_client_states_onto_its_device():
+    """On CUDA the vmap engine stacks client states holding Python scalars (ALA's ``started`` flag)
+    and CPU tensors; stacked, they meet the batched tensors on the GPU (FedALA's round 2 failed there
+    with 'found at least two devices'), so ``gather`` puts every leaf on the context's device. The
+    meta device stands in for a GPU, which this machine lacks."""
+    from pflkit.engines.batched import BatchedClientContext
+
+    model = build_model("digits_cnn", (1, 8, 8), 10)
+    ctx = BatchedClientContext([0, 1], 2, 0, make_data([5, 7]), model, model.units(),
+                               TrainSettings(batch_size=10, local_epochs=1, lr=0.1, rounds=1), "test")
+    assert ctx.device.type == "cpu"
+    ctx.device = torch.device("meta")
+    shared = torch.zeros(3)
+    states = [{"ala": {"weights": {"w": torch.full((3,), float(k))}, "started": bool(k)}, "steps": k,
+               "scale": 0.5 * k, "shared": shared, "counter": torch.tensor(k)} for k in range(2)]
+    gathered = ctx.gather(states)
+
+    def leaves(value):
+        return [t for v in value.values() for t in leaves(v)] if isinstance(value, dict) else [value]
+    assert len(leaves(gathered)) == 6
+    assert all(isinstance(t, torch.Tensor) and t.device.type == "meta" and t.shape[0] == 2
+               for t in leaves(gathered))

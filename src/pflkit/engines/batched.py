@@ -190,10 +190,9 @@ class BatchedClientContext:
             loss += (ce * m).sum(1)
         return [{"correct": int(correct[k]), "loss_sum": float(loss[k]), "num_samples": sizes[k]} for k in range(K)]
 
-    @staticmethod
-    def gather(values: list[Any]) -> Any:
-        """The clients' values stacked to [K, ...] (see ``stacking``)."""
-        return stack(values)
+    def gather(self, values: list[Any]) -> Any:
+        """The clients' values stacked to [K, ...] on this context's device (see ``stacking``)."""
+        return stack(values, self.device)
 
     @staticmethod
     def split(value: Any, k: int, template: Any = None) -> Any:

@@ -7,24 +7,28 @@ from typing import Any
 import torch
 
 
-def stack(items: list[Any]) -> Any:
-    """Stack a list of like-structured values; one shared tensor object is expanded, not copied."""
+def stack(items: list[Any], device: torch.device | str | None = None) -> Any:
+    """Stack a list of like-structured values onto ``device`` (None: where they are); one shared
+    tensor object is expanded, not copied.
+
+    Client states keep Python scalars (ALA's ``started`` flag) and small CPU tensors; stacked, they
+    meet the batched computation's tensors, so they must land on its device."""
     first = items[0]
     if isinstance(first, torch.Tensor):
         if all(item is first for item in items):
-            return first.unsqueeze(0).expand(len(items), *first.shape)
-        return torch.stack(items)
+            return first.to(device).unsqueeze(0).expand(len(items), *first.shape)
+        return torch.stack([item.to(device) for item in items])
     if isinstance(first, dict):
         keys = list(first)
         if any(list(item) != keys for item in items):
             raise ValueError("cannot stack client states with different keys")
-        return {k: stack([item[k] for item in items]) for k in keys}
+        return {k: stack([item[k] for item in items], device) for k in keys}
     if isinstance(first, list):
         if any(len(item) != len(first) for item in items):
             raise ValueError("cannot stack lists of different lengths")
-        return [stack([item[i] for item in items]) for i in range(len(first))]
+        return [stack([item[i] for item in items], device) for i in range(len(first))]
     if isinstance(first, bool) or isinstance(first, (int, float)):
-        return torch.tensor(items)
+        return torch.tensor(items, device=device)
     if first is None and all(item is None for item in items):
         return None
     raise TypeError(f"cannot stack values of type {type(first).__name__}")
