@@ -62,3 +62,8 @@ def test_scale_bench_reports_cost_memory_and_state_bytes(tmp_path) -> None:
 def test_bench_rejects_unknown_engines() -> None:
     result = CliRunner().invoke(main, ["bench", "--scale", "--engines", "parallel,warp"])
     assert result.exit_code == 2 and "unknown engine(s) warp" in result.output
+
+
+def test_bench_needs_two_rounds_for_its_median():
+    result = CliRunner().invoke(main, ["bench", "--rounds", "1"])
+    assert result.exit_code == 2 and "needs at least 2 rounds" in result.output

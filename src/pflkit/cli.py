@@ -183,6 +183,9 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
             **({"rounds": rounds} if source("rounds") != default else {}))
         run, show = (lambda: run_scale_bench(scale_settings, echo=click.echo)), format_scale_report
     else:
+        if rounds < 2:
+            raise click.BadParameter(f"needs at least 2 rounds (round 1 warms up, the median is over the later "
+                                     f"ones), got {rounds}", param_hint="--rounds")
         settings = BenchSettings(data_dir=data_dir, clients=counts, engines=engines.split(","),
                                  algorithms=algos.split(","), rounds=rounds, workers=workers, device=device,
                                  test_set=test_set)
