@@ -204,6 +204,10 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
     text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
     assert "4 cells" in text and "at most 6 rounds" in text
     assert "**Not finished**: algorithms=ditto,seeds=0 (ditto, seed 0: " in text and "reached round" in text
+    ditto = [json.loads(line) for line in (tmp_path / "table" / "algorithms=ditto,seeds=0" / "metrics.jsonl")
+             .read_text().splitlines()]
+    best = max((r for r in ditto if "accuracy" in r), key=lambda r: r["accuracy"])
+    assert f"best so far {100 * best['accuracy']:.2f} at round {best['round']}, on " in text
     fedavg = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
     cells = [c.strip() for c in fedavg.strip("|").split("|")]
     assert cells[1] == "0,1" and "±" in cells[2] and cells[4] == "3*,3*"  # stopped by the plateau rule at round 3

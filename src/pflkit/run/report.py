@@ -261,7 +261,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
     """One setting's cells (results folders that differ only in methods and seeds) as one table:
     per method the best accuracy (mean ± std over seeds), the round it was reached and the rounds
     run (the plateau rule or the cap), the paper's number and the difference, and the wall time;
-    unfinished cells are listed with the round they reached."""
+    unfinished cells are listed with the round they reached, their best so far and the machine."""
     config = load_config(cells[0] / "config.toml")
     histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
     wall: dict[tuple[str, int], float] = {}
@@ -278,8 +278,12 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         if done:
             machines.add(str(status.get("machine") or status.get("host", "?")))
         for key in sorted(set(runs) - set(done)):
+            scored = [r for r in runs[key] if "accuracy" in r]
+            best = max(scored, key=lambda r: r["accuracy"]) if scored else None
+            so_far = "" if best is None else f", best so far {100 * best['accuracy']:.2f} at round {best['round']}"
+            machine = status.get("machine")
             unfinished.append(f"{cell.name} ({key[0]}, seed {key[1]}: {status.get('status', '?')}, reached round "
-                              f"{max(r['round'] for r in runs[key])})")
+                              f"{max(r['round'] for r in runs[key])}{so_far}{f', on {machine}' if machine else ''})")
         if not runs:
             unfinished.append(f"{cell.name} ({status.get('status', '?')}, no round yet)")
     methods = list(dict.fromkeys(m for m, _ in histories))
