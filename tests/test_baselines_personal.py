@@ -16,7 +16,7 @@ from torch.nn import functional as F
 
 from pflkit.algorithms import build_algorithm
 from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
-from pflkit.algorithms.partialfed import mix_units, select_units, temperature
+from pflkit.algorithms.partialfed import gumbel_noise, mix_units, select_units, temperature
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import ClientJob, RoundSetup, run_client
@@ -382,7 +382,7 @@ def test_partialfed_temperature_schedule():
 
 def test_partialfed_keeps_the_local_model_on_receipt():
     ctx = tiny_context()
-    alg = build("partialfed", ctx)
+    alg = build("partialfed", ctx, "partialfed.load=batch")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     assert_params_close(state["model"], local, rtol=0, atol=0)
@@ -390,10 +390,80 @@ def test_partialfed_keeps_the_local_model_on_receipt():
     assert alg.eval_params(state) is state["model"]
 
 
+def test_partialfed_round_load_is_one_partial_initialisation():
+    """load="round" (default): local_init loads the units of one hard Gumbel draw from S (the
+    "init" stream) from the global model into the kept local model; that is the scored model."""
+    ctx = tiny_context()
+    alg = build("partialfed", ctx)
+    assert alg.settings.load == "round"
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    state, metrics = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
+    S = torch.zeros(len(ctx.units), 2)
+    use_global = ((S + gumbel_noise(ctx.generator("init"), S.shape)).argmax(1) == 0).tolist()
+    assert 0 < sum(use_global) < len(ctx.units)  # this draw mixes both kinds of unit
+    assert_params_close(state["model"], select_units(glob, local, use_global, ctx.units), rtol=0, atol=0)
+    assert_params_close(state["init_local"], local, rtol=0, atol=0)
+    assert metrics["global_picks"] == pytest.approx(sum(use_global) / len(ctx.units))
+    assert alg.eval_params(state) is state["model"]
+    for sign, expected in ((1.0, glob), (-1.0, local)):
+        forced = {**alg.init_client(local, 0), "strategy": torch.tensor([[50.0, -50.0]] * len(ctx.units)) * sign}
+        state, _ = alg.local_init({"global": glob}, forced, ctx)
+        assert_params_close(state["model"], expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("to_global", [True, False])
+def test_partialfed_round_load_trains_every_model_batch_from_the_initialisation(to_global):
+    """The loaded units are not copied from the global model again before later batches: three model
+    batches are three plain SGD steps from the partially initialised model (per-batch reloading from
+    the fixed global kept only the last step of every reloaded unit: the round's training was lost)."""
+    ctx = tiny_context(n_train=30, batch_size=10, lr=0.1)
+    alg = build("partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0")
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    sign = 1.0 if to_global else -1.0
+    state = {**alg.init_client(local, 0), "strategy": torch.tensor([[50.0, -50.0]] * len(ctx.units)) * sign}
+    state, _ = alg.local_init({"global": glob}, state, ctx)
+    new, upload, metrics = alg.local_train({"global": glob}, state, ctx)
+    work = dict(glob if to_global else local)
+    for x, y in batch_pairs(ctx, "train", 1):
+        work = step(work, grads(ctx.model, work, x, y), 0.1)
+    assert_params_close(new["model"], work)
+    assert_params_close(upload["params"], work)
+    assert "init_local" not in new and torch.equal(new["strategy"], state["strategy"])
+    if to_global:  # load="batch" re-copies the global before every batch: only the last step is left
+        batch = build("partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0",
+                      "partialfed.load=batch")
+        old = batch.local_train({"global": glob}, {"model": local, "strategy": state["strategy"]}, ctx)[0]
+        (x, y) = batch_pairs(ctx, "train", 1)[-1]
+        assert_params_close(old["model"], step(glob, grads(ctx.model, glob, x, y), 0.1))
+        assert differs(old["model"], work)
+
+
+def test_partialfed_round_load_strategy_batch_mixes_the_initialisation_candidates():
+    """f_m=2, f_s=1 with load="round": two plain SGD steps from the initialised model, then one
+    strategy step on the mixture of the received global and the kept local model."""
+    ctx = tiny_context(n_train=30, batch_size=10, lr=0.1, round=1)
+    alg = build("partialfed", ctx, "partialfed.model_batches=2", "partialfed.strategy_batches=1")
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
+    new, _, metrics = alg.local_train({"global": glob}, state, ctx)
+    S = torch.zeros(len(ctx.units), 2)
+    noise = ctx.generator("gates")
+    batches = batch_pairs(ctx, "train", 1)
+    work = dict(state["model"])
+    for x, y in batches[:2]:
+        torch.rand(S.shape, generator=noise)  # one draw per batch, model batches too
+        work = step(work, grads(ctx.model, work, x, y), 0.1)
+    expected_S = strategy_step_by_hand(ctx, glob, local, S, noise, 5.0 * 0.965, 0.1, *batches[2])
+    assert_params_close(new["model"], work)
+    torch.testing.assert_close(new["strategy"], expected_S, rtol=1e-5, atol=1e-7)
+    assert "global_picks" not in metrics  # reported by local_init
+
+
 @pytest.mark.parametrize("to_global", [True, False])
 def test_partialfed_forced_gates_train_from_global_or_local(to_global):
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
-    alg = build("partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0")
+    alg = build("partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0",
+                "partialfed.load=batch")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     sign = 1.0 if to_global else -1.0
     state = {"model": local, "strategy": torch.tensor([[50.0, -50.0]] * len(ctx.units)) * sign}
@@ -436,9 +506,10 @@ def test_partialfed_strategy_batch_changes_only_the_strategy():
 
 
 def test_partialfed_cycle_of_model_and_strategy_batches():
-    """f_m=2, f_s=1 over three batches: two gated model steps, then one strategy step."""
+    """load="batch", f_m=2, f_s=1 over three batches: two gated model steps, then one strategy step."""
     ctx = tiny_context(n_train=30, batch_size=10, lr=0.1, round=1)
-    alg = build("partialfed", ctx, "partialfed.model_batches=2", "partialfed.strategy_batches=1")
+    alg = build("partialfed", ctx, "partialfed.model_batches=2", "partialfed.strategy_batches=1",
+                "partialfed.load=batch")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     S = torch.zeros(len(ctx.units), 2)
     new, _, metrics = alg.local_train({"global": glob}, {"model": local, "strategy": S}, ctx)
@@ -485,12 +556,28 @@ def test_partialfed_cycle_continues_across_rounds(continue_cycle):
 
 def test_partialfed_with_ala_gates_between_global_and_ala_model():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
-    alg = build("partialfed+ala", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0")
+    alg = build("partialfed+ala", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0",
+                "partialfed.load=batch")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     ala_model = state["model"]
     assert differs(ala_model, glob) and differs(ala_model, local)
     state = {**state, "strategy": torch.tensor([[-50.0, 50.0]] * len(ctx.units))}  # all local
+    new = alg.local_train({"global": glob}, state, ctx)[0]
+    (x, y), = batch_pairs(ctx, "train", 1)
+    assert_params_close(new["model"], step(ala_model, grads(ctx.model, ala_model, x, y), 0.1))
+
+
+def test_partialfed_round_load_with_ala_initialises_from_the_ala_model():
+    """load="round" + ALA: the partial initialisation chooses between the global and ALA's model."""
+    ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
+    alg = build("partialfed+ala", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0")
+    local, glob = params_of(ctx, 1), params_of(ctx, 2)
+    state = {**alg.init_client(local, 0), "strategy": torch.tensor([[-50.0, 50.0]] * len(ctx.units))}  # all local
+    state, _ = alg.local_init({"global": glob}, state, ctx)
+    ala_model = state["model"]
+    assert differs(ala_model, glob) and differs(ala_model, local)
+    assert_params_close(state["init_local"], ala_model, rtol=0, atol=0)
     new = alg.local_train({"global": glob}, state, ctx)[0]
     (x, y), = batch_pairs(ctx, "train", 1)
     assert_params_close(new["model"], step(ala_model, grads(ctx.model, ala_model, x, y), 0.1))

@@ -472,7 +472,8 @@ def test_sosicfl_plus_regulariser_at_lambda_one_half_as_flocos_code():
 @XFAIL_DIFFERS(reason="PFLlib c79e660 clientpartial.py (a draft deleted in 3c1024f) keeps one "
                    "scalar strategy per parameter tensor, initialised 0, and blends p + (g - p) * s: its first "
                    "model batches train the kept local model unchanged; pflkit's hard Gumbel gates from logits "
-                   "S = 0 load each unit from the global model with probability 1/2")
+                   "S = 0 load each unit from the global model with probability 1/2 (at the round's "
+                   "initialisation with load=round, before every model batch with load=batch)")
 def test_partialfed_model_batches_from_a_zero_strategy_as_pfllibs_draft():
     ctx = client(30, seed=10, lr=0.1)
     alg = build("partialfed", ctx, "partialfed.model_batches=8", "partialfed.strategy_batches=2")

@@ -6,7 +6,23 @@ Client state: the local model theta and strategy logits S [U, 2] (U = number of 
 in the batch cycle. Temperature tau_t = max(tau0 * decay^t, tau_min) for round t. The client
 keeps its local model on receipt (the global stays in the payload) and runs its mini-batches
 ("train" stream, E epochs) in cycles of f_m model batches then f_s strategy batches (the cycle
-continues across rounds unless ``continue_cycle=False``):
+continues across rounds unless ``continue_cycle=False``).
+
+``load = "round"`` (default; the paper's partial *initialisation*): after receipt (and after ALA
+with ``+ala``) one hard Gumbel draw g_u = onehot(argmax(S_u + G_u)) ("init" stream) loads the
+chosen units of the global model into the local model once: theta_hat = select(Theta, theta, g).
+That is the evaluated model and the start of local training. Model batches are plain SGD steps on
+the working model; strategy batches are the relaxed step below with the two candidates of this
+round's initialisation (the received global Theta and the kept local theta, both frozen), i.e.
+dL/dg_u0 = <grad_u L, Theta_u - theta_u> as in ALA, and S is used at the next initialisation.
+
+``load = "batch"`` (the earlier reconstruction, kept for comparison): the gates are redrawn on
+every model batch and the chosen units are re-copied from the *fixed* received global into the
+working model before its SGD step, so every such copy discards the steps the unit took since the
+last one (from S = 0 half the units each batch: about two surviving SGD steps per unit and round;
+the upload is barely more than Theta^{t-1} and the local model a stale global plus a few local
+steps). Per batch (the model batch as with load="batch"; with "round" it is a plain SGD step and
+the strategy batch mixes Theta with the kept theta):
 
 * model batch: hard Gumbel gates g_u = onehot(argmax(S_u + G_u)) (the forward value of the
   straight-through Gumbel-softmax; S is not updated on model batches); the working model
@@ -19,14 +35,15 @@ G is standard Gumbel noise, one [U, 2] draw per batch (model and strategy batche
 the client's "gates" stream. Entries outside the units (batch-norm statistics) stay local.
 Upload the working local model; server FedAvg.
 
-Evaluated model: the client's current local model. With ``+ala`` ALA replaces the kept local
-model by its blend of the received global and the old local ("model"); the gates then choose
-per batch between the global and that ALA-initialised model.
+Evaluated model: the client's local model after ``local_init`` (load="round": the partially
+initialised one; "batch": the kept local model). With ``+ala`` ALA replaces the kept local model
+by its blend of the received global and the old local ("model"); the gates then choose between
+the global and that ALA-initialised model (once per round, or per batch with load="batch").
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 from pydantic import Field, model_validator
@@ -41,6 +58,10 @@ from .registry import register
 
 class PartialFedSettings(Settings):
     # spec §2.12 [RECON]: every item below is our reconstruction of PartialFed-Adaptive
+    load: Literal["round", "batch"] = Field("round", description="when the gates load global units into the "
+                                            "local model: once per round after receipt (partial initialisation) "
+                                            "or again before every model batch from the fixed received global "
+                                            "(discards the steps a reloaded unit took)")
     tau0: float = Field(5.0, gt=0, description="initial Gumbel-softmax temperature (FedALA App. G: 5.0)")
     decay: float = Field(0.965, gt=0, le=1, description="per-round temperature decay (App. G: 0.965)")
     tau_min: float = Field(0.05, gt=0, description="temperature floor (spec §2.12 [UNCERTAIN])")
@@ -91,6 +112,7 @@ def mix_units(global_: Params, local: Params, gates: torch.Tensor, units: Units)
 
 
 S, POS = "partialfed.strategy", "partialfed.cycle_pos"  # carried through the fit with the model
+INIT_LOCAL = "init_local"  # load="round": the kept local model this round's initialisation chose from
 # running sums carried through the fit for the round's metrics
 MODEL_LOSS, MODEL_STEPS, STRATEGY_LOSS, STRATEGY_STEPS, PICKS = (
     "partialfed.model_loss", "partialfed.model_steps", "partialfed.strategy_loss", "partialfed.strategy_steps",
@@ -111,12 +133,24 @@ class PartialFed(Algorithm):
                 "cycle_pos": torch.zeros((), dtype=torch.int64)}
 
     def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
-        """No overwrite: the local model is kept; the global enters through the per-batch gates."""
+        """No overwrite: the local model is kept; the global enters through the gates."""
         return state, {}
+
+    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
+        """load="round": the partial initialisation, one hard Gumbel draw per unit from S (runs after ALA)."""
+        if self.settings.load != "round":
+            return state, {}
+        strategy = state["strategy"]
+        g = gumbel_noise(ctx.generator("init"), strategy.shape).to(strategy.device)
+        use_global = ((strategy + g).argmax(dim=1) == 0).tolist()
+        local = state["model"]
+        model = select_units(payload["global"], local, use_global, self.units)
+        return {**state, "model": model, INIT_LOCAL: local}, {"global_picks": sum(use_global) / len(self.units)}
 
     def batch_step(self, ctx: ClientContext, tau: float, noise: torch.Generator) -> StepFn:
         """One model or strategy batch (spec §2.12 [RECON]); branches in Python (per-client contexts)."""
         cfg = self.settings
+        per_batch = cfg.load == "batch"
         lr, s_lr = ctx.train.lr, ctx.train.lr if cfg.strategy_lr is None else cfg.strategy_lr
         cycle, names, units, net = cfg.model_batches + cfg.strategy_batches, self.parameter_names, self.units, ctx.net
 
@@ -133,14 +167,17 @@ class PartialFed(Algorithm):
             local = {**{k: v for k, v in frozen.items()}, **{k: train[k] for k in names}}
             out = dict(train)
             if int(train[POS]) % cycle < cfg.model_batches:
-                use_global = ((strategy + g).argmax(dim=1) == 0).tolist()
-                local = select_units(glob, local, use_global, units)
+                if per_batch:
+                    use_global = ((strategy + g).argmax(dim=1) == 0).tolist()
+                    local = select_units(glob, local, use_global, units)
+                    out[PICKS] = train[PICKS] + sum(use_global)
                 grads, value = value_and_grad(loss)({k: local[k] for k in names}, frozen, batch)
                 out.update({k: local[k] - lr * grads[k] for k in names})
                 out[MODEL_LOSS] = train[MODEL_LOSS] + value
                 out[MODEL_STEPS] = train[MODEL_STEPS] + 1
-                out[PICKS] = train[PICKS] + sum(use_global)
             else:
+                if not per_batch:  # the candidates of this round's initialisation
+                    local = {**local, **aux["init_local"]}
                 grads, value = value_and_grad(mixed_loss)({"s": strategy}, {**frozen, "gumbel": g}, batch, glob, local)
                 out[S] = strategy - s_lr * grads["s"]
                 out[STRATEGY_LOSS] = train[STRATEGY_LOSS] + value
@@ -162,8 +199,12 @@ class PartialFed(Algorithm):
         params = {**state["model"], S: state["strategy"], POS: torch.tensor(offset), **counters}
         names = self.parameter_names
         glob = {k: v.detach() for k, v in payload["global"].items()}
+        aux = {"global": glob}
+        if cfg.load == "round":
+            kept = state.get(INIT_LOCAL, state["model"])  # without after_receive: the model itself
+            aux["init_local"] = {k: kept[k].detach() for k in names}
         fit = ctx.fit(params, step=self.batch_step(ctx, tau, ctx.generator("gates")),
-                      trainable=[*names, S, POS, *COUNTERS], aux={"global": glob},
+                      trainable=[*names, S, POS, *COUNTERS], aux=aux,
                       data=TrainBatches("train", self.train.local_epochs), stage="local training")
         out = fit.params
         for name, total in ((MODEL_LOSS, "local training (model batches)"),
@@ -173,9 +214,10 @@ class PartialFed(Algorithm):
         strategy = out[S]
         metrics = {"train_loss": float(out[MODEL_LOSS]) / max(model_steps, 1),
                    "strategy_loss": float(out[STRATEGY_LOSS]) / max(strategy_steps, 1), "tau": tau,
-                   "global_share": float(torch.softmax(strategy, dim=1)[:, 0].mean()),
-                   "global_picks": float(out[PICKS]) / max(model_steps * len(self.units), 1)}
+                   "global_share": float(torch.softmax(strategy, dim=1)[:, 0].mean())}
+        if cfg.load == "batch":  # load="round" reports its picks from after_receive
+            metrics["global_picks"] = float(out[PICKS]) / max(model_steps * len(self.units), 1)
         local = {k: out[k] for k in state["model"]}
-        new_state = {**state, "model": local, "strategy": strategy,
+        new_state = {**{k: v for k, v in state.items() if k != INIT_LOCAL}, "model": local, "strategy": strategy,
                      "cycle_pos": torch.tensor(int(out[POS]) % cycle, dtype=torch.int64)}
         return new_state, self.upload(local, ctx), metrics
