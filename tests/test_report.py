@@ -270,3 +270,31 @@ def test_the_committed_results_report_is_what_its_command_makes_from_the_committ
             "rerun that command")
     assert md.read_text() == committed, hint
     assert page.read_text() == (root / "docs" / "results.html").read_text(), hint
+
+
+def test_a_method_section_splits_a_table_only_between_cells_that_run_it(tmp_path) -> None:
+    """Every saved config lists every method's section: a key added to PartialFed later (its cells
+    rerun, the others not) must not split the FedAvg cells from them; a PartialFed setting that
+    differs between two PartialFed cells must."""
+    from pflkit.run.report import one_setting
+
+    def cell(name: str, method: str, partialfed: str):
+        folder = tmp_path / name
+        folder.mkdir(parents=True)
+        (folder / "config.toml").write_text(f'name = "t"\nalgorithms = ["{method}"]\nseeds = [0]\nrounds = 5\n'
+                                            f"[run]\nthreads = 1\n[partialfed]\n{partialfed}\n[fedala]\neta = 1.0\n")
+        return folder
+
+    old = cell("a/fedavg", "fedavg", "tau0 = 5.0")
+    new = cell("a/partialfed", "partialfed", 'tau0 = 5.0\nload = "round"')
+    assert one_setting([old, new])
+    assert not one_setting([new, cell("b/partialfed", "partialfed", 'tau0 = 5.0\nload = "batch"')])
+    other_tau = cell("c/partialfed+ala", "partialfed+ala", 'tau0 = 4.0\nload = "round"')
+    assert one_setting([old, other_tau]) and not one_setting([new, other_tau])
+    ala = cell("d/fedala", "fedala", "tau0 = 1.0")
+    assert one_setting([old, ala])
+    (ala / "config.toml").write_text((ala / "config.toml").read_text().replace("eta = 1.0", "eta = 0.5"))
+    assert not one_setting([ala, cell("e/fedrep+ala", "fedrep+ala", "tau0 = 5.0")])
+    other = cell("f/fedavg", "fedavg", "tau0 = 5.0")
+    (other / "config.toml").write_text((other / "config.toml").read_text().replace("rounds = 5", "rounds = 6"))
+    assert not one_setting([old, other])  # a key outside the methods' sections always counts

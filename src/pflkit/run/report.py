@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import scipy.stats
 
+from ..algorithms.registry import ALGORITHMS, config_sections, parse_name
 from ..config import load_config
 from ..federation import ResultsFolder
 from ..reporting import summarize
@@ -230,15 +231,41 @@ def cell_folders(folder: Path) -> list[Path]:
 
 
 def one_setting(cells: Sequence[Path]) -> bool:
-    """Whether the cells' configs differ in nothing but their methods, seeds and names: one table."""
-    def setting(cell: Path) -> dict[str, Any]:  # the saved (resolved) tables: no validation, no warnings per cell
+    """Whether the cells' configs differ in nothing but their methods, seeds and names: one table.
+
+    A method's config section counts only for the cells that run it (every saved config lists every
+    section; a key added to one method later must not split the cells of the others), and then must
+    match between all of them."""
+    owned = set(config_sections())
+
+    def read(cell: Path) -> dict[str, Any]:  # the saved (resolved) tables: no validation, no warnings per cell
         try:
-            table = tomllib.loads((cell / "config.toml").read_text(encoding="utf-8"))
+            return tomllib.loads((cell / "config.toml").read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{cell / 'config.toml'} is not a readable config ({exc})") from None
-        return {k: v for k, v in table.items() if k not in ("algorithms", "seeds", "name")}
-    first = setting(cells[0])
-    return all(setting(c) == first for c in cells[1:])
+
+    def used_sections(table: dict[str, Any]) -> set[str]:
+        names = set()
+        for name in table.get("algorithms", []):
+            try:
+                base, modifiers = parse_name(name)
+            except (KeyError, ValueError):
+                return owned  # an unknown method: every section counts
+            names.add(ALGORITHMS[base].section or base)
+            names.update(m.section for m in modifiers)
+        return names
+
+    tables = [read(c) for c in cells]
+    shared = [{k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name") and k not in owned}
+              for t in tables]
+    if any(s != shared[0] for s in shared[1:]):
+        return False
+    seen: dict[str, Any] = {}
+    for table in tables:
+        for section in used_sections(table) & owned:
+            if seen.setdefault(section, table.get(section)) != table.get(section):
+                return False
+    return True
 
 
 def _histories(results: ResultsFolder) -> dict[tuple[str, int], list[dict[str, Any]]]:
