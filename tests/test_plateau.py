@@ -27,6 +27,37 @@ def test_the_rule_compares_the_best_of_the_last_evaluations_with_the_best_before
     assert not Plateau(3, metric="local_accuracy").reached(history(0.5, 0.5, 0.5, 0.5))
 
 
+def test_the_rule_waits_for_the_evaluation_of_its_first_round():
+    flat = history(0.5, 0.5, 0.5, 0.5, 0.5, 0.5)  # rounds 0-5, no progress at all
+    assert Plateau(3).reached(flat[:5])
+    assert not Plateau(3, not_before=5).reached(flat[:5])  # round 4 evaluated: too early
+    assert Plateau(3, not_before=5).reached(flat)
+    # a record of round 5 without the metric (an evaluation skipped) does not count as evaluated
+    assert not Plateau(3, not_before=5).reached([*flat[:5], {"round": 5}])
+
+
+def test_apple_is_judged_only_after_its_lambda_schedule(tmp_path, fast_config):
+    """APPLE's proximal weight lambda(r) falls to 0 at round L*R: a plateau inside the schedule is
+    no convergence (on MNIST it stopped APPLE at round 34 of its 40-round schedule)."""
+    from pflkit.algorithms import build_algorithm
+    from pflkit.federation.runner import plateau_rule
+
+    cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["apple", "fedavg"]', "plateau_evaluations=2",
+                             "plateau_points=100", "apple.L=0.1"])
+    units = [("body", ["w"]), ("head", ["v"])]
+    algs = {n: build_algorithm(n, cfg.algorithm_sections(), cfg.train, units) for n in cfg.algorithms}
+    assert plateau_rule(cfg, algs["apple"]).not_before == 5  # ceil(0.1 x 50)
+    assert plateau_rule(cfg, algs["fedavg"]).not_before == 0
+    cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["apple"]', "plateau_evaluations=2",
+                             "plateau_points=100", "apple.L=0.1"])
+    run_experiment(cfg, tmp_path / "a", progress=False, echo=lambda s: None)
+    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    # judged first at the evaluation of round 5 (its first round with lambda = 0), trained on to 6, whose
+    # evaluation is the final one; without the wait: [0, 1, 2, 3]
+    assert [r["round"] for r in records] == [0, 1, 2, 3, 4, 5, 6]
+    assert records[-1]["stopped"] == "plateau"
+
+
 def test_a_run_stops_on_its_plateau_and_says_so(tmp_path, fast_config):
     cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["fedavg"]', "plateau_evaluations=2",
                              "plateau_points=100"])  # any change is "no progress": stops after 3 evaluations

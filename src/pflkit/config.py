@@ -173,7 +173,7 @@ class RunSettings(BaseModel):
     plateau_evaluations: int | None = Field(
         None, ge=1, description="stop a run once its best plateau_metric has not improved by more than "
         "plateau_points over the last this many evaluations (rounds is then the cap; FedALA's convergence rule: "
-        "20); default: run every round")
+        "20; a method's own schedule, APPLE's lambda(r), is waited for); default: run every round")
     plateau_points: float = Field(0.1, ge=0, description="plateau rule: the improvement, in percentage points, "
                                   "that counts as progress")
     plateau_metric: Literal["accuracy", "global_accuracy", "local_accuracy"] = Field(

@@ -124,6 +124,10 @@ class Apple(Algorithm):
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         return self.keep_latest_models(server, uploads)
 
+    def schedule_rounds(self) -> int:
+        """lambda(r) > 0 until round L*R: the plateau rule waits for the first round without it."""
+        return math.ceil(self.settings.L * self.train.rounds)
+
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         cfg = self.settings
         core_lr = cfg.core_lr if cfg.core_lr is not None else ctx.train.lr

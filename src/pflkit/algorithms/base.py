@@ -221,6 +221,13 @@ class Algorithm:
         numeric metrics, from every participant's metrics (client id -> metrics); default: nothing."""
         return {}
 
+    def schedule_rounds(self) -> int:
+        """The first round whose training no longer follows a schedule of the method's own that
+        changes its objective (APPLE's lambda(r)): the plateau rule judges a run only from the
+        evaluation of this round on, since a plateau inside the schedule is no convergence.
+        Default 0: no such schedule."""
+        return 0
+
     def head_update(self, server: State, upload: SentUpload) -> torch.Tensor | None:
         """The upload's change of the last layer, flattened (the total variance of updates, spec
         §4.13); None where the upload carries no head."""

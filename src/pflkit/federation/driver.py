@@ -84,15 +84,18 @@ def should_evaluate(r: int, rounds: int, eval_every: int) -> bool:
 class Plateau:
     """The convergence rule of a run that stops before its ``rounds`` (then only a cap): the best
     ``metric`` has not improved by more than ``points`` percentage points over the last
-    ``evaluations`` evaluations."""
+    ``evaluations`` evaluations, judged from the evaluation of round ``not_before`` on."""
 
     evaluations: int
     points: float = 0.1
     metric: str = "accuracy"
+    not_before: int = 0  # no stop before an evaluation of this round (a method's schedule still runs)
 
     def reached(self, history: Sequence[dict[str, Any]]) -> bool:
-        values = [float(r[self.metric]) for r in history
-                  if isinstance(r.get(self.metric), (int, float)) and not np.isnan(r[self.metric])]
+        scored = [r for r in history if isinstance(r.get(self.metric), (int, float)) and not np.isnan(r[self.metric])]
+        if not scored or scored[-1].get("round", 0) < self.not_before:
+            return False
+        values = [float(r[self.metric]) for r in scored]
         if len(values) <= self.evaluations:
             return False
         return max(values) - max(values[:-self.evaluations]) <= self.points / 100

@@ -93,14 +93,15 @@ def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorith
 
 
 def plateau_rule(config: BaseConfig, algorithm: Algorithm) -> Plateau | None:
-    """The run's convergence rule (``plateau_*`` of ``[run]``), if any."""
+    """The run's convergence rule (``plateau_*`` of ``[run]``), if any; it waits for the end of the
+    method's own schedule (APPLE's lambda(r)), which a plateau before it would cut short."""
     run = config.run
     if run.plateau_evaluations is None:
         return None
     metric = run.plateau_metric
     if metric == "global_accuracy" and not algorithm.has_global_model:
         metric = "accuracy"
-    return Plateau(run.plateau_evaluations, run.plateau_points, metric)
+    return Plateau(run.plateau_evaluations, run.plateau_points, metric, not_before=algorithm.schedule_rounds())
 
 
 def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor, setup: SeedSetup, name: str,
