@@ -212,7 +212,7 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
     cells = [c.strip() for c in fedavg.strip("|").split("|")]
     assert cells[1] == "0,1" and "±" in cells[2] and cells[4] == "3*,3*"  # stopped by the plateau rule at round 3
     assert cells[5] == "98.81" and cells[6].startswith(("+", "-"))
-    assert "| fedala | - | not run yet |" in text and "| ditto | - | not run yet |" in text
+    assert "| fedala | - | not run yet |" in text and "| ditto | - | unfinished (Not finished, below) |" in text
     best = [json.loads((tmp_path / "table" / f"algorithms=fedavg,seeds={s}" / "summary.json").read_text())
             ["fedavg"]["best_accuracy"] for s in (0, 1)]
     assert cells[2].startswith(f"{100 * np.mean(best):.2f} ± {100 * np.std(best):.2f}")

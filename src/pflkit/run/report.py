@@ -294,6 +294,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
     wall: dict[tuple[str, int], float] = {}
     machines: set[str] = set()
     unfinished = []
+    started: set[str] = set()  # methods with an unfinished run
     for cell in cells:
         results = ResultsFolder(cell)
         status = _status(results)
@@ -305,6 +306,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         if done:
             machines.add(str(status.get("machine") or status.get("host", "?")))
         for key in sorted(set(runs) - set(done)):
+            started.add(key[0])
             scored = [r for r in runs[key] if "accuracy" in r]
             best = max(scored, key=lambda r: r["accuracy"]) if scored else None
             so_far = "" if best is None else f", best so far {100 * best['accuracy']:.2f} at round {best['round']}"
@@ -352,7 +354,8 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
                      f"{round_seconds(entry):.1f}", f"{sum(wall[(method, s)] for s in seeds) / 60:.1f}"])
     for method, published in ((cell or {}).get("values") or {}).items():
         if method not in methods:
-            rows.append([method, "-", "not run yet", *("-" for _ in extra), "-", "-", f"{published[0]:.2f}", "-",
+            state = "unfinished (Not finished, below)" if method in started else "not run yet"
+            rows.append([method, "-", state, *("-" for _ in extra), "-", "-", f"{published[0]:.2f}", "-",
                          "-", "-"])
     caption = "results" + (f" beside {cell['source']}" if cell else "")
     section.tables.append((caption + " (rounds run: * = stopped by the plateau rule)", header, rows))
