@@ -298,3 +298,20 @@ def test_a_method_section_splits_a_table_only_between_cells_that_run_it(tmp_path
     other = cell("f/fedavg", "fedavg", "tau0 = 5.0")
     (other / "config.toml").write_text((other / "config.toml").read_text().replace("rounds = 5", "rounds = 6"))
     assert not one_setting([old, other])  # a key outside the methods' sections always counts
+
+
+def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
+    """A cell resumed with ``workers=1`` (two cells sharing a machine) computes what the others do:
+    its saved ``[run] workers`` must not split the table; a computed [run] key still does."""
+    from pflkit.run.report import one_setting
+
+    def cell(name: str, run: str):
+        folder = tmp_path / name
+        folder.mkdir(parents=True)
+        (folder / "config.toml").write_text(f'name = "t"\nalgorithms = ["{name}"]\nseeds = [0]\nrounds = 5\n'
+                                            f"[run]\nthreads = 1\n{run}\n")
+        return folder
+
+    plain, one_worker = cell("fedavg", ""), cell("sosicfl", "workers = 1\ncheckpoint_every = 5")
+    assert one_setting([plain, one_worker])
+    assert not one_setting([plain, cell("ditto", "workers = 1\neval_every = 5")])

@@ -19,6 +19,7 @@ import scipy.stats
 from ..algorithms.registry import ALGORITHMS, config_sections, parse_name
 from ..config import load_config
 from ..federation import ResultsFolder
+from ..federation.results import EXECUTION_KEYS
 from ..reporting import summarize
 from ..federation.runner import tta_bases
 from ..reporting.summary import round_seconds, time_to_accuracy
@@ -231,7 +232,8 @@ def cell_folders(folder: Path) -> list[Path]:
 
 
 def one_setting(cells: Sequence[Path]) -> bool:
-    """Whether the cells' configs differ in nothing but their methods, seeds and names: one table.
+    """Whether the cells' configs differ in nothing but their methods, seeds, names and execution
+    keys (``EXECUTION_KEYS``: a cell run or resumed with other workers computes the same): one table.
 
     A method's config section counts only for the cells that run it (every saved config lists every
     section; a key added to one method later must not split the cells of the others), and then must
@@ -255,7 +257,15 @@ def one_setting(cells: Sequence[Path]) -> bool:
             names.update(m.section for m in modifiers)
         return names
 
-    tables = [read(c) for c in cells]
+    def computed(table: dict[str, Any]) -> dict[str, Any]:  # without the keys that only say how a cell ran
+        table = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+        for key in EXECUTION_KEYS:
+            section, name = key.split(".", 1)
+            if isinstance(table.get(section), dict):
+                table[section].pop(name, None)
+        return table
+
+    tables = [computed(read(c)) for c in cells]
     shared = [{k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name") and k not in owned}
               for t in tables]
     if any(s != shared[0] for s in shared[1:]):
@@ -307,9 +317,11 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
             machines.add(str(status.get("machine") or status.get("host", "?")))
         for key in sorted(set(runs) - set(done)):
             started.add(key[0])
-            scored = [r for r in runs[key] if "accuracy" in r]
-            best = max(scored, key=lambda r: r["accuracy"]) if scored else None
-            so_far = "" if best is None else f", best so far {100 * best['accuracy']:.2f} at round {best['round']}"
+            judged = config.run.plateau_metric if any(config.run.plateau_metric in r for r in runs[key]) else "accuracy"
+            scored = [r for r in runs[key] if judged in r]
+            best = max(scored, key=lambda r: r[judged]) if scored else None
+            so_far = "" if best is None else (f", best {'' if judged == 'accuracy' else judged + ' '}so far "
+                                              f"{100 * best[judged]:.2f} at round {best['round']}")
             machine = status.get("machine")
             unfinished.append(f"{cell.name} ({key[0]}, seed {key[1]}: {status.get('status', '?')}, reached round "
                               f"{max(r['round'] for r in runs[key])}{so_far}{f', on {machine}' if machine else ''})")
@@ -334,7 +346,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         section.text.append("**Not finished**: " + "; ".join(unfinished) + ".")
     entries = {m: summarize(histories, [m], sorted(s for n, s in histories if n == m))[m] for m in methods}
     extra = [(name, key) for name, key in TABLE_EXTRA_COLUMNS if any(key in e for e in entries.values())]
-    header = ["method", "seeds", "best acc", *(n for n, _ in extra), "best at round", "rounds run", "paper",
+    header = ["method", "seeds", "best acc", *(n for n, _ in extra), "best acc at round", "rounds run", "paper",
               "pflkit − paper", "s/round", "wall min (all seeds)"]
     rows = []
     for method, entry in entries.items():
