@@ -315,3 +315,21 @@ def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
     plain, one_worker = cell("fedavg", ""), cell("sosicfl", "workers = 1\ncheckpoint_every = 5")
     assert one_setting([plain, one_worker])
     assert not one_setting([plain, cell("ditto", "workers = 1\neval_every = 5")])
+
+
+def test_an_unfinished_cells_best_so_far_is_on_the_plateau_metric(tmp_path) -> None:
+    """A table whose runs stop on the global accuracy (SosicFL's protocol) lists an unfinished cell's
+    best global accuracy so far, named, not its local one."""
+    config = load_config(None, ["num_clients=4", "rounds=6", 'algorithms=["fedavg"]', "seeds=[0]",
+                                "plateau_evaluations=2", 'plateau_metric="global_accuracy"'])
+    finished = tmp_path / "table" / "algorithms=fedavg,seeds=0"
+    run_experiment(config, finished, progress=False, echo=lambda s: None)
+    unfinished = tmp_path / "table" / "algorithms=sosicfl,seeds=0"
+    unfinished.mkdir()
+    (unfinished / "config.toml").write_text((finished / "config.toml").read_text()
+                                            .replace('"fedavg"', '"sosicfl"', 1))
+    records = [{"algorithm": "sosicfl", "seed": 0, "round": 5, "accuracy": 0.97, "global_accuracy": 0.91},
+               {"algorithm": "sosicfl", "seed": 0, "round": 10, "accuracy": 0.95, "global_accuracy": 0.93}]
+    (unfinished / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
+    assert "reached round 10, best global_accuracy so far 93.00 at round 10" in text
