@@ -5,6 +5,7 @@ clients' parameters."""
 from __future__ import annotations
 
 import gc
+import math
 import random
 import weakref
 
@@ -45,6 +46,19 @@ def test_weighted_sum_refuses_weights_that_do_not_add_up():
         total.result()
     with pytest.raises(ValueError, match="positive"):
         WeightedSum(0)
+
+
+def test_weighted_sum_accepts_weights_whose_running_sum_misses_the_total_by_rounding():
+    """Ten weights of 0.1 add up one by one to 0.9999999999999999, not 1.0 (the compensated sum
+    that Python 3.12's ``sum`` returns): FedACD's softmax weights hit this on a GPU machine's Python."""
+    weights = [0.1] * 10
+    assert math.fsum(weights) == 1.0
+    models = [{"w": torch.full((2,), float(i))} for i in range(10)]
+    total = WeightedSum(1.0)
+    for model, w in zip(models, weights):
+        total.add(model, w)
+    assert torch.allclose(total.result()["w"], torch.full((2,), 4.5))
+    assert torch.allclose(weighted_average(models, weights)["w"], torch.full((2,), 4.5))
 
 
 def setup_for(name: str, data, seed: int = 3):

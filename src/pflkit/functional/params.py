@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Mapping, Sequence
 
 import torch
@@ -21,7 +22,9 @@ class WeightedSum:
     """Sum_i w_i * model_i / total, folded in one model at a time (streaming aggregation: a round's
     uploads need not all be held). ``total`` is the sum of the weights to come, known up front, so
     that every model is added as ``acc += (w_i / total) * model_i``: the same operations, in the
-    same order, as :func:`weighted_average`, hence the same bits."""
+    same order, as :func:`weighted_average`, hence the same bits. :meth:`result` checks that the
+    added weights reach ``total`` up to float rounding: an announced total is often a compensated
+    sum (Python 3.12's ``sum`` of floats) that one-by-one addition misses by an ulp or two."""
 
     def __init__(self, total: float) -> None:
         if total <= 0:
@@ -40,7 +43,7 @@ class WeightedSum:
     def result(self) -> Params:
         if self.sum is None:
             raise ValueError("cannot average an empty list of models")
-        if self.added != self.total:
+        if not math.isclose(self.added, self.total, rel_tol=1e-9):
             raise ValueError(f"the added weights sum to {self.added:g}, not to the {self.total:g} announced")
         return self.sum
 
