@@ -1,8 +1,8 @@
 #!/bin/bash
 # Result cells and the loop-vs-vmap bench on a lent GPU machine, inside a fixed time budget.
 #
-# Cells run in parallel, one process and one --out folder each (each small model leaves the GPU
-# mostly idle, so two processes finish two cells in about the time of one); every sweep is sent
+# Cells run in parallel, one process and one --out folder each (a small model leaves the GPU mostly
+# idle; two SosicFL cells side by side on an H200 took 0.21-0.25 s a round each); every sweep is sent
 # SIGINT at the deadline, so an unfinished cell keeps its rounds and says "interrupted". Then
 # the bench runs for each client count while time is left. Everything ends up in $OUT/cells.tgz
 # (checkpoints and client states left out): unpack it and move the cells into docs/results/.
@@ -25,10 +25,15 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 
 nvidia-smi -L 2>/dev/null
 python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, 'cuda', torch.cuda.is_available())"
+cell_s=$(( $(left) - BENCH_S - 25 ))
+if [ -n "${CELLS:-}" ] && [ "$cell_s" -lt 30 ]; then
+    echo "only ${cell_s} s left for the cells (BUDGET=$BUDGET, BENCH_S=$BENCH_S): raise BUDGET or lower BENCH_S" >&2
+    exit 2
+fi
 for cell in ${CELLS:-}; do
     alg=${cell%%:*}; seed=${cell##*:}
     # shellcheck disable=SC2086  # EXTRA is a list of overrides
-    timeout -k 15 -s INT $(( $(left) - BENCH_S - 25 )) "$PFLKIT" sweep "$CONFIG" "algorithms=[[\"$alg\"]]" \
+    timeout -k 15 -s INT "$cell_s" "$PFLKIT" sweep "$CONFIG" "algorithms=[[\"$alg\"]]" \
         "seeds=[[$seed]]" device="$DEVICE" ${EXTRA:-} --out "$WORK/$alg-$seed" --quiet \
         > "$WORK/logs/$alg-$seed.log" 2>&1 &
 done
