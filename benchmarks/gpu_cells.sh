@@ -17,14 +17,17 @@
 # only there does a second call on a warm machine resume the interrupted cells from their checkpoints.
 # Measured on an H200 (SosicFL protocol, 100 clients, all scored every 5 rounds): a training round
 # took 0.21-0.25 s with two cells side by side, 0.24-0.36 s with six and 0.38-0.55 s with nine; six
-# reached 390-455 rounds in 6.3 min of wall time, of which training was 2.8-3.6 min (the rest:
-# scoring and start-up), so give each cell ~3 min per 400 rounds and run at most six at a time.
+# reached 390-455 rounds in 6.3 min of wall time, of which the rounds took 2.8-3.6 min (the rest,
+# unmeasured: start-up, checkpoints, final pass), so give each cell ~3 min per 400 rounds and run
+# at most six at a time. A checkpoint of 100 clients' models is ~290 MB (0.3-0.5 s to write on the
+# CPU machine), so the cells checkpoint every CKPT rounds (default 25, not the configs' 5): an
+# interrupt loses ~10 s.
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-480}; DEVICE=${DEVICE:-cuda}; PFLKIT=${PFLKIT:-pflkit}
 CONFIG=${CONFIG:-configs/reproduce/sosicfl-mnist.toml}
 OUT=${OUT:-/tmp/out}; WORK=${WORK:-gpu-cells}
-BENCH_S=${BENCH_S:-110}; BENCH_CLIENTS=${BENCH_CLIENTS-20 1000}
+BENCH_S=${BENCH_S:-110}; CKPT=${CKPT:-25}; BENCH_CLIENTS=${BENCH_CLIENTS-20 1000}
 : "${PFLKIT_DATA:?set PFLKIT_DATA to the folder that holds mnist/}"
 export PFLKIT_DATA PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$WORK/logs"
@@ -44,7 +47,7 @@ for cell in ${CELLS:-}; do
     alg=${cell%%:*}; seed=${cell##*:}
     # shellcheck disable=SC2086  # EXTRA is a list of overrides
     timeout -k 15 -s INT "$cell_s" "$PFLKIT" sweep "$CONFIG" "algorithms=[[\"$alg\"]]" \
-        "seeds=[[$seed]]" device="$DEVICE" ${EXTRA:-} --out "$WORK/$alg-$seed" --quiet \
+        "seeds=[[$seed]]" device="$DEVICE" checkpoint_every="$CKPT" ${EXTRA:-} --out "$WORK/$alg-$seed" --quiet \
         > "$WORK/logs/$alg-$seed.log" 2>&1 &
 done
 wait
