@@ -50,6 +50,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per setting and repeat")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    for name in ("clients", "batch", "steps", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     device, k = torch.device(args.device), args.clients
