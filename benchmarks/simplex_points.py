@@ -1,7 +1,8 @@
 """Where on its simplex a finished SosicFL run's global endpoints make a good model: accuracy on
 the global test set at the centroid (the run's global model), the mean of the cluster centres,
 each cluster centre and each vertex, with the centres' L1 distance from the centroid beside the
-subregion radius eta. The measurement behind results-intro's SosicFL-All 5-Fold paragraph.
+subregion radius eta. The measurement behind results-intro's SosicFL 5-Fold and Dir(0.5) paragraphs
+(why SosicFL-All's 5-Fold global model fails, and that SosicFL's does not).
 
     PFLKIT_DATA=../shared/datasets python benchmarks/simplex_points.py \\
         "docs/results/sosicfl-mnist-5fold/algorithms=sosicfl_all,seeds=0" sosicfl_all 0
@@ -37,7 +38,11 @@ def main() -> None:
     logging.getLogger("pflkit").setLevel(logging.ERROR)
     results = ResultsFolder(args.run)
     config = load_config(results.config_path)
-    state = load_checkpoint(results.checkpoint_path(args.algorithm, args.seed))
+    checkpoint = results.checkpoint_path(args.algorithm, args.seed)
+    if not checkpoint.is_file():
+        raise SystemExit(f"{args.run} has no checkpoint of {args.algorithm} seed {args.seed} ({checkpoint}): "
+                         "checkpoints stay on the machine that ran the cell")
+    state = load_checkpoint(checkpoint)
     config, partitions = build_partitions(config.model_copy(update={"seeds": [args.seed]}), resolve_device("cpu"))
     data = partitions[partition_seed(config, args.seed)]
     if data.global_test is None:
