@@ -19,13 +19,7 @@ import logging
 import numpy as np
 import torch
 
-from pflkit.algorithms.sosicfl import SosicFL
-from pflkit.config import load_config
-from pflkit.federation import ResultsFolder, initial_params, partition_seed
-from pflkit.federation.checkpoint import load_checkpoint
-from pflkit.federation.setup import build_partitions, resolve_device
-from pflkit.methods import build_algorithm
-from pflkit.run.simplex_report import landscape
+from pflkit.run.simplex_report import landscape, load_simplex_run
 
 
 def main() -> None:
@@ -36,21 +30,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("pflkit").setLevel(logging.ERROR)
-    results = ResultsFolder(args.run)
-    config = load_config(results.config_path)
-    checkpoint = results.checkpoint_path(args.algorithm, args.seed)
-    if not checkpoint.is_file():
-        raise SystemExit(f"{args.run} has no checkpoint of {args.algorithm} seed {args.seed} ({checkpoint}): "
-                         "checkpoints stay on the machine that ran the cell")
-    state = load_checkpoint(checkpoint)
-    config, partitions = build_partitions(config.model_copy(update={"seeds": [args.seed]}), resolve_device("cpu"))
-    data = partitions[partition_seed(config, args.seed)]
+    try:
+        loaded = load_simplex_run(args.run, args.algorithm, args.seed)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    state, data, model, alg = loaded.state, loaded.data, loaded.model, loaded.alg
     if data.global_test is None:
         raise SystemExit(f"{args.run}: the run has no global test set (test_set = 'official' needed)")
-    model, _ = initial_params(config, data, args.seed, "cpu")
-    alg = build_algorithm(args.algorithm, config.algorithm_sections(), config.train, model.units())
-    if not isinstance(alg, SosicFL):
-        raise SystemExit(f"{args.algorithm} is not a SosicFL method")
     simplex = state.server["simplex"]
     centres = simplex["centers"]
     print(f"round {state.rounds_done}; clients per cluster {np.bincount(simplex['assignment'].numpy()).tolist()}")

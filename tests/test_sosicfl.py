@@ -393,6 +393,13 @@ def test_simplex_pictures_draw_figure_5_with_the_global_panel_and_each_clients_l
     at_centroid = simplex_report.landscape(model, alg, state.server["global"], alg.centroid[None], *data.global_test)
     expected = evaluate(model, alg.global_params(state.server), *data.global_test)
     assert float(at_centroid[0]) == pytest.approx(expected["correct"] / expected["num_samples"], abs=1e-6)
+    # the shared loader (also benchmarks/simplex_points.py) names what is missing
+    loaded = simplex_report.load_simplex_run(tmp_path / "run")
+    assert loaded.seed == 0 and loaded.state.rounds_done == state.rounds_done and loaded.alg.M1 == alg.M1
+    with pytest.raises(ValueError, match="has no 'fedavg' run; it ran sosicfl"):
+        simplex_report.load_simplex_run(tmp_path / "run", "fedavg")
+    with pytest.raises(ValueError, match="no checkpoint of sosicfl seed 7"):
+        simplex_report.load_simplex_run(tmp_path / "run", seed=7)
 
 
 def test_every_weight_endpoint_is_an_independent_xavier_normal_draw_as_in_floco() -> None:

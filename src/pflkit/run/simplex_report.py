@@ -3,7 +3,9 @@ subregions, and the accuracy landscape of chosen clients over uniform simplex po
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,11 +14,48 @@ from ..methods import build_algorithm
 from ..algorithms.simplex import realise
 from ..algorithms.sosicfl import SosicFL
 from ..config import load_config
+from ..data.federated import FederatedData
 from ..federation import ResultsFolder, initial_params, partition_seed
 from ..federation.checkpoint import load_checkpoint
 from ..federation.setup import build_partitions, resolve_device
 from ..functional import forward
 from ..reporting import plot_simplex_clusters, plot_simplex_landscape
+
+
+@dataclass
+class SimplexRun:
+    """A finished SosicFL run rebuilt from its folder: the checkpoint's state, the seed's
+    partition, the model and the algorithm object that trained it."""
+
+    results: ResultsFolder
+    seed: int
+    state: Any
+    data: FederatedData
+    model: torch.nn.Module
+    alg: SosicFL
+
+
+def load_simplex_run(run: str | Path, algorithm: str = "sosicfl", seed: int | None = None) -> SimplexRun:
+    """Load ``algorithm``'s run at ``seed`` (default: the config's first seed) from the results
+    folder ``run``; a clear error when the run, its checkpoint or its simplex is missing."""
+    results = ResultsFolder(run)
+    config = load_config(results.config_path)
+    if algorithm not in config.algorithms:
+        raise ValueError(f"{results.root} has no {algorithm!r} run; it ran {', '.join(config.algorithms)}")
+    seed = config.seeds[0] if seed is None else seed
+    ckpt = results.checkpoint_path(algorithm, seed)
+    if not ckpt.is_file():
+        raise ValueError(f"{results.root} has no checkpoint of {algorithm} seed {seed} ({ckpt.name}; "
+                         "checkpoints stay on the machine that ran it)")
+    state = load_checkpoint(ckpt)
+    if "simplex" not in state.server:
+        raise ValueError(f"{algorithm} is not a SosicFL method: its run has no simplex")
+    config, partitions = build_partitions(config.model_copy(update={"seeds": [seed]}), resolve_device("cpu"))
+    data = partitions[partition_seed(config, seed)]
+    model, _ = initial_params(config, data, seed, resolve_device("cpu"))
+    alg = build_algorithm(algorithm, config.algorithm_sections(), config.train, model.units())
+    assert isinstance(alg, SosicFL)
+    return SimplexRun(results, seed, state, data, model, alg)
 
 
 def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | None = None,
@@ -25,17 +64,9 @@ def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | No
     in folder ``run`` from its checkpoint: the landscape scores each chosen client's model
     (SosicFL: the global endpoints; SosicFL+: the client's personal endpoints) on its local test
     set at ``points`` uniform simplex points (default clients: one per cluster, at most three)."""
-    results = ResultsFolder(run)
-    config = load_config(results.config_path)
-    if algorithm not in config.algorithms:
-        raise ValueError(f"{results.root} has no {algorithm!r} run; it ran {', '.join(config.algorithms)}")
-    seed = config.seeds[0] if seed is None else seed
-    ckpt = results.checkpoint_path(algorithm, seed)
-    if not ckpt.is_file():
-        raise ValueError(f"{results.root} has no checkpoint of {algorithm} seed {seed} ({ckpt.name})")
-    state = load_checkpoint(ckpt)
-    if "simplex" not in state.server:
-        raise ValueError(f"{algorithm} is not a SosicFL method: its run has no simplex")
+    loaded = load_simplex_run(run, algorithm, seed)
+    results, seed, state, data, model, alg = (loaded.results, loaded.seed, loaded.state, loaded.data,
+                                              loaded.model, loaded.alg)
     simplex = state.server["simplex"]
     assignment = simplex["assignment"].numpy()
     out: list[Path] = []
@@ -43,12 +74,6 @@ def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | No
     if plot_simplex_clusters(simplex["points"].numpy(), assignment, simplex["centers"].numpy(),
                              simplex["pools"].numpy(), clusters_png, f"{algorithm}: clients and subregions"):
         out.append(clusters_png)
-    device = resolve_device("cpu")
-    config, partitions = build_partitions(config.model_copy(update={"seeds": [seed]}), device)
-    data = partitions[partition_seed(config, seed)]
-    model, _ = initial_params(config, data, seed, device)
-    alg = build_algorithm(algorithm, config.algorithm_sections(), config.train, model.units())
-    assert isinstance(alg, SosicFL)
     if clients is None:
         clients = [int(np.flatnonzero(assignment == c)[0]) for c in np.unique(assignment)[:3]]
     alphas = torch.as_tensor(np.random.default_rng(seed).dirichlet(np.ones(alg.M1), size=points), dtype=torch.float32)
