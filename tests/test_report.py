@@ -333,3 +333,26 @@ def test_an_unfinished_cells_best_so_far_is_on_the_plateau_metric(tmp_path) -> N
     (unfinished / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
     assert "reached round 10, best global_accuracy so far 93.00 at round 10" in text
+
+
+def test_time_to_accuracy_is_the_base_round_over_the_method_round_and_counts_ties_as_reached() -> None:
+    """SosicFL §4.13 by hand: the target is the base's best, the improvement the round the base
+    first reaches it over the round the method does; a best equal up to summation noise is reached
+    (two methods at 98.66 % each, summed over clients in another order, once read "not reached")."""
+    from pflkit.reporting.summary import time_to_accuracy
+
+    def history(values: list[float]) -> list[dict[str, float]]:
+        return [{"round": 5 * (i + 1), "local_accuracy": v} for i, v in enumerate(values)]
+
+    base = {0: history([0.90, 0.95, 0.9866000000000003]), 1: history([0.90, 0.97, 0.98]),
+            2: history([0.90, 0.99, 0.99])}
+    method = {0: history([0.9866000000000001, 0.97, 0.98]), 1: history([0.90, 0.93, 0.98]),
+              2: history([0.90, 0.95, 0.9898])}
+    histories = {**{("base", s): h for s, h in base.items()}, **{("method", s): h for s, h in method.items()}}
+    out = time_to_accuracy(histories, {"method": "base"}, seeds=[0, 1, 2], metrics=("local_accuracy",))
+    entry = out["method"]["tta_local_accuracy_vs_base"]
+    per_seed = entry["seeds"]
+    assert (per_seed["0"]["base_round"], per_seed["0"]["round"]) == (15, 5)  # the tie: x3
+    assert (per_seed["1"]["base_round"], per_seed["1"]["round"]) == (15, 15)  # x1
+    assert per_seed["2"]["round"] is None  # 98.98 % against 99 %: one sample in 10,000 short
+    assert entry["reached_seeds"] == 2 and entry["improvement"] == pytest.approx((3.0 + 1.0) / 2)

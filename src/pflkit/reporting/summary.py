@@ -91,9 +91,16 @@ def summarize(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
     return out
 
 
+ACCURACY_TIE = 1e-9
+"""Accuracies (fractions) closer than this are equal: summation noise, not a sample."""
+
+
 def first_round_reaching(history: Sequence[Mapping[str, Any]], metric: str, target: float) -> int | None:
-    """TTA(a) = min{t : acc(t) >= a} on the evaluation grid; None if never reached."""
-    return next((r["round"] for r in history if metric in r and r[metric] >= target), None)
+    """TTA(a) = min{t : acc(t) >= a} on the evaluation grid; None if never reached.
+
+    Equal accuracies count as reached: a pooled accuracy summed over clients in another order can
+    differ in its last bits (0.9866000000000001 against ...03), far below one test sample."""
+    return next((r["round"] for r in history if metric in r and r[metric] >= target - ACCURACY_TIE), None)
 
 
 def time_to_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], bases: Mapping[str, str],
