@@ -202,7 +202,7 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
         run_experiment(config, tmp_path / "table" / "algorithms=ditto,seeds=0", progress=False, echo=lambda s: None,
                        callbacks=[InterruptAfter("ditto", 1)])
     text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
-    assert "4 cells" in text and "at most 6 rounds" in text
+    assert "4 cells" in text and "at most 6 rounds" in text and "partition dirichlet (alpha 0.1)," in text
     assert "**Not finished**: algorithms=ditto,seeds=0 (ditto, seed 0: " in text and "reached round" in text
     ditto = [json.loads(line) for line in (tmp_path / "table" / "algorithms=ditto,seeds=0" / "metrics.jsonl")
              .read_text().splitlines()]
@@ -219,6 +219,9 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
     assert "AMD" in text or "cores" in text  # the machine, from run.json
     assert "**ranks and gaps (points of best accuracy) beside the paper: over the 2 methods" in text
     assert "Kendall's tau between our best accuracies and the paper's is" in text
+    shutil.copytree(tmp_path / "table" / "algorithms=fedprox,seeds=0", tmp_path / "one" / "algorithms=fedprox,seeds=0")
+    text = build_report([tmp_path / "one"], tmp_path / "out1")[0].read_text()
+    assert "(one): 1 cell\n" in text
 
 
 def test_ranks_and_gaps_beside_the_paper_and_what_ala_adds() -> None:

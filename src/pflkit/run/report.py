@@ -294,6 +294,14 @@ def _status(results: ResultsFolder) -> dict[str, Any]:
         return {"status": "unreadable"}
 
 
+def partition_words(spec: Any) -> str:
+    """The partition with the parameter that tells its tables apart (Dir(0.1) from Dir(0.05), ...)."""
+    detail = {"dirichlet": f"alpha {spec.alpha}", "label_dirichlet": f"alpha {spec.alpha}",
+              "pathological": f"{spec.classes_per_client} classes per client",
+              "kfold": f"{spec.num_folds} folds"}.get(spec.method)
+    return f"{spec.method} ({detail})" if detail else spec.method
+
+
 def table_section(folder: Path, cells: Sequence[Path]) -> Section:
     """One setting's cells (results folders that differ only in methods and seeds) as one table:
     per method the best accuracy (mean ± std over seeds), the round it was reached and the rounds
@@ -333,9 +341,9 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
                f"{config.run.plateau_points} points over its last {config.run.plateau_evaluations} evaluations, "
                f"at most {config.train.rounds} rounds" if config.run.plateau_evaluations
                else f"{config.train.rounds} rounds")
-    section = Section(f"{config.name} ({folder.name}): {len(cells)} cells")
+    section = Section(f"{config.name} ({folder.name}): {len(cells)} cell{'s' if len(cells) != 1 else ''}")
     section.text.append(
-        f"{config.dataset}, model {config.model}, partition {config.partition.method}, "
+        f"{config.dataset}, model {config.model}, partition {partition_words(config.partition)}, "
         f"{config.partition.num_clients} clients, join ratio {config.run.join_ratio}; {plateau}. Accuracies in % "
         f"(mean ± std over seeds where there are several). Each cell is `pflkit run {folder.name}/<cell>/config.toml` "
         "(its data_dir names the dataset's folder as ${PFLKIT_DATA}/...).")
