@@ -18,6 +18,7 @@ import scipy.stats
 
 from ..algorithms.registry import ALGORITHMS, config_sections, parse_name
 from ..config import load_config
+from ..data.partition import PartitionSpec
 from ..federation import ResultsFolder
 from ..federation.results import EXECUTION_KEYS
 from ..reporting import summarize
@@ -294,7 +295,7 @@ def _status(results: ResultsFolder) -> dict[str, Any]:
         return {"status": "unreadable"}
 
 
-def partition_words(spec: Any) -> str:
+def partition_words(spec: PartitionSpec) -> str:
     """The partition with the parameter that tells its tables apart (Dir(0.1) from Dir(0.05), ...)."""
     detail = {"dirichlet": f"alpha {spec.alpha}", "label_dirichlet": f"alpha {spec.alpha}",
               "pathological": f"{spec.classes_per_client} classes per client",
