@@ -222,6 +222,12 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
     shutil.copytree(tmp_path / "table" / "algorithms=fedprox,seeds=0", tmp_path / "one" / "algorithms=fedprox,seeds=0")
     text = build_report([tmp_path / "one"], tmp_path / "out1")[0].read_text()
     assert "(one): 1 cell\n" in text
+    run_json = tmp_path / "table" / "algorithms=fedprox,seeds=0" / "run.json"
+    status = json.loads(run_json.read_text())
+    assert f"Machine: {status['machine']}. Wall time of the finished runs " in text
+    run_json.write_text(json.dumps({**status, "machine": "Zeta CPU, 2 cores"}))  # a cell finished elsewhere
+    text = build_report([tmp_path / "table"], tmp_path / "out3")[0].read_text()
+    assert f"Machines: {status['machine']}; Zeta CPU, 2 cores. Wall time of the finished runs " in text
 
 
 def test_ranks_and_gaps_beside_the_paper_and_what_ala_adds() -> None:

@@ -349,8 +349,8 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         f"(mean ± std over seeds where there are several). Each cell is `pflkit run {folder.name}/<cell>/config.toml` "
         "(its data_dir names the dataset's folder as ${PFLKIT_DATA}/...).")
     total = sum(wall.values())
-    section.text.append(f"Machine(s): {', '.join(sorted(machines)) or '-'}; wall time of the finished runs "
-                        f"{total / 3600:.2f} h.")
+    section.text.append(f"Machine{'s' if len(machines) > 1 else ''}: {'; '.join(sorted(machines)) or '-'}. "
+                        f"Wall time of the finished runs {total / 3600:.2f} h.")
     if unfinished:
         section.text.append("**Not finished**: " + "; ".join(unfinished) + ".")
     entries = {m: summarize(histories, [m], sorted(s for n, s in histories if n == m))[m] for m in methods}
