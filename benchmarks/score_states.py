@@ -45,7 +45,10 @@ def score_states(folder: Path, algorithm: str, seed: int) -> dict[str, Any]:
     state = load_checkpoint(checkpoint)
     counts: dict[str, list[int]] = {}
     for client in data.clients:
-        sets = {f"client {key}": value for key, value in full_sets(state.clients[client.client_id], names).items()}
+        client_state = state.clients.get(client.client_id)
+        if client_state is None:
+            raise KeyError(f"{checkpoint} holds no state for client {client.client_id}: its models cannot be scored")
+        sets = {f"client {key}": value for key, value in full_sets(client_state, names).items()}
         sets.update({f"server {key}": value for key, value in full_sets(state.server, names).items()})
         for label, params in sets.items():
             result = evaluate(model, {**init, **params}, client.test_x, client.test_y)
