@@ -1,0 +1,337 @@
+"""APPLE's client round against my own transcriptions of the two reference implementations, with
+the proximal term on p active (mu > 0, a round with lambda(r) > 0), and the partner tests of the
+strict xfails in ``tests/test_reference_pfllib_b.py``: each applies the difference that
+docs/algorithms.md records to the reference's transcription and asserts equality, so that a third
+behaviour (neither the reference's nor the documented one) fails.
+
+References read (written from reading them, not copied):
+
+* TsingZ0/PFLlib ffb17a9 (2022-12-03, "add APPLE"; the same loop at d832e76)
+  ``system/flcore/clients/clientapple.py`` (``train``, ``aggregate_parameters``),
+  ``system/flcore/servers/serverapple.py`` (p0 = the clients' shares of the training samples).
+* ljaiverson/pFL-APPLE 8078196 (the authors' code) ``train_APPLE.py`` (``train_one_round``),
+  ``utils/models.py`` (``ClientNet``: every layer is sum_i p_i layer_i(x), ``extract_learnables``),
+  ``utils/losses.py`` (``reg_loss``, ``get_reg_coef``), ``utils/apple.py`` (``init_pss``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from helpers import batch_pairs, params_of
+
+from pflkit.algorithms import ClientSummary, TrainSettings, build_algorithm
+from pflkit.algorithms.apple import loss_scale
+from pflkit.config import load_config
+from pflkit.data.federated import ClientData
+from pflkit.engines import SingleClientContext
+from pflkit.models import build_model
+
+# float32 throughout; the references form the same sums in another order (PFLlib mixes weights
+# tensor by tensor and sums p's gradient in Python floats, the authors' ClientNet mixes the layers'
+# outputs), so they agree up to float32 rounding: measured at most 6e-8 after three steps.
+# rtol is torch's own float32 default; atol covers entries near 0
+RTOL, ATOL = 1.3e-6, 1e-7
+SIZES = [20, 30, 50]  # training samples of clients 0, 1, 2: p0 = (0.2, 0.3, 0.5)
+P0 = [n / sum(SIZES) for n in SIZES]
+OWN = 1  # the client under test (not slot 0, so that a wrong own slot shows)
+
+
+def client(*, round: int, rounds: int, lr: float = 0.05, momentum: float = 0.0) -> SingleClientContext:
+    torch.manual_seed(0)
+    model = build_model("digits_cnn", (1, 8, 8), 10)
+    n = SIZES[OWN]
+    g = torch.Generator().manual_seed(700)
+    x = torch.randn(n + 8, 1, 8, 8, generator=g)
+    y = torch.randint(0, 10, (n + 8,), generator=g)
+    data = ClientData(OWN, x[:n], y[:n], x[n:], y[n:])
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=lr, rounds=rounds, momentum=momentum)
+    return SingleClientContext(client_id=OWN, round=round, seed=0, data=data, model=model, units=model.units(),
+                               train=train, algorithm="apple")
+
+
+def cores_of(ctx) -> list[dict]:
+    base = params_of(ctx, 1)
+    out = [base]
+    for seed in (31, 32):
+        g = torch.Generator().manual_seed(seed)
+        out.append({k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items()})
+    return out
+
+
+def setup(ctx, *overrides: str):
+    alg = build_algorithm("apple", load_config(None, list(overrides)).algorithm_sections(), ctx.train, ctx.units)
+    cores = cores_of(ctx)
+    summaries = [ClientSummary(i, n, np.zeros(10)) for i, n in enumerate(SIZES)]
+    server = {**alg.prepare(alg.init_server(cores[0]), summaries), "models": dict(enumerate(cores))}
+    return alg, cores, alg.downlink(server, OWN, ctx.round)
+
+
+def run_round(alg, payload, ctx, p=None):
+    """pflkit's client: local_init (p: last round's vector, None = a fresh client), local_train."""
+    state = alg.init_client(payload["cores"][OWN], OWN)
+    if p is not None:
+        state = {**state, "p": torch.tensor(p)}
+    state, _ = alg.local_init(payload, state, ctx)
+    return state, *alg.local_train(payload, state, ctx)
+
+
+def module_at(model: nn.Module, params: dict) -> nn.Module:
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for k, v in m.named_parameters():
+            v.copy_(params[k])
+    return m
+
+
+def values(m: nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in m.named_parameters()}
+
+
+def assert_params_close(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=RTOL, atol=ATOL, msg=lambda m, k=k: f"{k}: {m}")
+
+
+# ================================================================ PFLlib's clientAPPLE
+class PfllibAppleClient:
+    """clientAPPLE.train restated. Every batch: the client's model is overwritten by the mixture
+    sum_j p_j core_j (aggregate_parameters); CE, backward into that model; the own core steps
+    core_i -= lr_c * grad * p_i (lr_c: PFLlib's learning_rate * num_clients); then each p_j steps
+    by drlr * (g_j + lamda * mu * (p_j - p0_j)) with g_j the mean over the model's tensors of
+    mean(grad * core_j) (core_i already stepped). After the round lamda <- (cos(R pi / L) + 1) / 2
+    for R < L = int(L_frac * T), else 0; model_c (the upload) is a copy of the model.
+
+    The documented differences are switches: ``p_grad = "true"`` takes sum(grad * core_j) at the
+    batch's cores (pflkit's gradient of p), ``prox_factor = 2`` the gradient of pflkit's
+    lamda * mu * ||p - p0||^2; ``core_lr`` = N * lr is pflkit's ``apple.core_lr``."""
+
+    def __init__(self, model: nn.Module, cid: int, n: int, core_lr: float, drlr: float, mu: float, l_frac: float,
+                 rounds: int, p0: list[float], p_grad: str = "mean", prox_factor: float = 1.0) -> None:
+        self.model, self.cid, self.n = copy.deepcopy(model), cid, n
+        self.core_lr, self.drlr, self.mu = core_lr, drlr, mu
+        self.L = int(l_frac * rounds)
+        self.ps = [1.0 / n] * n  # PFLlib's start (pflkit: p0)
+        self.p0 = p0
+        self.lamda = 1.0
+        self.p_grad, self.prox_factor = p_grad, prox_factor
+        self.model_c = None
+
+    def train(self, R: int, cores: list[nn.Module], batches) -> None:
+        for x, y in batches:
+            with torch.no_grad():  # aggregate_parameters
+                for name, p in self.model.named_parameters():
+                    p.copy_(sum(w * dict(c.named_parameters())[name] for w, c in zip(self.ps, cores)))
+            self.model.zero_grad()
+            F.cross_entropy(self.model(x), y).backward()
+            grads = [p.grad.detach().clone() for p in self.model.parameters()]
+            at_batch = [[q.detach().clone() for q in c.parameters()] for c in cores]
+            with torch.no_grad():
+                for q, g in zip(cores[self.cid].parameters(), grads):
+                    q.copy_(q - self.core_lr * g * self.ps[self.cid])
+            for j in range(self.n):
+                if self.p_grad == "mean":
+                    tensors = [q.detach() for q in cores[j].parameters()]
+                    g_j = sum(float(torch.mean(g * q)) for g, q in zip(grads, tensors)) / len(tensors)
+                else:
+                    g_j = sum(float(torch.sum(g * q)) for g, q in zip(grads, at_batch[j]))
+                g_j += self.prox_factor * self.lamda * self.mu * (self.ps[j] - self.p0[j])
+                self.ps[j] = self.ps[j] - self.drlr * g_j
+        self.lamda = (math.cos(R * math.pi / self.L) + 1) / 2 if R < self.L else 0.0
+        self.model_c = copy.deepcopy(self.model)
+
+
+# ================================================================ the authors' ClientNet
+class AuthorsClientNet(nn.Module):
+    """ljaiverson/pFL-APPLE's ClientNet on the digits CNN: every layer is a superBlock, sum_i p_i
+    layer_i(x) over one copy of the layer per client, with ReLU and 2x2 max-pooling between them
+    as in the CNN; ``ps`` is an nn.Parameter; prepare_client_model leaves requires_grad on for the
+    own core's layers only."""
+
+    LAYERS = ("conv1", "conv2", "fc1", "fc")
+
+    def __init__(self, model: nn.Module, cores: list[dict], own: int, ps: list[float]) -> None:
+        super().__init__()
+        for layer in self.LAYERS:
+            copies = []
+            for i, core in enumerate(cores):
+                m = copy.deepcopy(getattr(model, layer))
+                with torch.no_grad():
+                    m.weight.copy_(core[f"{layer}.weight"])
+                    m.bias.copy_(core[f"{layer}.bias"])
+                for q in m.parameters():
+                    q.requires_grad_(i == own)
+                copies.append(m)
+            setattr(self, layer + "s", nn.ModuleList(copies))
+        self.ps = nn.Parameter(torch.tensor(ps))
+        self.own = own
+
+    def block(self, layers: nn.ModuleList, x: torch.Tensor) -> torch.Tensor:
+        y = 0
+        for i, layer in enumerate(layers):
+            y = y + layer(x) * self.ps[i]
+        return y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.block(self.conv1s, x)), 2, 2)
+        x = F.max_pool2d(F.relu(self.block(self.conv2s, x)), 2, 2)
+        x = F.relu(self.block(self.fc1s, x.flatten(1)))
+        return self.block(self.fcs, x)
+
+    def extract_learnables(self) -> tuple[dict, torch.Tensor]:
+        core = {}
+        for layer in self.LAYERS:
+            m = getattr(self, layer + "s")[self.own]
+            core[f"{layer}.weight"], core[f"{layer}.bias"] = m.weight.detach().clone(), m.bias.detach().clone()
+        return core, self.ps.detach().clone()
+
+
+def authors_reg_coef(mu: float, rounds: int, l_frac: float, r: int) -> float:
+    """get_reg_coef (cosine): mu * (cos(pi r / int(T L)) + 1) / 2 for the 0-based round r < int(T L), else 0."""
+    dynamic = int(rounds * l_frac)
+    if mu == 0 or r >= dynamic:
+        return 0.0
+    return (math.cos(math.pi / dynamic * r) + 1) / 2 * mu
+
+
+def authors_client_round(net: AuthorsClientNet, batches, p0: list[float], coef: float, lr_net: float,
+                         lr_coef: float, momentum: float) -> list[float]:
+    """train_one_round for one client: SGD over the layers' parameters (lr_net) and ps (lr_coef),
+    momentum 0.9 in their code; per batch CE + coef * ||ps - p0||^2 (reg_loss), backward, step.
+    Returns the batches' losses."""
+    groups = [{"params": getattr(net, layer + "s").parameters()} for layer in net.LAYERS]
+    opt = torch.optim.SGD([*groups, {"params": [net.ps], "lr": lr_coef}], lr=lr_net, momentum=momentum)
+    target = torch.tensor(p0)
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        gap = net.ps - target
+        loss = F.cross_entropy(net(x), y) + torch.sum(gap * gap) * coef
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+# ================================================================ tests
+ROUNDS, L_FRAC = 10, 0.5  # L * T = 5 rounds of a non-zero lambda
+
+
+def test_apple_round_with_the_proximal_term_matches_the_authors_client_under_momentum():
+    """Round 2 of 10 with L = 0.5: lambda(2) = (cos(2 pi / 5) + 1) / 2 = 0.65, mu = 1, p away from
+    p0 (a later round's vector), momentum 0.9 (the authors' optimiser, also on p). The authors'
+    schedule lags pflkit's by one round (their 0-based round r uses cos(pi r / int(T L))): their
+    coefficient is taken at r = 2, where pflkit's round 2 has it. Their core and p learning rates
+    are ``apple.core_lr`` and ``apple.dr_lr``."""
+    r, mu = 2, 1.0
+    ctx = client(round=r, rounds=ROUNDS, momentum=0.9)
+    alg, cores, payload = setup(ctx, f"apple.mu={mu}", f"apple.L={L_FRAC}", "apple.core_lr=0.05", "apple.dr_lr=0.02")
+    p_start = [0.1, 0.6, 0.3]
+    _, new, upload, metrics = run_round(alg, payload, ctx, p_start)
+
+    coef = authors_reg_coef(mu, ROUNDS, L_FRAC, r)
+    assert coef == pytest.approx(mu * loss_scale(r, ROUNDS, L_FRAC, "cos")) and coef > 0.5
+    net = AuthorsClientNet(ctx.model, cores, OWN, p_start)
+    batches = batch_pairs(ctx, "train")
+    assert len(batches) == 3
+    losses = authors_client_round(net, batches, P0, coef, lr_net=0.05, lr_coef=0.02, momentum=0.9)
+    core, ps = net.extract_learnables()
+    assert_params_close(new["model"], core)
+    assert_params_close(upload["params"], core)  # the trained core is uploaded (extract_learnables)
+    torch.testing.assert_close(new["p"], ps, rtol=RTOL, atol=ATOL)
+    assert float(metrics["train_loss"]) == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    # the proximal term moved p by far more than the tolerance: without it p ends elsewhere
+    _, plain, _, _ = run_round(setup(ctx, "apple.mu=0", f"apple.L={L_FRAC}", "apple.core_lr=0.05",
+                                     "apple.dr_lr=0.02")[0], payload, ctx, p_start)
+    assert float((plain["p"] - new["p"]).abs().max()) > 1e-2
+
+
+def test_apple_proximal_step_on_p_is_pfllibs_doubled():
+    """Partner of the xfail ``test_apple_proximal_step_on_p_is_pfllibs``: PFLlib's step on p with
+    the recorded differences applied (the true gradient of p, core lr N * lr, the proximal factor
+    2 lambda mu of pflkit's lambda mu ||p - p0||^2, lambda taken from pflkit's schedule) is
+    pflkit's, in round 3 of 10 with mu = 1."""
+    r, mu = 3, 1.0
+    ctx = client(round=r, rounds=ROUNDS)
+    alg, cores, payload = setup(ctx, f"apple.mu={mu}", f"apple.L={L_FRAC}", "apple.core_lr=0.15", "apple.dr_lr=0.05")
+    p_start = [0.6, 0.1, 0.3]
+    _, new, _, _ = run_round(alg, payload, ctx, p_start)
+
+    ref = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.05 * 3, drlr=0.05, mu=mu, l_frac=L_FRAC, rounds=ROUNDS,
+                            p0=P0, p_grad="true", prox_factor=2.0)
+    ref.ps = list(p_start)
+    ref.lamda = loss_scale(r, ROUNDS, L_FRAC, "cos")
+    assert ref.lamda > 0.3
+    core_mods = [module_at(ctx.model, c) for c in cores]
+    ref.train(r - 1, core_mods, batch_pairs(ctx, "train"))
+    torch.testing.assert_close(new["p"], torch.tensor(ref.ps), rtol=RTOL, atol=ATOL)
+    assert_params_close(new["model"], values(core_mods[OWN]))
+    # PFLlib's own factor (what the xfail compares) gives another p
+    theirs = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.05 * 3, drlr=0.05, mu=mu, l_frac=L_FRAC, rounds=ROUNDS,
+                               p0=P0, p_grad="true", prox_factor=1.0)
+    theirs.ps, theirs.lamda = list(p_start), ref.lamda
+    theirs.train(r - 1, [module_at(ctx.model, c) for c in cores], batch_pairs(ctx, "train"))
+    assert max(abs(a - b) for a, b in zip(theirs.ps, ref.ps)) > 1e-3
+
+
+def test_apple_first_p_is_the_data_shares_and_the_round_from_it_is_pfllibs():
+    """Partner of the xfail ``test_apple_first_p_is_uniform_as_in_pfllib``: a fresh client's p is
+    p0 (the authors' init_pss; PFLlib starts at 1/N); PFLlib's round started from p0 (and the
+    other recorded differences applied) is pflkit's first round."""
+    ctx = client(round=1, rounds=ROUNDS)
+    alg, cores, payload = setup(ctx, "apple.mu=0.5", f"apple.L={L_FRAC}", "apple.core_lr=0.15", "apple.dr_lr=0.05")
+    state, new, _, _ = run_round(alg, payload, ctx)
+    torch.testing.assert_close(state["p"], torch.tensor(P0))
+    ref = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.15, drlr=0.05, mu=0.5, l_frac=L_FRAC, rounds=ROUNDS, p0=P0,
+                            p_grad="true", prox_factor=2.0)
+    ref.ps = list(P0)
+    ref.lamda = loss_scale(1, ROUNDS, L_FRAC, "cos")
+    core_mods = [module_at(ctx.model, c) for c in cores]
+    ref.train(0, core_mods, batch_pairs(ctx, "train"))
+    torch.testing.assert_close(new["p"], torch.tensor(ref.ps), rtol=RTOL, atol=ATOL)
+    assert_params_close(new["model"], values(core_mods[OWN]))
+
+
+def test_apple_upload_is_the_trained_core_not_pfllibs_model_c():
+    """Partner of the xfail ``test_apple_upload_is_pfllibs_model_c``: the upload is the own core
+    as PFLlib's transcription leaves it after the round (the authors' extract_learnables), not
+    the mixture model_c."""
+    ctx = client(round=2, rounds=ROUNDS)
+    alg, cores, payload = setup(ctx, "apple.mu=0.5", f"apple.L={L_FRAC}", "apple.core_lr=0.15", "apple.dr_lr=0.05")
+    _, _, upload, _ = run_round(alg, payload, ctx, [0.3, 0.4, 0.3])
+    ref = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.15, drlr=0.05, mu=0.5, l_frac=L_FRAC, rounds=ROUNDS, p0=P0,
+                            p_grad="true", prox_factor=2.0)
+    ref.ps = [0.3, 0.4, 0.3]
+    ref.lamda = loss_scale(2, ROUNDS, L_FRAC, "cos")
+    core_mods = [module_at(ctx.model, c) for c in cores]
+    ref.train(1, core_mods, batch_pairs(ctx, "train"))
+    assert_params_close(upload["params"], values(core_mods[OWN]))
+    mixture = values(ref.model_c)
+    assert max(float((mixture[k] - upload["params"][k]).abs().max()) for k in mixture) > 1e-2
+
+
+def test_apple_lambda_schedule_is_pfllibs_two_rounds_later_and_the_authors_one_round_later():
+    """Partner of the xfail ``test_apple_lambda_schedule_is_pfllibs``: pflkit's lambda of round r
+    is the one PFLlib's transcription uses in round r + 2 (its lamda is 1 in its first two rounds)
+    and the authors' get_reg_coef in round r + 1 (1-based rounds). L * T is a whole number here:
+    both references round it down (int), pflkit does not."""
+    for rounds, l_frac in ((10, 0.5), (25, 0.2), (7, 1.0)):
+        ref = PfllibAppleClient(nn.Linear(1, 1), 0, 1, core_lr=0.0, drlr=0.0, mu=0.0, l_frac=l_frac,
+                                rounds=rounds, p0=[1.0])
+        pfllib = []
+        for R in range(rounds + 2):  # PFLlib's round R (0-based) is pflkit's round R + 1
+            pfllib.append(ref.lamda)
+            ref.train(R, [], [])
+        ours = [loss_scale(r, rounds, l_frac, "cos") for r in range(1, rounds + 1)]
+        assert ours == pytest.approx(pfllib[2:])
+        assert ours == pytest.approx([authors_reg_coef(1.0, rounds, l_frac, r) for r in range(1, rounds + 1)])
+        assert pfllib[:2] == [1.0, 1.0] and authors_reg_coef(1.0, rounds, l_frac, 0) == 1.0
+        assert ours[0] < 1.0
