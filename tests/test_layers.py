@@ -58,7 +58,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 def units(src: Path = SRC) -> set[str]:
-    """The root package, every subpackage (run/ is a namespace package: no __init__.py) and every
+    """The root package, every subpackage and every
     top-level module of ``src``."""
     subpackages = {p.relative_to(src).parts[0] for p in src.glob("*/**/*.py")}
     modules = {p.stem for p in src.glob("*.py") if p.stem != "__init__"}

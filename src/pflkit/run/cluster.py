@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from ..config import ConfigError, build_config
 from ..federation.network import prepare_ray
 from ..federation.stopping import signal_handlers_kept
+from .cell import run_cell
 
 #: what a cell gets back: {"summary": ...} or {"error": ...}, with the attempts its folder saw
 CellResult = dict[str, Any]
@@ -26,8 +27,6 @@ CellResult = dict[str, Any]
 
 def cell_task(config: Mapping[str, Any], folder: str) -> CellResult:
     """What a Ray worker runs: the sweep cell of the resolved ``config`` into ``folder``."""
-    from .sweep import run_cell
-
     try:
         built = build_config(dict(config), f"sweep cell {folder}")
     except ConfigError as exc:

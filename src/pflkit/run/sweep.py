@@ -10,8 +10,6 @@ given on the command line replaces the file's list for it.
 from __future__ import annotations
 
 import hashlib
-import os
-import socket
 import itertools
 import json
 import tomllib
@@ -32,7 +30,9 @@ from ..federation.driver import Callback
 from ..federation.results import EXECUTION_KEYS, differences
 from ..reporting import plot_sweep
 from ..reporting.summary import round_seconds, summary_metrics
-from .experiment import check_fits, run_experiment
+from .cell import run_cell
+from .cluster import run_cells_on_ray
+from .experiment import check_fits
 
 
 @dataclass(frozen=True)
@@ -187,22 +187,6 @@ def finished_summary(results: ResultsFolder) -> dict[str, Any] | None:
     return None
 
 
-def run_cell(config: BaseConfig, folder: Path, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
-    """One cell in this process (locally or in a Ray worker): ``summary`` or ``error``, with the
-    process; ``resumed_from_pid``: the process of an earlier attempt that died while running it
-    (this one continues from its checkpoint)."""
-    results = ResultsFolder(folder)
-    out: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
-    try:
-        if results.config_path.is_file() and results.status().get("status") == "running":
-            out["resumed_from_pid"] = results.status().get("pid")
-        out["summary"] = run_experiment(config, folder, resume=results.config_path.is_file(), progress=False,
-                                        echo=lambda s: None, callbacks=callbacks)
-    except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    return out
-
-
 def check_metric(metric: str) -> None:
     """``--metric`` must name a number of the runs' summaries."""
     if metric not in summary_metrics():
@@ -249,8 +233,6 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
             else:
                 todo.append((cell, config))
         if executor == "ray" and todo:
-            from .cluster import run_cells_on_ray
-
             outcomes = run_cells_on_ray([(cell["folder"], to_dict(config), parent / cell["folder"])
                                          for cell, config in todo], address=address, cpus=cpus_per_cell,
                                         gpus=gpus_per_cell, max_retries=max_retries, progress=progress, echo=echo)
