@@ -36,7 +36,7 @@ from pflkit.data import (
 from pflkit.data.partition.dirichlet import partition_dirichlet
 from pflkit.data.partition.iid import partition_iid
 from pflkit.data.partition.pathological import partition_pathological
-from pflkit.data.partition.test_sets import split_train_test
+from pflkit.data.partition.holdout import split_train_test
 
 torch.set_num_threads(1)
 

@@ -8,7 +8,7 @@ every client its training and test indices (:class:`ClientSplit`). Its parts, on
 * :mod:`.iid`, :mod:`.dirichlet` (§5.4), :mod:`.pathological` (§5.2), :mod:`.kfold` (SosicFL's
   k-Fold groups, §5.3, and label Dirichlet, §5.6): the partition families, whose functions
   (``partition_iid``, ``partition_dirichlet``, ...) stay importable from those modules for their tests;
-* :mod:`.test_sets`: per-client train/test splits (§5.5) and local test sets (§5.6);
+* :mod:`.holdout`: per-client train/test splits (§5.5) and local test sets (§5.6);
 * :mod:`.split`: :func:`split_clients`, which picks the family and draws the test data.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .spec import PARTITION_METHODS, PARTITION_RNGS, ClientSplit, PartitionError, PartitionSpec, class_counts
 from .split import split_clients
-from .test_sets import stratified_test_split
+from .holdout import stratified_test_split
 
 __all__ = ["PARTITION_METHODS", "PARTITION_RNGS", "ClientSplit", "PartitionError", "PartitionSpec", "class_counts",
            "split_clients", "stratified_test_split"]

@@ -3,7 +3,7 @@
 
 It draws the partition of ``spec.method`` from the partition seed's generator (:mod:`.iid`,
 :mod:`.dirichlet`, :mod:`.pathological`, :mod:`.kfold`) and then the clients' test data
-(:mod:`.test_sets`), in one random stream, in this order.
+(:mod:`.holdout`), in one random stream, in this order.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .kfold import partition_kfold, partition_label_dirichlet
 from .pathological import _pathological
 from .spec import (ClientSplit, PartitionError, PartitionSpec, Rng, _check_labels,
                    _check_num_clients, _Draw, _sorted, class_counts, smallest_client)
-from .test_sets import local_test_sets, split_train_test
+from .holdout import local_test_sets, split_train_test
 
 __all__ = ["split_clients"]
 
