@@ -229,11 +229,13 @@ def test_apple_round_with_the_proximal_term_matches_the_authors_client_under_mom
     """Round 2 of 10 with L = 0.5: lambda(2) = (cos(2 pi / 5) + 1) / 2 = 0.65, mu = 1, p away from
     p0 (a later round's vector), momentum 0.9 (the authors' optimiser, also on p). The authors'
     schedule lags pflkit's by one round (their 0-based round r uses cos(pi r / int(T L))): their
-    coefficient is taken at r = 2, where pflkit's round 2 has it. Their core and p learning rates
-    are ``apple.core_lr`` and ``apple.dr_lr``."""
+    coefficient is taken at r = 2, where pflkit's round 2 has it. Their core learning rate
+    ``lr_net`` is pflkit's default core lr (the local lr, not PFLlib's lr * N), their ``lr_coef``
+    is ``apple.dr_lr``."""
     r, mu = 2, 1.0
     ctx = client(round=r, rounds=ROUNDS, momentum=0.9)
-    alg, cores, payload = setup(ctx, f"apple.mu={mu}", f"apple.L={L_FRAC}", "apple.core_lr=0.05", "apple.dr_lr=0.02")
+    alg, cores, payload = setup(ctx, f"apple.mu={mu}", f"apple.L={L_FRAC}", "apple.dr_lr=0.02")
+    assert alg.settings.core_lr is None  # the default: the local lr, 0.05 here
     p_start = [0.1, 0.6, 0.3]
     _, new, upload, metrics = run_round(alg, payload, ctx, p_start)
 
@@ -249,8 +251,8 @@ def test_apple_round_with_the_proximal_term_matches_the_authors_client_under_mom
     torch.testing.assert_close(new["p"], ps, rtol=RTOL, atol=ATOL)
     assert float(metrics["train_loss"]) == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     # the proximal term moved p by far more than the tolerance: without it p ends elsewhere
-    _, plain, _, _ = run_round(setup(ctx, "apple.mu=0", f"apple.L={L_FRAC}", "apple.core_lr=0.05",
-                                     "apple.dr_lr=0.02")[0], payload, ctx, p_start)
+    _, plain, _, _ = run_round(setup(ctx, "apple.mu=0", f"apple.L={L_FRAC}", "apple.dr_lr=0.02")[0], payload, ctx,
+                               p_start)
     assert float((plain["p"] - new["p"]).abs().max()) > 1e-2
 
 
