@@ -9,7 +9,6 @@ the parameter checksums from the frozen numbers, and the largest absolute accura
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 import tempfile
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from test_golden import CHECKSUMS, OVERRIDES, RECORDS  # noqa: E402
 
 from pflkit.config import load_config  # noqa: E402
+from pflkit.federation import ResultsFolder  # noqa: E402
 from pflkit.run.experiment import run_experiment  # noqa: E402
 
 VARIANTS = {
@@ -38,7 +38,7 @@ def deviations(extra: list[str]) -> dict[str, float]:
     """Largest relative loss and checksum deviation, largest accuracy deviation, from the golden numbers."""
     with tempfile.TemporaryDirectory() as folder:
         run_experiment(load_config(None, OVERRIDES + extra), folder, progress=False, echo=lambda s: None)
-        records = [json.loads(line) for line in (Path(folder) / "metrics.jsonl").read_text().splitlines()]
+        records = ResultsFolder(folder).records()
         loss = accuracy = sums = 0.0
         for r in records:
             acc, test_loss, train_loss = RECORDS[(r["algorithm"], r["round"])]

@@ -58,8 +58,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 def units(src: Path = SRC) -> set[str]:
-    """The root package, every subpackage and every
-    top-level module of ``src``."""
+    """The root package, every subpackage and every top-level module of ``src``."""
     subpackages = {p.relative_to(src).parts[0] for p in src.glob("*/**/*.py")}
     modules = {p.stem for p in src.glob("*.py") if p.stem != "__init__"}
     return {ROOT} | subpackages | modules | ({BENCHMARKS} if src == SRC else set())

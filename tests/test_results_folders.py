@@ -217,3 +217,25 @@ def test_an_unfinished_folder_with_an_older_flat_config_is_continued_on_flower(t
     assert folder.start_or_resume(config, resolve) is True
     with pytest.raises(FileExistsError, match=r"differs in train\.lr\)"):
         folder.start_or_resume({**config, "train": {**config["train"], "lr": 0.5}}, resolve)
+
+
+def test_a_results_folder_reads_back_its_files(tmp_path):
+    """ResultsFolder is the one reader of a folder's files: metrics.jsonl as records and as
+    histories by (algorithm, seed), summary.json and config.toml, each naming a damaged file."""
+    folder = ResultsFolder(tmp_path)
+    assert folder.records() == [] and folder.histories() == {}  # no metrics.jsonl yet
+    rows = [{"algorithm": "fedavg", "seed": 0, "round": 0}, {"algorithm": "fedala", "seed": 1, "round": 0},
+            {"algorithm": "fedavg", "seed": 0, "round": 1}]
+    folder.rewrite_metrics(rows)
+    assert folder.records() == rows
+    assert folder.histories() == {("fedavg", 0): [rows[0], rows[2]], ("fedala", 1): [rows[1]]}
+    folder.write_summary({"fedavg": {"best_accuracy": 0.5}})
+    assert folder.summary() == {"fedavg": {"best_accuracy": 0.5}}
+    folder.summary_path.write_text("[1]\n")
+    with pytest.raises(ValueError, match="summary.json holds a JSON list"):
+        folder.summary()
+    folder.config_path.write_text('name = "x"\n')
+    assert folder.config_table() == {"name": "x"}
+    folder.config_path.write_text("name = \n")
+    with pytest.raises(ValueError, match="config.toml is not a readable config"):
+        folder.config_table()

@@ -316,7 +316,7 @@ def plot_ala_command(run: Path, seed: int | None, client: int | None) -> None:
         results = ResultsFolder(run)
         if not results.metrics_path.is_file():
             raise ValueError(f"{run} is not a results folder (no metrics.jsonl)")
-        records = [json.loads(line) for line in results.metrics_path.read_text().splitlines()]
+        records = results.records()
         chosen = seed if seed is not None else (records[0]["seed"] if records else 0)
         histories: dict[str, list] = {}
         for record in records:

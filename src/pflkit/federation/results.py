@@ -114,7 +114,24 @@ def machine() -> str:
     return f"{cpu}, {cores} cores, {gpu}, torch {torch.__version__}"
 
 
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file pflkit wrote as an object (summary.json, sweep.json): the object, or an error
+    naming the file."""
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not the object pflkit writes: "
+                         "the folder is damaged or was not written by pflkit")
+    return data
+
+
 class ResultsFolder:
+    """One results folder (the layout above): its paths, writing it while a run goes on, and
+    reading it back (``status``: run.json, ``config_table``: config.toml, ``records`` and
+    ``histories``: metrics.jsonl, ``summary``: summary.json) for resumes, sweeps and reports."""
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
 
@@ -218,6 +235,31 @@ class ResultsFolder:
             raise RuntimeError(f"{self.config_path} was edited after the run started, so its checkpoints and "
                                "metrics belong to another config: restore the file, or start a new run with the "
                                f"edited config (pflkit run {self.config_path} --out NEW_FOLDER)")
+
+    def config_table(self) -> dict[str, Any]:
+        """config.toml as saved (the resolved tables, neither validated nor warned about), or an
+        error naming the file."""
+        try:
+            return tomllib.loads(self.config_path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{self.config_path} is not a readable config ({exc})") from None
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record of metrics.jsonl in the order written; none where the file does not exist."""
+        if not self.metrics_path.is_file():
+            return []
+        return [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+
+    def histories(self) -> dict[tuple[str, int], list[dict[str, Any]]]:
+        """metrics.jsonl's records by run: (algorithm, seed) -> that run's records in order."""
+        out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for record in self.records():
+            out.setdefault((record["algorithm"], int(record["seed"])), []).append(record)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """summary.json (written once every run finished), or an error naming the file."""
+        return read_json_object(self.summary_path)
 
     def append_record(self, record: Mapping[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:

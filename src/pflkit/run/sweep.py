@@ -181,7 +181,7 @@ def finished_summary(results: ResultsFolder) -> dict[str, Any] | None:
     (running the cell then names the damaged file in its error; the sweep goes on)."""
     try:
         if results.summary_path.is_file() and results.status().get("status") == "complete":
-            return json.loads(results.summary_path.read_text())
+            return results.summary()
     except (OSError, ValueError, RuntimeError):
         pass
     return None

@@ -1,0 +1,79 @@
+"""What a report reads from results folders (through ``federation.ResultsFolder``): which folders
+under a parent are cells, whether cells are one setting (one table), what an unfinished run has
+finished, and a run's status however damaged its run.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from ...algorithms.registry import ALGORITHMS, config_sections, parse_name
+from ...federation import ResultsFolder
+from ...federation.results import EXECUTION_KEYS
+from ...reporting import summarize
+
+
+def cell_folders(folder: Path) -> list[Path]:
+    """The results folders directly under ``folder`` (a sweep's or a table's cells)."""
+    return sorted(p for p in folder.iterdir() if ResultsFolder(p).config_path.is_file()) if folder.is_dir() else []
+
+
+def one_setting(cells: Sequence[Path]) -> bool:
+    """Whether the cells' configs differ in nothing but their methods, seeds, names and execution
+    keys (``EXECUTION_KEYS``: a cell run or resumed with other workers computes the same): one table.
+
+    A method's config section counts only for the cells that run it (every saved config lists every
+    section; a key added to one method later must not split the cells of the others), and then must
+    match between all of them."""
+    owned = set(config_sections())
+
+    def used_sections(table: dict[str, Any]) -> set[str]:
+        names = set()
+        for name in table.get("algorithms", []):
+            try:
+                base, modifiers = parse_name(name)
+            except (KeyError, ValueError):
+                return owned  # an unknown method: every section counts
+            names.add(ALGORITHMS[base].section or base)
+            names.update(m.section for m in modifiers)
+        return names
+
+    def computed(table: dict[str, Any]) -> dict[str, Any]:  # without the keys that only say how a cell ran
+        table = {k: dict(v) if isinstance(v, dict) else v for k, v in table.items()}
+        for key in EXECUTION_KEYS:
+            section, name = key.split(".", 1)
+            if isinstance(table.get(section), dict):
+                table[section].pop(name, None)
+        return table
+
+    # the saved (resolved) tables: no validation, no warnings per cell
+    tables = [computed(ResultsFolder(c).config_table()) for c in cells]
+    shared = [{k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name") and k not in owned}
+              for t in tables]
+    if any(s != shared[0] for s in shared[1:]):
+        return False
+    seen: dict[str, Any] = {}
+    for table in tables:
+        for section in used_sections(table) & owned:
+            if seen.setdefault(section, table.get(section)) != table.get(section):
+                return False
+    return True
+
+
+def finished_part(results: ResultsFolder, rounds: int) -> dict[str, Any]:
+    """The summary of an unfinished run over its finished (method, seed) runs: those whose
+    metrics hold the final evaluation (round ``rounds``)."""
+    done = {key: h for key, h in results.histories().items() if any(r["round"] == rounds for r in h)}
+    if not done:
+        raise ValueError(f"{results.root} is not a finished results folder and none of its runs has finished yet "
+                         "(an unfinished run is continued with pflkit run --resume)")
+    methods = list(dict.fromkeys(m for m, _ in done))
+    return {m: summarize(done, [m], sorted(s for n, s in done if n == m))[m] for m in methods}
+
+
+def run_status(results: ResultsFolder) -> dict[str, Any]:
+    """The folder's run.json; ``{"status": "unreadable"}`` where it cannot be read."""
+    try:
+        return results.status()
+    except (OSError, RuntimeError, ValueError):
+        return {"status": "unreadable"}
