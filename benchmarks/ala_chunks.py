@@ -16,23 +16,24 @@ import argparse
 import json
 import statistics
 import time
+from typing import Callable
 
 import torch
 
 from pflkit.algorithms import ClientSummary
-from pflkit.bench import BENCH_TRAIN, bench_model
+from pflkit.bench import BENCH_TRAIN, bench_model, bench_session
 from pflkit.data import PartitionSpec, load_dataset
 from pflkit.data.federated import FederatedData
 from pflkit.engines import ParallelEngine, RoundSetup
-from pflkit.federation.driver import RoundDriver
 from pflkit.federation.session import RunSession
 
 
-def receive_seconds(setup: RoundSetup, driver: RoundDriver, init: dict, summaries: list, engine: ParallelEngine,
+def receive_seconds(setup: RoundSetup, new_session: Callable[[], RunSession], engine: ParallelEngine,
                     threads: int) -> list[float]:
-    """Seconds of the batched ``receive`` in rounds 1 and 2 (full rounds run between them)."""
+    """Seconds of the batched ``receive`` in rounds 1 and 2 (full rounds run between them) of a
+    session from ``new_session``."""
     torch.set_num_threads(threads)
-    session = RunSession.open(driver, init, summaries)
+    session = new_session()
     seconds = []
     try:
         for _ in (1, 2):
@@ -63,7 +64,9 @@ def main() -> None:
     model, init, alg = bench_model(data, "fedala", 0, torch.device("cpu"))
     setup = RoundSetup(alg, data, model, model.units(), BENCH_TRAIN, 0)
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
-    driver = RoundDriver(alg, num_clients=n, seed=0, rounds=3, join_ratio=1.0, eval_every=1)
+
+    def new_session() -> RunSession:  # two training rounds, timed; no final pass
+        return bench_session(alg, init, summaries, num_clients=n, rounds=2, final_pass=False)
     settings = {f"one chunk, {args.workers} threads (old)": (ParallelEngine(1, ala_chunk_size=n), args.workers)}
     for size in (int(c) for c in args.chunks.split(",")):
         settings[f"chunks of {size}, 1 thread, {args.workers} workers"] = (
@@ -73,7 +76,7 @@ def main() -> None:
         names = list(settings) if repeat % 2 == 0 else list(reversed(settings))
         for name in names:
             engine, threads = settings[name]
-            times[name].append(receive_seconds(setup, driver, init, summaries, engine, threads))
+            times[name].append(receive_seconds(setup, new_session, engine, threads))
     old = next(iter(times))
     medians = {name: [statistics.median(r[t] for r in rows) for t in (0, 1)] for name, rows in times.items()}
     out = {name: {"round1_start_phase_seconds": m[0], "round2_steady_seconds": m[1],

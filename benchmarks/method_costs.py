@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from pflkit.algorithms import ClientSummary
+from pflkit.bench import bench_session, driver_rounds
 from pflkit.config import load_config
 from pflkit.engines import RoundSetup, build_engine
-from pflkit.federation import RoundDriver, RunSession, build_partitions, initial_params
+from pflkit.federation import build_partitions, initial_params
 from pflkit.federation.session import on_engine
 from pflkit.methods import build_algorithm
 
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     methods = args.methods.split(",")
-    config = load_config(str(CONFIG), [f"data_dir={args.data_dir}", f"rounds={args.rounds + 1}", "seeds=[0]",
+    rounds = driver_rounds(args.rounds, final_pass=False)  # the config's rounds are the driver's
+    config = load_config(str(CONFIG), [f"data_dir={args.data_dir}", f"rounds={rounds}", "seeds=[0]",
                                        f"algorithms={json.dumps(methods)}", f"workers={args.workers}"])
     device = torch.device("cpu")
     config, partitions = build_partitions(config, device)
@@ -76,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in methods:
         model, init = initial_params(config, data, 0, device)
         alg = build_algorithm(name, config.algorithm_sections(), config.train, model.units())
-        driver = RoundDriver(alg, num_clients=data.num_clients, seed=0, rounds=args.rounds + 1, join_ratio=1.0,
-                             eval_every=1)
         setup = RoundSetup(alg, data, model, model.units(), config.train, 0)
-        runs[name] = (RunSession.open(driver, init, summaries), on_engine(engine, setup), [])
+        session = bench_session(alg, init, summaries, num_clients=data.num_clients, rounds=args.rounds,
+                                final_pass=False)
+        runs[name] = (session, on_engine(engine, setup), [])
     try:
         for t in range(1, args.rounds + 1):
             for name in (methods if t % 2 else methods[::-1]):

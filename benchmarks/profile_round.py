@@ -19,13 +19,11 @@ from pathlib import Path
 import torch
 
 from pflkit.algorithms import ClientSummary
-from pflkit.bench import BENCH_TRAIN, bench_model
+from pflkit.bench import BENCH_TRAIN, bench_model, bench_session
 from pflkit.data import PartitionSpec, load_dataset
 from pflkit.data.federated import FederatedData
 from pflkit.engines import RoundSetup, build_engine
 from pflkit.federation.checkpoint import Checkpointer
-from pflkit.federation.driver import RoundDriver
-from pflkit.federation.session import RunSession
 from pflkit.federation.state_store import DiskStateStore
 
 
@@ -54,11 +52,11 @@ def main() -> None:
     setup = RoundSetup(alg, data, model, model.units(), BENCH_TRAIN, 0)
     engine = build_engine("loop")
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
-    driver = RoundDriver(alg, num_clients=n, seed=0, rounds=args.round + 1, join_ratio=1.0, eval_every=1)
     tmp = Path(tempfile.mkdtemp(prefix="pflkit-profile-"))
     timer = Timer()
-    session = RunSession.open(driver, init, summaries, callbacks=[timer, Checkpointer(tmp / "checkpoint.pt", 1), timer],
-                              store=DiskStateStore(tmp / "states", n, lambda i: alg.init_client(init, i), cache=n))
+    session = bench_session(alg, init, summaries, num_clients=n, rounds=args.round, final_pass=False,
+                            callbacks=[timer, Checkpointer(tmp / "checkpoint.pt", 1), timer],
+                            store=DiskStateStore(tmp / "states", n, lambda i: alg.init_client(init, i), cache=n))
 
     def execute(jobs: list, round: int) -> list:
         results = engine.run(setup, jobs, round)

@@ -67,3 +67,32 @@ def test_bench_rejects_unknown_engines() -> None:
 def test_bench_needs_two_rounds_for_its_median():
     result = CliRunner().invoke(main, ["bench", "--rounds", "1"])
     assert result.exit_code == 2 and "needs at least 2 rounds" in result.output
+
+
+@pytest.mark.parametrize("final_pass", [False, True])
+def test_bench_session_reaches_the_final_pass_only_when_asked(final_pass) -> None:
+    """Every benchmark opens its run with bench_session: ``rounds`` steps are training rounds, and
+    the final pass (evaluation without training) follows them only with ``final_pass``."""
+    import torch
+
+    from pflkit.algorithms import ClientSummary
+    from pflkit.bench import BENCH_TRAIN, bench_model, bench_session, mnist_like
+    from pflkit.data import PartitionSpec
+    from pflkit.data.federated import FederatedData
+    from pflkit.engines import RoundSetup, build_engine
+    from pflkit.federation.session import on_engine
+
+    data = FederatedData.build(mnist_like(600), PartitionSpec(method="label_dirichlet", num_clients=3, alpha=0.5), 1)
+    model, init, alg = bench_model(data, "fedavg", 0, torch.device("cpu"))
+    execute = on_engine(build_engine("loop"), RoundSetup(alg, data, model, model.units(), BENCH_TRAIN, 0))
+    summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
+    session = bench_session(alg, init, summaries, num_clients=3, rounds=2, final_pass=final_pass)
+    for _ in range(2):
+        plan = session.next_plan()
+        assert plan is not None and plan.train  # a training round
+        session.finish(plan, list(execute(plan.jobs, plan.round)))
+    last = session.next_plan()
+    if final_pass:
+        assert last is not None and not last.train and last.round == 3  # the evaluation of round 2
+    else:
+        assert last is not None and last.train and last.round == 3  # never reached by the benchmark

@@ -15,7 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -28,9 +28,10 @@ from .config import load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine, default_workers
-from .federation.driver import RoundDriver
+from .federation.driver import Callback, RoundDriver
 from .federation.evaluation import GlobalEvaluation
 from .federation.session import RunSession, on_engine
+from .federation.state_store import ClientStore
 from .federation.setup import initial_model
 from .functional import SGD, Batch, classification_loss, forward, net_of
 from .functional.training import autograd_value_and_grad
@@ -150,6 +151,33 @@ def bench_model(data: FederatedData, algorithm: str, seed: int,
                                         model.units())
 
 
+def driver_rounds(rounds: int, final_pass: bool) -> int:
+    """The rounds a benchmark's driver is told so that ``rounds`` steps of its session time what
+    the benchmark means (see :func:`bench_session`): ``rounds`` with the final pass, one more
+    without it."""
+    return rounds if final_pass else rounds + 1
+
+
+def bench_session(algorithm: Algorithm, init: dict[str, torch.Tensor], summaries: list[ClientSummary], *,
+                  num_clients: int, rounds: int, final_pass: bool, seed: int = 0, join_ratio: float = 1.0,
+                  global_evaluation: GlobalEvaluation | None = None, store: ClientStore | None = None,
+                  callbacks: Sequence[Callback] = ()) -> RunSession:
+    """The one way a benchmark (``pflkit bench``, ``bench --scale``, ``benchmarks/*.py``) opens a
+    run: a fresh session of ``algorithm`` from ``init``, every round evaluated, that the benchmark
+    steps ``rounds`` times (``session.step``, or ``next_plan`` and ``finish``) and times.
+
+    ``final_pass`` says whether those steps end in the run's final pass, the evaluation of the last
+    round with local initialisation and no training (``RoundDriver.plan_final``). False, what the
+    benchmarks time: the driver is told ``rounds + 1`` rounds (:func:`driver_rounds`), so all
+    ``rounds`` steps are training rounds and the final pass never comes (a run's evaluation
+    schedule is the same: every round is evaluated). True: the driver's last training round is
+    ``rounds`` and one more step runs the final pass, as a real run does. ``store`` and
+    ``callbacks`` go to :meth:`RunSession.open` (the disk store, a checkpoint every round)."""
+    driver = RoundDriver(algorithm, num_clients=num_clients, seed=seed, rounds=driver_rounds(rounds, final_pass),
+                         join_ratio=join_ratio, eval_every=1, global_evaluation=global_evaluation)
+    return RunSession.open(driver, init, summaries, store=store, callbacks=callbacks)
+
+
 def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                     device: torch.device) -> dict[str, Any]:
     """Alternate the engines round by round for each algorithm on one partition."""
@@ -171,9 +199,9 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
             evaluation = None if test is None else GlobalEvaluation(
                 model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
                 train.eval_batch_size, workers=getattr(engine, "workers", 1))
-            driver = RoundDriver(alg, num_clients=data.num_clients, seed=settings.seed, rounds=settings.rounds + 1,
-                                 join_ratio=1.0, eval_every=1, global_evaluation=evaluation)
-            runs[engine_name] = (on_engine(engine, setup), engine, RunSession.open(driver, init, summaries), [])
+            session = bench_session(alg, init, summaries, num_clients=data.num_clients, rounds=settings.rounds,
+                                    final_pass=False, seed=settings.seed, global_evaluation=evaluation)
+            runs[engine_name] = (on_engine(engine, setup), engine, session, [])
         for t in range(1, settings.rounds + 1):
             order = settings.engines if t % 2 else list(reversed(settings.engines))
             for engine_name in order:

@@ -30,13 +30,12 @@ from typing import Any, Callable
 import torch
 
 from .algorithms import ClientSummary
-from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, mnist_like, single_model_limits
+from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, bench_session, mnist_like, single_model_limits
 from .data import PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import RoundSetup, build_engine
 from .federation.checkpoint import Checkpointer
-from .federation.driver import RoundDriver
-from .federation.session import Execute, RunSession, on_engine
+from .federation.session import Execute, on_engine
 from .federation.state_store import DiskStateStore
 
 
@@ -79,11 +78,10 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
             folder = state_dir / f"{name}-{engine_name}"
             store = DiskStateStore(folder / "states", num_clients, lambda i, a=alg, p=init: a.init_client(p, i),
                                    cache=min(64, max(1, int(join * num_clients))), device=device)
-            driver = RoundDriver(alg, num_clients=num_clients, seed=settings.seed, rounds=settings.rounds + 1,
-                                 join_ratio=join, eval_every=1)
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
-            session = RunSession.open(driver, init, summaries, store=store,
-                                      callbacks=[Checkpointer(folder / "checkpoint.pt", every=1)])
+            session = bench_session(alg, init, summaries, num_clients=num_clients, rounds=settings.rounds,
+                                    final_pass=False, seed=settings.seed, join_ratio=join, store=store,
+                                    callbacks=[Checkpointer(folder / "checkpoint.pt", every=1)])
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
             runs[(name, engine_name)] = (on_engine(engine, setup), engine, session, store, folder, [])
     order = list(runs)
