@@ -67,10 +67,10 @@ def main() -> None:
 
     def new_session() -> RunSession:  # two training rounds, timed; no final pass
         return bench_session(alg, init, summaries, num_clients=n, rounds=2, final_pass=False)
-    settings = {f"one chunk, {args.workers} threads (old)": (ParallelEngine(1, ala_chunk_size=n), args.workers)}
+    settings = {f"one chunk, {args.workers} threads (old)": (ParallelEngine(1, receive_chunk=n), args.workers)}
     for size in (int(c) for c in args.chunks.split(",")):
         settings[f"chunks of {size}, 1 thread, {args.workers} workers"] = (
-            ParallelEngine(args.workers, ala_chunk_size=size), 1)
+            ParallelEngine(args.workers, receive_chunk=size), 1)
     times: dict[str, list[list[float]]] = {name: [] for name in settings}
     for repeat in range(args.repeats):
         names = list(settings) if repeat % 2 == 0 else list(reversed(settings))

@@ -23,9 +23,10 @@ from ..functional.params import Params
 from ..functional.training import SGD, GradFn, LossFn, Net
 from ..models import UnitModel, Units
 
-#: A per-client value: a Python number in a per-client context, a [K] tensor in a batched one.
-PerClient = Union[int, float, bool, Tensor]
-Metrics = dict[str, PerClient]
+#: A per-client value: a tensor of shape ``ctx.client_shape`` (0-dim for one client, [K] for K).
+PerClient = Tensor
+#: A client function's metrics: per-client tensors (ALA's per-epoch losses: lists).
+Metrics = dict[str, Any]
 
 #: Capabilities a context may provide; an algorithm lists what it needs in ``Algorithm.needs``.
 PER_CLIENT = "per_client"  # client code reads values into Python (loops over models, branches on draws)
@@ -132,23 +133,24 @@ class Sample:
 @dataclass
 class Fit:
     """The result of ``ctx.fit``: the parameters (every entry of the input dict; trained ones
-    updated, batch-norm statistics updated by the training-mode forwards), the mean step loss,
-    the number of epochs run, the loss of the last step (NaN where no step ran) and the number of
-    steps, per client; for open-ended fits (``until``) the last-step loss of every epoch (batched:
-    one list per client)."""
+    updated, batch-norm statistics updated by the training-mode forwards), and per client (tensors
+    of shape ``ctx.client_shape``) the mean step loss (float64), the number of epochs with a step,
+    the loss of the last step (NaN where no step ran) and the number of steps; for open-ended fits
+    (``until``) the last-step loss of every epoch (batched: one list per client)."""
 
     params: Params
     loss: PerClient
     epochs: PerClient
     last_loss: PerClient
-    steps: PerClient = 0
+    steps: PerClient
     history: list[float] | list[list[float]] | None = None
 
 
 #: A custom training step: ``step(value_and_grad, trainable, frozen, batch, aux) -> (trainable, loss)``,
 #: a pure function (vmapped over clients by batched contexts). ``value_and_grad(fn)`` turns
-#: ``fn(trainable, *args) -> scalar`` into ``(grads, value)``. A step that works on tensors with a
-#: leading client dimension as well (set ``step.batch_polymorphic = True``) is called directly.
+#: ``fn(trainable, *args) -> scalar`` into ``(grads, value)``. A step written for tensors with a
+#: leading client dimension as well is passed with ``fit(vectorized=True)``: batched contexts call
+#: it directly (``value_and_grad`` is then None), without vmap.
 StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn], Params, Params, Any, Any], tuple[Params, Tensor]]
 #: Called after each step on the trainable tensors (in place), e.g. a projection to [0, 1].
 Transform = Callable[[Params], None]
@@ -208,17 +210,20 @@ class ClientContext(Protocol):
         forward, no gradient) on the client's parameters (batched: each client's own)."""
 
     def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
-            trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
-            optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
-            max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
-            epoch_end: EpochEnd | None = None, stage: str = "local training", start: int = 0) -> Fit:
+            vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
+            data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
+            until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
+            carry: Sequence[str] = (), epoch_end: EpochEnd | None = None, stage: str = "local training",
+            start: int = 0) -> Fit:
         """Train ``trainable`` (default: every parameter, never batch-norm statistics) of
         ``params`` over ``data``: each step either minimises ``loss`` with ``optimizer`` (default:
-        the run's SGD) or applies ``step``; ``transform`` follows every step. ``until`` makes
+        the run's SGD) or applies ``step`` (``vectorized``: the step also takes a leading client
+        dimension, see ``StepFn``); ``transform`` follows every step. ``until`` makes
         the epochs open-ended (per client, at most ``max_epochs``); without it ``data`` fixes
         them. ``active`` (per client) leaves inactive clients' parameters unchanged. ``carry``
         names entries the loss updates itself: it then returns ``(value, {name: new value})``
-        (e.g. running statistics of the batches); ``epoch_end`` maps them after every epoch.
+        (e.g. running statistics of the batches); ``epoch_end`` maps them after every epoch in
+        which the client took a step.
         ``start``: the units below it are frozen; where their forward is deterministic (no dropout
         or batch norm, no mixup, ``TrainBatches`` data) their output over the client's training
         data is computed once and every step runs from unit ``start`` on it (the loss's ``net``

@@ -13,8 +13,6 @@ streams as in ``SingleClientContext``, so results agree up to float reassociatio
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,15 +22,16 @@ from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 from torch.utils._pytree import tree_map
 
-from ..algorithms.context import (DataSpec, EpochEnd, Fit, Metrics, PairedBatches, PerClient, Sample, SampleBatches,
-                                  SampleMap, SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings, Transform)
+from ..algorithms.context import (DataSpec, EpochEnd, Fit, Metrics, PerClient, Sample, SampleBatches, SampleMap, StepFn,
+                                  StopRule, TrainBatches, TrainSettings, Transform)
 from ..data.federated import ClientData, FederatedData
 from ..functional import Params, torch_generator
-from ..functional.training import (SGD, Batch, LossFn, Net, NonFiniteLossError, features_of, forward, mix, net_of,
-                                  prediction_logits)
+from ..functional.training import SGD, Batch, LossFn, Net, features_of, forward, net_of, prediction_logits
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import cached_prefix, class_sums, from_unit
-from .schedule import ClientSchedule, holdout_positions, sample_positions
+from .fitting import FitTotals, check_fit_arguments, run_epochs
+from .plan import ClientPlan, EpochTable
+from .schedule import holdout_positions, sample_positions
 from .stacking import stack, unstack
 
 log = logging.getLogger(__name__)
@@ -44,19 +43,6 @@ def _log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.info("batched context: %s", message)
-
-
-@dataclass
-class _Schedule:
-    """One epoch of one data stream for all K clients: dataset rows [K, S, b], their mask and
-    the number of steps of each client [K]; with mixup each batch's lam [K, S] and partner
-    positions [K, S, b]."""
-
-    rows: Tensor
-    mask: Tensor
-    steps: Tensor
-    lam: Tensor | None = None
-    perm: Tensor | None = None
 
 
 class BatchedClientContext:
@@ -203,29 +189,7 @@ class BatchedClientContext:
     def split_metrics(metrics: Metrics, k: int) -> dict[str, Any]:
         return {key: item(v, k) for key, v in metrics.items()}
 
-    # ---- data schedules ----------------------------------------------------------------------
-    def _train_schedule(self, schedules: list[ClientSchedule]) -> _Schedule:
-        """The next epoch of every client's schedule as row tables."""
-        epochs = [schedule.next_epoch() for schedule in schedules]
-        b = max(schedule.batch_size for schedule in schedules)
-        steps = torch.tensor([len(e.batches) for e in epochs])
-        S = max(int(steps.max()), 1)
-        K = len(epochs)
-        rows = torch.zeros(K, S, b, dtype=torch.long)
-        mask = torch.zeros(K, S, b)
-        mixing = epochs[0].mixup is not None
-        lam = torch.ones(K, S) if mixing else None
-        perm = torch.arange(b).repeat(K, S, 1) if mixing else None
-        for k, (epoch, train_rows) in enumerate(zip(epochs, self._cpu_train_rows())):
-            for s, idx in enumerate(epoch.batches):
-                rows[k, s, :len(idx)] = train_rows[idx]
-                mask[k, s, :len(idx)] = 1.0
-                if epoch.mixup is not None:
-                    lam[k, s], partners = epoch.mixup[s]  # type: ignore[index]
-                    perm[k, s, :len(idx)] = torch.as_tensor(partners)  # type: ignore[index]
-        to = (lambda t: t.to(self.device) if t is not None else None)  # noqa: E731
-        return _Schedule(to(rows), to(mask), steps, to(lam), to(perm))
-
+    # ---- data plans ------------------------------------------------------------------------
     def _cpu_train_rows(self) -> list[Tensor]:
         """Each client's dataset rows on the CPU (copied once per context, not once per epoch)."""
         if self._cpu_rows is None:
@@ -233,42 +197,47 @@ class BatchedClientContext:
         return self._cpu_rows
 
     @torch.no_grad()
-    def _prefix_outputs(self, params: Params, start: int) -> tuple[Tensor, Tensor]:
-        """Units ``0..start-1`` over every client's training rows, each on its own parameters:
-        (outputs stacked client after client, the position of each dataset row in them)."""
+    def _prefix_outputs(self, params: Params, start: int) -> tuple[Tensor, list[int]]:
+        """Units ``0..start-1`` over every client's training data, each on its own parameters:
+        the outputs stacked client after client, and where each client's begin."""
         outputs = [features_of(self.model, {name: value[k] for name, value in params.items()}, self.fed.x[c.train_rows],
                                start) for k, c in enumerate(self.clients)]
-        position = torch.zeros(len(self.fed.x), dtype=torch.long, device=self.device)  # padding rows: any real one
-        offset = 0
-        for c in self.clients:
-            position[c.train_rows] = torch.arange(offset, offset + c.num_train, device=self.device)
-            offset += c.num_train
-        return torch.cat(outputs), position
+        offsets = [0]
+        for c in self.clients[:-1]:
+            offsets.append(offsets[-1] + c.num_train)
+        return torch.cat(outputs), offsets
 
-    def _plan(self, data: DataSpec) -> "_Plan":
+    def _source(self, params: Params, data: DataSpec, start: int) -> tuple[Tensor, Tensor, Callable[[int, Tensor],
+                                                                                                     Tensor]]:
+        """The flat (x, y) the fit's batches are gathered from, and how a client's positions map to its rows."""
         if isinstance(data, SampleBatches):
-            return _SamplePlan(data.sample, self.train.batch_size)
-        if isinstance(data, TrainBatches):
-            return _TrainPlan(self, data)
-        if isinstance(data, SplitBatches):
-            return _SplitPlan(self, data)
-        if isinstance(data, PairedBatches):
-            return _PairedPlan([self._plan(s) for s in data.streams])
-        raise TypeError(f"unknown data specification {data!r}")
+            sample = data.sample
+            width = sample.y.shape[1]
+            return sample.x.flatten(0, 1), sample.y.flatten(0, 1), lambda k, p: p + k * width
+        if start:
+            x, offsets = self._prefix_outputs(params, start)
+            return x, torch.cat([self.fed.y[c.train_rows] for c in self.clients]), lambda k, p: p + offsets[k]
+        rows = self._cpu_train_rows()
+        assert self.fed.x is not None and self.fed.y is not None
+        return self.fed.x, self.fed.y, lambda k, p: rows[k][p]
+
+    def _plans(self, data: DataSpec) -> list[ClientPlan]:
+        lengths = data.sample.lengths.tolist() if isinstance(data, SampleBatches) else [None] * len(self.clients)  # type: ignore[union-attr]
+        return [ClientPlan(data, c.num_train, self.train, self.seed, self.round, i, n)
+                for i, c, n in zip(self._ids, self.clients, lengths)]
 
     # ---- training --------------------------------------------------------------------------
     def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
-            trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
-            optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
-            max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
-            epoch_end: EpochEnd | None = None, stage: str = "local training", start: int = 0) -> Fit:
-        if (loss is None) == (step is None):
-            raise ValueError("fit takes either a loss or a step function")
+            vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
+            data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
+            until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
+            carry: Sequence[str] = (), epoch_end: EpochEnd | None = None, stage: str = "local training",
+            start: int = 0) -> Fit:
+        check_fit_arguments(loss, step, carry, epoch_end)
         start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
         if [k for k in buffer_names(self.model) if k in params]:
             raise NotImplementedError(f"batched training does not support models with buffers (batch norm: "
                                       f"{type(self.model).__name__}); engines run them client by client")
-        K = len(self.clients)
         names = [k for k in (list(params) if trainable is None else list(trainable)) if k not in set(carry)]
         train = {k: params[k].detach().clone() for k in names}
         carried = {k: params[k].detach().clone() for k in carry}
@@ -283,21 +252,17 @@ class BatchedClientContext:
                 out = loss(net, {**fz, **tp}, b, a)
                 return out if carry else (out, {})
             batched = _vmapped(grad_and_value(objective, has_aux=True), aux)
-        elif getattr(step, "batch_polymorphic", False):
+        elif vectorized:
             batched = partial(step, None)
         else:
             batched = _vmapped(lambda tp, fz, b, a: step(grad_and_value, tp, fz, b, a), aux)
-        plan = self._plan(data) if not start else _TrainPlan(self, data, self._prefix_outputs(params, start))  # type: ignore[arg-type]
-        loss_sum = torch.zeros(K, device=self.device)
-        count = torch.zeros(K, device=self.device)
-        last = torch.full((K,), math.nan, device=self.device)
-        epochs = torch.zeros(K, dtype=torch.long)
-        history: list[list[float]] = [[] for _ in range(K)]
-        running = list(range(K)) if active is None else torch.nonzero(torch.as_tensor(active)).flatten().tolist()
-        fixed = plan.fixed_epochs() if until is None else max_epochs
-        epoch = 0
-        while running and epoch < fixed:
-            steps = plan.steps(epoch)
+        x, y, to_rows = self._source(params, data, start)
+        plans = self._plans(data)
+        K = len(self.clients)
+
+        def run_epoch(epoch: int, running: list[int], totals: FitTotals) -> list[int]:
+            table = EpochTable.build([p.next_epoch() for p in plans], to_rows, self.device)
+            steps = table.steps
             running = sorted(running, key=lambda k: -int(steps[k]))  # steps decrease: each step runs a prefix
             whole = running == list(range(K))
             idx = torch.tensor(running, device=self.device)
@@ -310,7 +275,7 @@ class BatchedClientContext:
             sub_steps = steps[torch.tensor(running)]
             for s in range(int(sub_steps.max()) if len(running) else 0):
                 n = int((sub_steps > s).sum())
-                batch = plan.batch(epoch, s, slice(0, n) if whole else idx[:n])
+                batch = table.batch(x, y, s, slice(0, n) if whole else idx[:n])
                 head = {k: v[:n] for k, v in sub_frozen.items()}
                 head.update({k: v[:n] for k, v in sub_carried.items()})
                 prefix_aux = tree_map(lambda t: t[:n], sub_aux) if sub_aux is not None else None
@@ -330,13 +295,16 @@ class BatchedClientContext:
                     with torch.no_grad():
                         transform({k: v[:n] for k, v in sub_train.items()})
                 with torch.no_grad():
-                    loss_sum[idx[:n]] += values.detach()
-                    count[idx[:n]] += 1
-                    last[idx[:n]] = values.detach()
-            if epoch_end is not None and carry:
-                with torch.no_grad():
-                    sub_carried.update(epoch_end(dict(sub_carried)))
+                    totals.loss_sum[idx[:n]] += values.detach()
+                    totals.count[idx[:n]] += 1
+                    totals.last[idx[:n]] = values.detach()
+            ran = [k for k in running if int(steps[k]) > 0]
             with torch.no_grad():
+                if epoch_end is not None and ran:
+                    stepped = int((sub_steps > 0).sum())  # the running clients that took a step: a prefix
+                    mapped = epoch_end({k: v[:stepped] for k, v in sub_carried.items()})
+                    for k in carry:
+                        sub_carried[k][:stepped] = mapped[k]
                 for k in carried:
                     if sub_carried[k] is not carried[k]:  # (the whole set shares the tensor itself)
                         carried[k][idx] = sub_carried[k]
@@ -345,22 +313,12 @@ class BatchedClientContext:
                         train[k][idx] = sub_train[k]
                     for k in opt_state:
                         opt_state[k][idx] = sub_state[k]
-            bad = (~torch.isfinite(loss_sum[idx])).nonzero().flatten()
-            if len(bad):
-                k = running[int(bad[0])]
-                raise NonFiniteLossError(f"training loss became {float(loss_sum[k])} ({self.where(stage, k)}); "
-                                         "lower the learning rate or check the data for NaN/inf values")
-            ran = [k for k in running if int(steps[k]) > 0]
-            epochs[torch.tensor(ran, dtype=torch.long)] += 1
-            if until is not None:
-                values = last[torch.tensor(ran, device=self.device)].tolist() if ran else []
-                for k, value in zip(ran, values):
-                    history[k].append(value)
-                running = [k for k in ran if not (until(history[k], self._ids[k]) or len(history[k]) >= max_epochs)]
-            epoch += 1
+            return ran
+
+        totals = run_epochs(self._ids, self.device, plans[0].epochs if plans else 0, run_epoch, until=until,
+                            max_epochs=max_epochs, active=active, where=lambda k: self.where(stage, k))
         out = {**frozen, **carried, **train}
-        return Fit({k: out[k] for k in params}, loss_sum / count.clamp(min=1), epochs.to(self.device), last,
-                   count.to(torch.long), history if until is not None else None)
+        return totals.fit({k: out[k] for k in params}, self.client_shape, until is not None)
 
 
 def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:
@@ -376,101 +334,6 @@ def _batch_dims(batch: Any) -> Any:
     if isinstance(batch, Batch):
         return Batch(*(None if field is None else 0 for field in batch))
     return tuple(_batch_dims(b) for b in batch)
-
-
-class _Plan:
-    """How a data specification becomes per-client step counts and batches, epoch by epoch."""
-
-    def fixed_epochs(self) -> int:
-        raise NotImplementedError
-
-    def steps(self, epoch: int) -> Tensor:
-        raise NotImplementedError
-
-    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Any:
-        raise NotImplementedError
-
-
-class _TrainPlan(_Plan):
-    def __init__(self, ctx: BatchedClientContext, spec: TrainBatches,
-                 inputs: tuple[Tensor, Tensor] | None = None) -> None:
-        """``inputs``: (features, position of each dataset row in them) replacing the dataset's inputs."""
-        self.ctx, self.spec, self.inputs = ctx, spec, inputs
-        # one schedule per client for all epochs, drawn in order (the per-client context's draws)
-        train = ctx.train
-        self.clients = [ClientSchedule(spec, c.num_train, train.batch_size, ctx.seed, ctx.round, i, train.mixup,
-                                       train.mixup_alpha) for i, c in zip(ctx.client_ids, ctx.clients)]
-        self.schedules: list[_Schedule] = []
-
-    def fixed_epochs(self) -> int:
-        return self.spec.epochs
-
-    def schedule(self, epoch: int) -> _Schedule:
-        while len(self.schedules) <= epoch:  # epochs are drawn in order from the generators
-            self.schedules.append(self.ctx._train_schedule(self.clients))
-        return self.schedules[epoch]
-
-    def steps(self, epoch: int) -> Tensor:
-        return self.schedule(epoch).steps
-
-    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Batch:
-        s = self.schedule(epoch)
-        rows = s.rows[clients, step]
-        x = self.ctx.fed.x[rows] if self.inputs is None else self.inputs[0][self.inputs[1][rows]]
-        y, mask = self.ctx.fed.y[rows], s.mask[clients, step]
-        if s.lam is None or s.perm is None:
-            return Batch(x, y, mask)
-        return mix(x, y, s.lam[clients, step], s.perm[clients, step])._replace(mask=mask)
-
-
-class _SplitPlan(_TrainPlan):
-    """Batches of 2b, each split into (B, B') by masks (see ``SplitBatches``)."""
-
-    def __init__(self, ctx: BatchedClientContext, spec: SplitBatches) -> None:
-        super().__init__(ctx, TrainBatches(spec.purpose, spec.epochs, 2 * ctx.train.batch_size))
-
-    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> tuple[Batch, Batch]:
-        whole = super().batch(epoch, step, clients)
-        m = whole.mask
-        real = m.sum(1, keepdim=True)
-        h = torch.div(real + 1, 2, rounding_mode="floor").clamp(max=self.ctx.train.batch_size)
-        position = torch.arange(m.shape[1], device=m.device)[None, :].to(m.dtype)
-        first = m * (position < h)
-        second = torch.where(real > h, m * (position >= h), first)
-        return Batch(whole.x, whole.y, first), Batch(whole.x, whole.y, second)
-
-
-class _PairedPlan(_Plan):
-    def __init__(self, plans: list[_Plan]) -> None:
-        self.plans = plans
-
-    def fixed_epochs(self) -> int:
-        return min(p.fixed_epochs() for p in self.plans)
-
-    def steps(self, epoch: int) -> Tensor:
-        return torch.stack([p.steps(epoch) for p in self.plans]).min(0).values
-
-    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> tuple[Any, ...]:
-        return tuple(p.batch(epoch, step, clients) for p in self.plans)
-
-
-class _SamplePlan(_Plan):
-    def __init__(self, sample: Sample, batch_size: int) -> None:
-        assert sample.lengths is not None
-        self.sample, self.b = sample, batch_size
-        self.counts = (sample.lengths.cpu() + batch_size - 1) // batch_size
-        positions = torch.arange(sample.y.shape[1], device=sample.lengths.device)
-        self.mask = (positions[None, :] < sample.lengths[:, None]).to(sample.x.dtype)
-
-    def fixed_epochs(self) -> int:
-        return 1
-
-    def steps(self, epoch: int) -> Tensor:
-        return self.counts
-
-    def batch(self, epoch: int, step: int, clients: Tensor | slice) -> Batch:
-        cols = slice(step * self.b, (step + 1) * self.b)
-        return Batch(self.sample.x[clients, cols], self.sample.y[clients, cols], self.mask[clients, cols])
 
 
 # ---- running a round's jobs in chunks of batched contexts ------------------------------------

@@ -7,28 +7,27 @@ losses on padded, masked batches.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, Metrics, PairedBatches, PerClient, Sample,
-                                  SampleBatches, SampleMap, SplitBatches, StepFn, StopRule, TrainBatches, TrainSettings,
-                                  Transform)
+from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, Metrics, PerClient, Sample, SampleBatches,
+                                  SampleMap, StepFn, StopRule, TrainBatches, TrainSettings, Transform)
 from ..data.federated import ClientData
 from ..functional import Params, evaluate, torch_generator
-from ..functional.training import (SGD, Batch, LossFn, Net, autograd_value_and_grad, check_finite, features_of,
-                                  mix, net_of)
+from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, features_of, net_of
 from ..models import UnitModel, Units, buffer_names, num_outputs
-from .schedule import ClientSchedule, holdout_positions, sample_positions, split_halves
+from .fitting import FitTotals, check_fit_arguments, run_epochs
+from .plan import ClientPlan, materialize
+from .schedule import holdout_positions, sample_positions
 
 
 class SingleClientContext:
     """``ClientContext`` for one client (see ``pflkit.algorithms.context``)."""
 
     provides = frozenset({PER_CLIENT})
-    client_shape: tuple[int, ...] = ()  # per-client values are plain numbers and tensors
+    client_shape: tuple[int, ...] = ()  # per-client values are 0-dim tensors
 
     def __init__(self, client_id: int, round: int, seed: int, data: ClientData, model: UnitModel, units: Units,
                  train: TrainSettings, algorithm: str = "") -> None:
@@ -49,12 +48,16 @@ class SingleClientContext:
         return [self.client_id]
 
     @property
-    def client_index(self) -> int:
-        return self.client_id
+    def device(self) -> torch.device:
+        return self.data.train_x.device
 
     @property
-    def num_train(self) -> int:
-        return self.data.num_train
+    def client_index(self) -> Tensor:
+        return torch.tensor(self.client_id, device=self.device)
+
+    @property
+    def num_train(self) -> Tensor:
+        return torch.tensor(self.data.num_train, device=self.device)
 
     @property
     def net(self) -> Net:
@@ -68,53 +71,17 @@ class SingleClientContext:
         return f"algorithm {self.algorithm}, client {self.client_id}, round {self.round}, {stage}"
 
     # ---- data ------------------------------------------------------------------------------
+    def plan(self, spec: DataSpec, sample: Sample | None = None) -> ClientPlan:
+        """This client's steps of ``spec`` (see ``pflkit.engines.plan``)."""
+        return ClientPlan(spec, self.data.num_train, self.train, self.seed, self.round, self.client_id,
+                          None if sample is None else len(sample.y))
+
     def batches(self, spec: TrainBatches = TrainBatches()) -> Iterator[Batch]:
-        """The mini-batches of ``spec``, every epoch in turn."""
-        for epoch in self._train_epochs(spec):
-            yield from epoch
-
-    def _train_epochs(self, spec: TrainBatches, open_ended: bool = False,
-                      inputs: Tensor | None = None) -> Iterator[list[Batch]]:
-        """The epochs of ``spec``; ``inputs`` replaces the training inputs row for row (features)."""
-        x, y = (self.data.train_x if inputs is None else inputs), self.data.train_y
-        schedule = ClientSchedule(spec, len(y), self.train.batch_size, self.seed, self.round, self.client_id,
-                                  self.train.mixup, self.train.mixup_alpha)
-        for _ in (itertools.count() if open_ended else range(spec.epochs)):
-            epoch = schedule.next_epoch()
-            batches = []
-            for s, idx in enumerate(epoch.batches):
-                idx = idx.to(x.device)
-                if epoch.mixup is not None:
-                    lam, perm = epoch.mixup[s]
-                    batches.append(mix(x[idx], y[idx], lam, torch.as_tensor(perm, device=x.device)))
-                else:
-                    batches.append(Batch(x[idx], y[idx]))
-            yield batches
-
-    def _epochs(self, data: DataSpec, open_ended: bool, inputs: Tensor | None = None) -> Iterator[list[Any]]:
-        if isinstance(data, TrainBatches):
-            yield from self._train_epochs(data, open_ended, inputs)
-        elif isinstance(data, PairedBatches):
-            for epochs in zip(*(self._train_epochs(s) for s in data.streams)):
-                yield list(zip(*epochs))
-        elif isinstance(data, SplitBatches):
-            for epoch in self._train_epochs(TrainBatches(data.purpose, data.epochs, 2 * self.train.batch_size)):
-                pairs = []
-                for batch in epoch:
-                    h = split_halves(len(batch.y), self.train.batch_size)
-                    first = Batch(batch.x[:h], batch.y[:h])
-                    second = Batch(batch.x[h:], batch.y[h:]) if len(batch.y) > h else first
-                    pairs.append((first, second))
-                yield pairs
-        elif isinstance(data, SampleBatches):
-            s, b = data.sample, self.train.batch_size
-            batches = [Batch(s.x[i:i + b], s.y[i:i + b]) for i in range(0, len(s.y), b)]
-            while True:
-                yield batches
-                if not open_ended:
-                    return
-        else:
-            raise TypeError(f"unknown data specification {data!r}")
+        """The mini-batches of ``spec``, every epoch in turn (what ``fit`` steps through)."""
+        plan = self.plan(spec)
+        for _ in range(plan.epochs):
+            for rows in plan.next_epoch():
+                yield materialize(rows, self.data.train_x, self.data.train_y)  # type: ignore[misc]
 
     def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
         x, y = self.data.train_x, self.data.train_y
@@ -125,8 +92,8 @@ class SingleClientContext:
         rows = holdout_positions(self.data.num_train, fraction)
         return Sample(self.data.train_x[rows], self.data.train_y[rows])
 
-    def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
-        return not all(torch.equal(a[k], b[k]) for k in a if k in b)
+    def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor:
+        return torch.tensor(not all(torch.equal(a[k], b[k]) for k in a if k in b), device=self.device)
 
     @property
     def label_counts(self) -> Tensor:
@@ -155,7 +122,8 @@ class SingleClientContext:
 
     @staticmethod
     def split(value: Any, k: int, template: Any = None) -> Any:
-        return value
+        """The client's value; 0-dim tensors become the Python numbers ``template`` holds there."""
+        return as_template(value, template)
 
     @staticmethod
     def split_metrics(metrics: Metrics, k: int) -> dict[str, Any]:
@@ -164,18 +132,19 @@ class SingleClientContext:
 
     # ---- training --------------------------------------------------------------------------
     def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
-            trainable: Sequence[str] | None = None, aux: Any = None, data: DataSpec = TrainBatches(),
-            optimizer: SGD | None = None, transform: Transform | None = None, until: StopRule | None = None,
-            max_epochs: int = 1, active: PerClient | None = None, carry: Sequence[str] = (),
-            epoch_end: EpochEnd | None = None, stage: str = "local training", start: int = 0) -> Fit:
-        if (loss is None) == (step is None):
-            raise ValueError("fit takes either a loss or a step function")
-        if active is not None and not bool(active):
-            return Fit(dict(params), 0.0, 0, float("nan"), 0)
+            vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
+            data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
+            until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
+            carry: Sequence[str] = (), epoch_end: EpochEnd | None = None, stage: str = "local training",
+            start: int = 0) -> Fit:
+        check_fit_arguments(loss, step, carry, epoch_end)
         start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
-        inputs = None
-        if start:
-            inputs = features_of(self.model, params, self.data.train_x, start)
+        if isinstance(data, SampleBatches):
+            x, y = data.sample.x, data.sample.y
+        else:
+            x, y = (features_of(self.model, params, self.data.train_x, start) if start else self.data.train_x,
+                    self.data.train_y)
+        plan = self.plan(data, data.sample if isinstance(data, SampleBatches) else None)
         buffers = [k for k in buffer_names(self.model) if k in params]
         skip = set(buffers) | set(carry)
         names = [k for k in (params if trainable is None else trainable) if k not in skip]
@@ -186,6 +155,7 @@ class SingleClientContext:
         frozen = {**{k: v.detach() for k, v in params.items()
                      if k not in train and k not in stats and k not in carried}, **stats}
         net = self.net if not start else from_unit(self.net, start)
+        current = {**frozen, **carried, **train}
         if step is None:
             assert loss is not None
             opt = optimizer or self.train.optimizer()
@@ -193,15 +163,14 @@ class SingleClientContext:
             # the trained tensors are leaves updated in place: one dict of them serves every step
             leaves = [v.requires_grad_(True) for v in train.values()]
             current = {**frozen, **carried, **train}
-        device = next(iter(params.values())).device
-        loss_sum = torch.zeros((), device=device)
-        count = 0
-        epoch_losses: list[float] = []
-        for epoch in self._epochs(data, open_ended=until is not None, inputs=inputs):
-            last = None
-            for batch in epoch:
+
+        def run_epoch(epoch: int, running: list[int], totals: FitTotals) -> list[int]:
+            nonlocal train
+            loss_sum, count, last = totals.loss_sum[0], 0, None  # (a view: sums in place, step by step)
+            for rows in plan.next_epoch():
+                batch = materialize(rows, x, y)
                 if step is None:
-                    value = loss(net, current, batch, aux)
+                    value = loss(net, current, batch, aux)  # type: ignore[misc]
                     if carry:
                         value, updates = value
                         current.update({k: updates[k].detach() for k in carry})
@@ -216,19 +185,30 @@ class SingleClientContext:
                 loss_sum += value.detach()
                 count += 1
                 last = value
-            check_finite(loss_sum, self.where(stage))
-            if last is None:  # no data
-                break
+            if last is None:
+                return []
+            totals.count[0] += count
+            totals.last[0] = last.detach()
             if epoch_end is not None:
                 current.update(epoch_end({k: current[k] for k in carry}))
-            epoch_losses.append(float(last))
-            if until is not None and (until(epoch_losses, self.client_id) or len(epoch_losses) >= max_epochs):
-                break
-        carried = {k: current[k] for k in carry} if step is None else carried
+            return [0]
+
+        device = next(iter(params.values())).device
+        totals = run_epochs([self.client_id], device, plan.epochs, run_epoch, until=until, max_epochs=max_epochs,
+                            active=active, where=lambda k: self.where(stage))
+        carried = {k: current[k] for k in carry}
         out = {**frozen, **carried, **{k: v.detach() for k, v in train.items()}}
-        return Fit({k: out[k] for k in params}, float(loss_sum) / max(count, 1), len(epoch_losses),
-                   epoch_losses[-1] if epoch_losses else float("nan"), count,
-                   epoch_losses if until is not None else None)
+        return totals.fit({k: out[k] for k in params}, self.client_shape, until is not None)
+
+
+def as_template(value: Any, template: Any) -> Any:
+    """``value`` with the 0-dim tensors where ``template`` holds a Python number turned into one of
+    its type (an upload's ``num_samples``, a state's flags written as numbers)."""
+    if isinstance(value, Tensor) and value.dim() == 0 and isinstance(template, (bool, int, float)):
+        return type(template)(value.item())
+    if isinstance(value, dict) and isinstance(template, dict):
+        return {key: as_template(v, template.get(key)) for key, v in value.items()}
+    return value
 
 
 def cached_prefix(model: UnitModel, units: Units, train: TrainSettings, data: DataSpec, start: int,

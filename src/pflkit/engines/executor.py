@@ -33,7 +33,7 @@ from typing import Callable, Iterator, Sequence, TypeVar
 from torch import nn
 
 from ..algorithms.context import Metrics
-from .base import ClientJob, ClientResult, RoundSetup, adaptability_metrics
+from .base import ClientJob, ClientResult, RoundSetup
 from .batched import BatchedClientContext, batching_blocker, size_order
 from .client import SingleClientContext
 
@@ -91,8 +91,8 @@ def run_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int, ctx: Con
         client_upload = None
         if upload is not None:
             client_upload = ctx.split(upload, k, {"num_samples": 0})
-            if setup.adaptability is not None:
-                client_metrics.update(adaptability_metrics(setup, job.client_id, alg.local_model(client_state)))
+            for metric in setup.local_model_metrics:
+                client_metrics.update(metric(setup, job.client_id, alg.local_model(client_state)))
         evaluation = evaluations[k] if evaluations is not None else None
         out.append(ClientResult(job.client_id, client_state, client_upload, evaluation, client_metrics))
     return out
@@ -279,8 +279,10 @@ class LoopEngine(ClientExecutor):
 class ParallelEngine(ClientExecutor):
     """Clients over worker threads (PyTorch kernels release the GIL; the dataset stays shared)."""
 
-    def __init__(self, workers: int | None = None, ala_chunk_size: int = 8) -> None:
-        super().__init__("parallel", workers=workers or default_workers(), receive_chunk=ala_chunk_size)
+    def __init__(self, workers: int | None = None, receive_chunk: int = 8) -> None:
+        """``receive_chunk``: clients batched together in the ``receive`` step of algorithms that
+        train in it (``Algorithm.trains_on_receive``)."""
+        super().__init__("parallel", workers=workers or default_workers(), receive_chunk=receive_chunk)
 
 
 class VmapEngine(ClientExecutor):

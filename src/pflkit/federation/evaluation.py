@@ -1,4 +1,5 @@
-"""The global model on the global test set (the official test-set protocol, spec §5.7, §3.13)."""
+"""The global model on the global test set (the official test-set protocol, spec §5.7, §3.13),
+and the adaptability metrics of every trained local model (FedACD Tables 3 and 9)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..functional import forward
+from ..functional import forward, prediction_logits
+from ..functional.training import probability_matrix, probability_sums, template_kl
 
 
 class GlobalEvaluation:
@@ -86,3 +88,33 @@ def client_accuracies(priors: np.ndarray, class_accuracy: np.ndarray) -> np.ndar
     weights = priors[:, known]
     weights = weights / np.maximum(weights.sum(1, keepdims=True), 1e-12)
     return weights @ class_accuracy[known]
+
+
+class AdaptabilityMetrics:
+    """A trained local model's per-class correct predictions on the global test set (the driver
+    turns them into its risk over the clients' distributions, FedACD Table 3) and KL(P^m || T) of
+    its probability matrix over the client's training data against the template with ``gamma``
+    (FedACD Table 9, spec §3.9): a ``LocalModelMetric`` of the engines."""
+
+    def __init__(self, gamma: float) -> None:
+        self.gamma = gamma
+
+    @torch.no_grad()
+    def __call__(self, setup: Any, client_id: int, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+        test = setup.data.global_test
+        if test is None:
+            raise ValueError("metrics.adaptability needs the global test set (test_set = \"official\")")
+        C, client, rows = setup.data.num_classes, setup.data.client(client_id), setup.train.eval_batch_size
+        correct = torch.zeros(C, device=test[1].device)
+        for i in range(0, len(test[1]), rows):
+            x, y = test[0][i:i + rows], test[1][i:i + rows]
+            correct.index_add_(0, y, (prediction_logits(setup.model, params, x).argmax(1) == y).to(correct.dtype))
+        sums = probability_sums(setup.model, params, client.train_x, client.train_y, C, rows)
+        counts = torch.bincount(client.train_y, minlength=C)
+        kl = template_kl(probability_matrix(sums, counts), counts, self.gamma)
+        return {"class_correct": correct.tolist(), "local_kl": float(kl)}
+
+
+def local_model_metrics(metrics: Any) -> tuple[AdaptabilityMetrics, ...]:
+    """The local-model metrics a config's ``[metrics]`` section asks for."""
+    return (AdaptabilityMetrics(metrics.template_gamma),) if metrics.adaptability else ()

@@ -18,6 +18,7 @@ from ..config import BaseConfig, build_config
 from ..data import DataError, load_dataset, load_pfllib
 from ..data.federated import ClientData, FederatedData
 from ..engines.base import RoundSetup
+from ..federation.evaluation import local_model_metrics
 from ..functional import to_device
 from ..models import UnitModel
 from ..federation.setup import initial_params, partition_dataset, partition_seed, resolve_device
@@ -133,8 +134,8 @@ def _node_run(config_text: str, node_items: tuple, name: str, seed: int) -> Node
     config = config_from_text(config_text)
     setup = _node_setup(config_text, node_items, seed)
     algorithm = setup.algorithm(config, name)
-    gamma = config.metrics.template_gamma if config.metrics.adaptability else None
-    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed, gamma)
+    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed,
+                             local_model_metrics(config.metrics))
     return NodeRun(setup, round_setup)
 
 

@@ -20,6 +20,7 @@ from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, load_config, to_dict
 from ..data.federated import FederatedData
 from ..engines import Engine, RoundSetup, build_engine
+from ..federation.evaluation import local_model_metrics
 from ..federation.session import on_engine
 from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, build_partitions,
                           initial_params, partition_seed, resolve_device, run_all)
@@ -63,8 +64,8 @@ class Simulator:
     def run(self, session: RunSession) -> None:
         driver = session.driver
         data, model = self._seeds[driver.seed]
-        gamma = self.config.metrics.template_gamma if self.config.metrics.adaptability else None
-        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.config.train, driver.seed, gamma)
+        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.config.train, driver.seed,
+                           local_model_metrics(self.config.metrics))
         session.run(on_engine(self.engine, setup))
 
 
