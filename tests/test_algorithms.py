@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from pflkit.algorithms import TrainBatches, build_algorithm
+from pflkit.algorithms import TrainBatches
+from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 from pflkit.functional import classification_loss, proximal_loss, weighted_average
 from pflkit.models import head_names

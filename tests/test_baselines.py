@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pflkit.algorithms import ClientSummary, build_algorithm
+from pflkit.algorithms import ClientSummary
+from pflkit.methods import build_algorithm
 from pflkit.algorithms.apple import loss_scale
 from pflkit.engines.schedule import training_part
 from pflkit.config import ConfigError, load_config

@@ -14,7 +14,7 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflkit.algorithms import build_algorithm
+from pflkit.methods import build_algorithm
 from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
 from pflkit.algorithms.partialfed import gumbel_noise, mix_units, select_units, temperature
 from pflkit.config import load_config

@@ -43,7 +43,7 @@ SHAPES = {"digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3,
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.toml")), ids=lambda p: p.name)
 def test_shipped_configs_load_and_every_algorithm_fits_their_model(path):
-    from pflkit.algorithms import build_algorithm
+    from pflkit.methods import build_algorithm
     from pflkit.models import build_model
     from pflkit.run.sweep import plan_sweep
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pflkit.algorithms import TrainSettings, available, build_algorithm
+from pflkit.algorithms import TrainSettings
+from pflkit.methods import available, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import ClientExecutor, LoopEngine, ParallelEngine, RoundSetup, VmapEngine, build_engine
@@ -57,7 +58,7 @@ def test_parallel_engine_matches_loop_for_every_algorithm_and_worker_count(name)
     reference = run(name, LoopEngine(), data)
     runs = []
     for workers in (1, 2, 3):  # chunks of 2 clients: ALA's chunks run concurrently with 2 and 3 workers
-        engine = ParallelEngine(workers, ala_chunk_size=2)
+        engine = ParallelEngine(workers, receive_chunk=2)
         try:
             runs.append(run(name, engine, data))
         finally:

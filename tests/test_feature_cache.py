@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import torch
 
-from pflkit.algorithms import TrainBatches, build_algorithm
+from pflkit.algorithms import TrainBatches
+from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 from pflkit.engines import LoopEngine, VmapEngine
 from pflkit.federation.session import on_engine

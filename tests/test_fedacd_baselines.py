@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pflkit.algorithms import build_algorithm
+from pflkit.methods import build_algorithm
 from pflkit.algorithms.base import ROUND_INFO
 from pflkit.algorithms.context import TrainBatches
 from pflkit.algorithms.creff import (MATCHING_HEAD, classifier_gradient, fresh_linear, head_gradients,
@@ -497,12 +497,13 @@ def test_lr_decay_is_a_config_key_that_reaches_training():
 def test_fedrods_adaptability_metrics_score_its_uploaded_generic_model(monkeypatch, tmp_path):
     """FedACD's Tables 3 and 9 score each client's local model, the one it uploads: FedROD's generic
     model (body and W_g), not its personalised head W_g + W_p."""
-    import pflkit.engines.executor as engine_base
+    from pflkit.federation.evaluation import AdaptabilityMetrics
 
     scored = []
-    real = engine_base.adaptability_metrics
-    monkeypatch.setattr(engine_base, "adaptability_metrics",
-                        lambda setup, client_id, params: scored.append(params) or real(setup, client_id, params))
+    real = AdaptabilityMetrics.__call__
+    monkeypatch.setattr(AdaptabilityMetrics, "__call__",
+                        lambda self, setup, client_id, params: scored.append(params) or real(self, setup, client_id,
+                                                                                             params))
     uploads = []
     real_upload = build("fedrod", tiny_context()).__class__.upload
     monkeypatch.setattr(type(build("fedrod", tiny_context())), "upload",

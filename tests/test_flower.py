@@ -99,7 +99,7 @@ def test_a_node_parses_each_config_text_once_and_builds_each_runs_algorithm_once
     """Every message of a run reuses the node's parsed config and built algorithm; another config
     text or algorithm gets its own."""
     import tomli_w
-    from pflkit.algorithms import build_algorithm
+    from pflkit.methods import build_algorithm
     from pflkit.config import build_config
     from pflkit.flower import node
 

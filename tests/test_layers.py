@@ -41,7 +41,7 @@ ALLOWED: dict[str, set[str]] = {
     "personalize": {"algorithms", "functional", "models", "data"},
     "engines": {"algorithms", "functional", "models", "data"},
     # the registry with its plug-ins: where ALA is registered, explicitly
-    "methods": {"algorithms", "personalize"},
+    "methods": {"algorithms", "personalize", "models"},
     # the config schema validates names against the registry; no plug-in, engine or report
     "config": _CORE | {"methods"},
     # what both the simulator and Flower need; no summaries or plots (those belong to run/ and flower/)

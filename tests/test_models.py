@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pflkit.algorithms import TrainSettings, available, build_algorithm
+from pflkit.algorithms import TrainSettings
+from pflkit.methods import available, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, SingleClientContext, VmapEngine

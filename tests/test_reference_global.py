@@ -30,7 +30,8 @@ from helpers import batch_pairs, params_of
 from torch import nn
 from torch.nn import functional as F
 
-from pflkit.algorithms import ClientSummary, TrainSettings, build_algorithm
+from pflkit.algorithms import ClientSummary, TrainSettings
+from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext

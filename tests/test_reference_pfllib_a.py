@@ -14,7 +14,7 @@ import copy
 import torch
 from torch.nn import functional as F
 
-from pflkit.algorithms import build_algorithm
+from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 
 from helpers import batch_pairs, params_of, tiny_context

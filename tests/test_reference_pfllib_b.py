@@ -31,7 +31,8 @@ import torch
 from helpers import params_of
 from torch.nn import functional as F
 
-from pflkit.algorithms import ClientSummary, TrainBatches, TrainSettings, build_algorithm
+from pflkit.algorithms import ClientSummary, TrainBatches, TrainSettings
+from pflkit.methods import build_algorithm
 from pflkit.algorithms.apple import loss_scale
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData

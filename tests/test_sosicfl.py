@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy import stats
 
-from pflkit.algorithms import build_algorithm
+from pflkit.methods import build_algorithm
 from pflkit.algorithms.simplex import (SimplexError, cluster, distances, lda_points, make_endpoints,
                                        mean_distance_to_simplex, prepare_simplex, realise, sample_region)
 from pflkit.algorithms.sosicfl import ALPHAS, STEP, simplex_loss

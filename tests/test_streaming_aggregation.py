@@ -12,7 +12,8 @@ import weakref
 import pytest
 import torch
 
-from pflkit.algorithms import ClientSummary, TrainSettings, available, build_algorithm
+from pflkit.algorithms import ClientSummary, TrainSettings
+from pflkit.methods import available, build_algorithm
 from pflkit.algorithms.base import upload_order
 from pflkit.config import load_config
 from pflkit.engines import ClientJob, LoopEngine, ParallelEngine, RoundSetup, VmapEngine
@@ -152,7 +153,7 @@ def test_alas_receive_waves_do_not_change_the_numbers():
     setup, init = setup_for("fedala", data)
     runs = []
     for workers in (1, 2, 3):
-        engine = ParallelEngine(workers, ala_chunk_size=1)
+        engine = ParallelEngine(workers, receive_chunk=1)
         assert engine.wave == 4 * workers
         try:
             runs.append(session_for(setup, init).run(on_engine(engine, setup)))

@@ -29,7 +29,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from pydantic_core import PydanticUndefined
 
 from .algorithms import Settings, TrainSettings
-from .methods import ALGORITHMS, config_sections, parse_name
+from .methods import REGISTRY, config_sections, parse_name
 from .data import DATASETS, FILE_DATASETS, PartitionSpec
 from .models import DEFAULT_MODEL, MODELS
 
@@ -269,7 +269,7 @@ class BaseConfig(BaseModel):
     @model_validator(mode="after")
     def _full_participation(self, info: ValidationInfo) -> "BaseConfig":
         for name in self.algorithms:
-            if ALGORITHMS[parse_name(name)[0]].requires_full_participation and self.run.join_ratio < 1:
+            if REGISTRY.method_class(name).requires_full_participation and self.run.join_ratio < 1:
                 raise ValueError(f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
                                  f"{_named(info, 'run', 'join_ratio')} must be 1, got {self.run.join_ratio}")
         return self
@@ -341,15 +341,37 @@ class BaseConfig(BaseModel):
         return self.resolved_model
 
     def algorithm_sections(self) -> dict[str, Settings]:
-        return {name: getattr(self, name) for name in config_sections()}
+        """Every method section of this config (pflkit's and those of its outside methods)."""
+        return {name: getattr(self, name) for name in config_sections(self.algorithms)}
 
 
-def _sections() -> dict[str, Any]:
-    fields: dict[str, Any] = {name: (cls, cls()) for name, cls in config_sections().items()}
-    return fields
+_MODELS: dict[tuple[tuple[str, type[Settings]], ...], type[BaseConfig]] = {}
 
 
-ExperimentConfig = create_model("ExperimentConfig", __base__=BaseConfig, **_sections())  # type: ignore[call-overload]
+def config_model(algorithms: Any = ()) -> type[BaseConfig]:
+    """The config schema: the experiment's keys and one section per method, pflkit's own and those
+    of the outside methods (dotted paths, entry points) named in ``algorithms``; names that do not
+    resolve are left to the validation's message."""
+    outside = {}
+    for name in algorithms if isinstance(algorithms, (list, tuple)) else ():
+        try:
+            resolved = REGISTRY.resolve(name) if isinstance(name, str) else None
+        except ValueError:
+            continue
+        if resolved is not None and resolved.external:
+            outside[resolved.cls.section or resolved.cls.name] = resolved.cls.settings_class
+    key = tuple(sorted(outside.items(), key=lambda item: item[0]))
+    if key not in _MODELS:
+        sections = {**config_sections(), **outside}
+        fields: dict[str, Any] = {name: (cls, cls()) for name, cls in sections.items()}
+        _MODELS[key] = create_model("ExperimentConfig", __base__=BaseConfig, **fields)  # type: ignore[call-overload]
+    return _MODELS[key]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ExperimentConfig":  # the schema of pflkit's own methods
+        return config_model()
+    raise AttributeError(name)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -409,9 +431,9 @@ def merge(base: dict[str, Any], path: list[str], value: Any) -> None:
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
 
 
-def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+def _known_keys(loc: tuple[Any, ...], schema: type[BaseModel]) -> list[str]:
     """The keys allowed next to the unknown one at ``loc`` (top level, with the flat aliases, or a section)."""
-    model: Any = ExperimentConfig
+    model: Any = schema
     for part in loc[:-1]:
         field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
@@ -420,10 +442,10 @@ def _known_keys(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields) + (list(FLAT_KEYS) if len(loc) == 1 else [])
 
 
-def _message(err: Mapping[str, Any]) -> str:
+def _message(err: Mapping[str, Any], schema: type[BaseModel]) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
-        known = _known_keys(tuple(err["loc"]))
+        known = _known_keys(tuple(err["loc"]), schema)
         close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
         return "unknown key" + (f" (did you mean {close[0]!r}?)" if close else "")
     if kind in _BOUNDS:
@@ -443,15 +465,18 @@ def _as_written(loc: tuple[Any, ...], written: Written) -> str:
     return ".".join(parts)
 
 
-def format_errors(error: ValidationError, source: str, written: Written | None = None) -> str:
+def format_errors(error: ValidationError, source: str, written: Written | None = None,
+                  schema: type[BaseModel] | None = None) -> str:
     """One line per problem, each naming the key as the user wrote it (``written``: see
-    :func:`nest`), what it must be and the value given."""
+    :func:`nest`), what it must be and the value given (``schema``: the config model validated)."""
+    schema = schema or config_model()
     lines = [f"invalid configuration ({source}):"]
     for err in error.errors():
         if not err["loc"]:  # a rule across keys: its message names them
-            lines.append(f"  {_message(err)}")
+            lines.append(f"  {_message(err, schema)}")
             continue
-        lines.append(f"  {_as_written(tuple(err['loc']), written or {})}: {_message(err)} (got {err.get('input')!r})")
+        lines.append(f"  {_as_written(tuple(err['loc']), written or {})}: {_message(err, schema)} "
+                     f"(got {err.get('input')!r})")
     return "\n".join(lines)
 
 
@@ -459,10 +484,11 @@ def build_config(data: Mapping[str, Any], source: str = "config", written: Writt
     """Validate a config table, flat keys or sections (``written``: how keys already moved into
     their sections were spelt, for the messages)."""
     written = dict(written or {})
+    schema = config_model(data.get("algorithms"))
     try:
-        return ExperimentConfig.model_validate(dict(data), context={"written": written})
+        return schema.model_validate(dict(data), context={"written": written})
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, source, written)) from None
+        raise ConfigError(format_errors(exc, source, written, schema)) from None
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -542,12 +568,10 @@ def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | N
     lines = [f"{written[('partition', key)]} = {table[key]!r} is not used: only {reader} reads it"
              for key, (reader, used) in _PARTITION_KEYS.items()
              if key in table and not used(config.partition) and not _is_default(PartitionSpec, key, table[key])]
-    sections = config_sections()
+    sections = config_sections(config.algorithms)
     read = set()
     for name in config.algorithms:
-        base, modifiers = parse_name(name)
-        read.add(ALGORITHMS[base].section or base)
-        read.update(m.section for m in modifiers)
+        read.update(REGISTRY.resolve(name).sections)
     for key in data:
         if key in sections and key not in read and (typed is None or key in typed):
             lines.append(f"[{key}] is not used: no method of algorithms = {list(config.algorithms)} reads it")
@@ -574,7 +598,7 @@ def describe_keys() -> list[tuple[str, str, Any, str]]:
     """Every key: (dotted key, its flat alias or "", default, description), sections in order."""
     flat = {v: k for k, v in FLAT_KEYS.items()}
     rows = []
-    for name, field in ExperimentConfig.model_fields.items():
+    for name, field in config_model().model_fields.items():
         model = field.annotation
         if isinstance(model, type) and issubclass(model, BaseModel):
             for key, sub in model.model_fields.items():

@@ -19,7 +19,8 @@ from torch.nn import functional as F
 
 from helpers import batch_pairs, params_of
 
-from pflkit.algorithms import TrainSettings, build_algorithm
+from pflkit.algorithms import TrainSettings
+from pflkit.methods import build_algorithm
 from pflkit.algorithms.feddecorr import feddecorr_loss
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData

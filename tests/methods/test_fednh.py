@@ -24,7 +24,8 @@ from torch.nn import functional as F
 
 from helpers import batch_pairs, params_of
 
-from pflkit.algorithms import ClientSummary, TrainSettings, build_algorithm
+from pflkit.algorithms import ClientSummary, TrainSettings
+from pflkit.methods import build_algorithm
 from pflkit.algorithms.fednh import SCALE
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData

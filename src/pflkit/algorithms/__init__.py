@@ -1,4 +1,5 @@
-"""Federated algorithms, one file each, registered by config name."""
+"""Federated algorithms, one file each, in the catalogue ``ALGORITHMS`` by config name (resolve
+names, and build methods, with ``pflkit.methods``)."""
 
 from . import apple, ditto, fedamp, fedavg, fedavgc, fedfomo, fedprox, fedproxc, fedrep, local  # noqa: F401
 from . import fedphp, partialfed, perfedavg, pfedme  # noqa: F401  (registration side effects)
@@ -8,10 +9,9 @@ from .base import (Algorithm, ClientSummary, Init, ModelState, Payload, SentUplo
                    Upload)
 from .context import (PER_CLIENT, ClientContext, Fit, Metrics, PairedBatches, Sample, SampleBatches, SplitBatches,
                       TrainBatches, TrainSettings)
-from .registry import (ALGORITHMS, ALIASES, MODIFIERS, Modifier, available, build_algorithm, config_sections,
-                       parse_name, register)
+from .registry import ALGORITHMS, Modifier, Registry, Resolved, register
 
 __all__ = ["Algorithm", "ClientSummary", "Init", "ModelState", "Payload", "SentUpload", "Settings", "State",
            "Trained", "Upload", "PER_CLIENT", "ClientContext", "Fit", "Metrics", "PairedBatches", "Sample",
-           "SampleBatches", "SplitBatches", "TrainBatches", "TrainSettings", "ALGORITHMS", "ALIASES", "MODIFIERS",
-           "Modifier", "available", "build_algorithm", "config_sections", "parse_name", "register"]
+           "SampleBatches", "SplitBatches", "TrainBatches", "TrainSettings", "ALGORITHMS", "Modifier", "Registry",
+           "Resolved", "register"]

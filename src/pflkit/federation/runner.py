@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..algorithms import Algorithm, ClientSummary
-from ..methods import ALGORITHMS, build_algorithm, parse_name
+from ..methods import REGISTRY, build_algorithm
 from ..config import BaseConfig
 from ..functional import Params
 from ..models import Units
@@ -52,8 +52,9 @@ def tta_bases(algorithms: Sequence[str]) -> dict[str, str]:
     """Methods of the run with a time-to-accuracy base (``Algorithm.tta_base``) also in the run."""
     out = {}
     for name in algorithms:
-        base = ALGORITHMS[parse_name(name)[0]].tta_base
-        if base is not None and base in algorithms and not parse_name(name)[1]:
+        resolved = REGISTRY.resolve(name)
+        base = resolved.cls.tta_base
+        if base is not None and base in algorithms and not resolved.modifiers:
             out[name] = base
     return out
 

@@ -1,7 +1,7 @@
 """Personalisation plug-ins that replace an algorithm's local initialisation (ALA).
 
-``register()`` adds the ``+ala`` name modifier and the ``fedala`` alias to the algorithm
-registry; ``pflkit.methods`` calls it (importing this package registers nothing).
+``register(registry)`` adds the ``+ala`` name modifier and the ``fedala`` alias to a method
+registry; ``pflkit.methods`` calls it for pflkit's (importing this package registers nothing).
 """
 
 from .ala import (ALA_MODIFIER, ALA_SECTION, ALASettings, ALAState, AdaptiveLocalAggregation, WithALA, blend,

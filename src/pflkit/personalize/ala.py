@@ -20,22 +20,23 @@ the statistics: the client's stored buffers are not changed by ALA.
 
 ``WithALA`` wraps any algorithm whose local initialisation overwrites a local copy with a
 downloaded model (FedALA = FedAvg + ALA; "X + ALA" of FedALA Table 4). This module registers
-the ``+ala`` name modifier and the ``fedala`` alias with the algorithm registry.
+the ``+ala`` name modifier and the ``fedala`` alias with a method registry (``pflkit.methods``
+registers them with pflkit's).
 """
 
 from __future__ import annotations
 
 import logging
+from types import FunctionType
 from typing import Any, Literal, Mapping, TypedDict
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from ..algorithms.base import (Aggregator, Algorithm, ClientSummary, Init, Payload, SentUpload, Settings, State,
-                               Trained)
+from ..algorithms.base import Algorithm, Init, Payload, Settings, State
 from ..algorithms.context import ClientContext, Metrics, PerClient, SampleBatches, StepFn, TrainSettings
-from ..algorithms.registry import Modifier, register_modifier
+from ..algorithms.registry import Modifier, Registry
 from ..functional import Params
 from ..functional.training import Batch, Net, cross_entropy
 from ..models import Units, buffer_names
@@ -115,7 +116,8 @@ def linear_head_step(h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor
 
 def closed_form_step(eta: float, num_classes: int) -> StepFn:
     """ALA's step for p = 1 on a linear head, on cached features, in closed form; written for one
-    client and for a leading client dimension alike (batched contexts call it without vmap)."""
+    client and for a leading client dimension alike (``fit(vectorized=True)``: batched contexts
+    call it without vmap)."""
     def step(value_and_grad, weights, frozen, batch, aux):  # type: ignore[no-untyped-def]
         local, delta = aux["local"], aux["delta"]
         wn, bn = list(weights)
@@ -126,7 +128,6 @@ def closed_form_step(eta: float, num_classes: int) -> StepFn:
         loss, gw, gb = linear_head_step(batch.x, target, *blended, scale=scale)
         grads = {wn: gw, bn: gb}
         return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
-    step.batch_polymorphic = True  # type: ignore[attr-defined]
     return step
 
 
@@ -147,11 +148,6 @@ def weight_statistics(weights: Params, units: Units, client_dims: int = 0) -> Me
     return out
 
 
-def as_list(value: PerClient) -> list[Any]:
-    """A per-client value as a list over the context's clients."""
-    return value.tolist() if isinstance(value, torch.Tensor) and value.dim() else [value]
-
-
 class AdaptiveLocalAggregation:
     """The ALA step for one model layout; stateless, all client state is passed in and out."""
 
@@ -166,7 +162,7 @@ class AdaptiveLocalAggregation:
     def init_state(self, downloaded: Params) -> State:
         """Weights W initialised to ones over the top p of the downloaded units (spec §1.7)."""
         _, top = self.top_units(downloaded)
-        return ALAState(weights={k: torch.ones_like(downloaded[k]) for k in top}, started=False)  # type: ignore
+        return ALAState(weights={k: torch.ones_like(downloaded[k]) for k in top}, started=torch.tensor(False))
 
     def top_units(self, received: Params | list[str]) -> tuple[int, list[str]]:
         """(index of the lowest top unit, parameter names of the top p units among the units
@@ -231,11 +227,13 @@ class AdaptiveLocalAggregation:
         """Return the initialised local model, the new ALA state and diagnostics."""
         lowest_top, top = self.top_units(received)
         if ctx.round < self.settings.start_round:  # not yet: the overwrite ALA replaces
-            return {k: received.get(k, v) for k, v in local.items()}, state, {"ala_epochs": 0}  # type: ignore
+            return ({k: received.get(k, v) for k, v in local.items()}, state,
+                    {"ala_epochs": torch.zeros(ctx.client_shape, dtype=torch.long)})
         active = ctx.differs(received, local)
+        # (a state saved by an older release holds the flag as a Python bool)
+        started = torch.as_tensor(state["started"], dtype=torch.bool, device=active.device)
         if self.settings.freeze_after_start:  # started clients keep their W: no learning, blend only
-            active = active & ~state["started"] if isinstance(active, torch.Tensor) else \
-                bool(active) and not bool(state["started"])
+            active = active & ~started
         fixed = {**local, **{k: v for k, v in received.items() if k not in top}}
         # training-mode forwards update running statistics in place: give them throwaway copies
         scratch = {**fixed, **{k: fixed[k].detach().clone() for k in buffer_names(ctx.model) if k in fixed}}
@@ -247,21 +245,22 @@ class AdaptiveLocalAggregation:
             sample = ctx.features(scratch, sample, stop=prefix)
         closed = self.closed_form(ctx.model, prefix, top)
         num_classes = local_top[top[-1]].shape[-1]
-        start_phase = dict(zip(ctx.client_ids, (not s for s in as_list(state["started"]))))
+        start_phase = dict(zip(ctx.client_ids, (~started).reshape(-1).tolist()))
 
         def stop(losses: list[float], client_id: int) -> bool:
             return not start_phase[client_id] or self.converged(losses, client_id)
 
         frozen = {k: v for k, v in scratch.items() if k not in top}
         fit = ctx.fit({**frozen, **state["weights"]}, step=self.learning_step(ctx.net, prefix, closed, num_classes),
-                      trainable=top, aux={"local": local_top, "delta": delta}, data=SampleBatches(sample),
+                      vectorized=closed, trainable=top, aux={"local": local_top, "delta": delta},
+                      data=SampleBatches(sample),
                       transform=clip_weights,
                       until=stop, max_epochs=max(self.settings.max_start_epochs, 1), active=active,
                       stage="ALA weight learning")
         weights = {k: fit.params[k] for k in top}
         with torch.no_grad():
             initialised = {**fixed, **{k: torch.addcmul(local_top[k], delta[k], weights[k]) for k in top}}
-        started = state["started"] | active
+        started = started | active
         metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss,
                             **weight_statistics(weights, self.units, len(ctx.client_shape))}
         if fit.history is not None:  # per-epoch losses (the start phase's curve, paper Fig. 3)
@@ -270,39 +269,32 @@ class AdaptiveLocalAggregation:
 
 
 class WithALA(Algorithm):
-    """``base`` with its local initialisation replaced by ALA on its configured target."""
+    """``base`` with its local initialisation replaced by ALA on its configured target.
+
+    Every hook of ``Algorithm`` that ALA does not change is the base's (delegated below, so a
+    hook added to ``Algorithm`` or overridden by an outside method is honoured too); ALA changes
+    ``receive`` (the overwrite it replaces; ``local_init`` stays ``receive`` then the base's
+    ``after_receive``), ``init_client`` (W joins the state), and adds to ``round_metrics`` and
+    ``summary_metrics``."""
 
     trains_on_receive = True
+    #: the hooks ALA changes; every other public hook is the base's
+    OWN_HOOKS = frozenset({"local_init", "receive", "init_client", "round_metrics", "summary_metrics"})
 
     def __init__(self, base: Algorithm, ala: AdaptiveLocalAggregation, display_name: str) -> None:
         super().__init__(base.settings, base.train, base.units)
         self.base = base
         self.ala = ala
+        for attribute in CLASS_SETTINGS:  # what engines and the config read off the method
+            setattr(self, attribute, getattr(base, attribute))
         self.name = display_name  # type: ignore[misc]
-        self.needs = base.needs  # type: ignore[misc]
-        self.has_global_model = base.has_global_model  # type: ignore[misc]
+        if type(base).local_init is not Algorithm.local_init:
+            raise ValueError(f"{base.name} overrides local_init, so ALA has no receive step to replace; override "
+                             "receive and after_receive instead")
         target = base.ala_target
         if target not in base.ala_targets:
             raise ValueError(f"{base.name} offers ALA targets {sorted(base.ala_targets)}, not {target!r}")
         self.payload_key, self.state_key = base.ala_targets[target]
-
-    def init_server(self, init_params: Params) -> State:
-        return self.base.init_server(init_params)
-
-    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
-        return self.base.prepare(server, clients, seed)
-
-    def downlink(self, server: State, client_id: int, round: int) -> Payload:
-        return self.base.downlink(server, client_id, round)
-
-    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        return self.base.aggregate(server, uploads, round)
-
-    def aggregator(self, server: State, round: int, total: float) -> Aggregator | None:
-        return self.base.aggregator(server, round, total)
-
-    def global_params(self, server: State) -> Params:
-        return self.base.global_params(server)
 
     def round_metrics(self, client_metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         """The base's, the most epochs a client's weight learning ran, and in the start phase each
@@ -335,17 +327,32 @@ class WithALA(Algorithm):
         initialised, ala_state, ala_metrics = self.ala(payload[self.payload_key], old_local, state["ala"], ctx)
         return {**new_state, self.state_key: initialised, "ala": ala_state}, {**metrics, **ala_metrics}
 
-    def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
-        return self.base.after_receive(payload, state, ctx)
 
-    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
-        return self.base.local_train(payload, state, ctx)
+#: class attributes of a method that a wrapper takes from its base (``name`` it sets itself)
+CLASS_SETTINGS = ("settings_class", "section", "ala_targets", "default_ala_target", "needs",
+                  "requires_full_participation", "has_global_model", "tta_base")
 
-    def eval_params(self, state: State) -> Params:
-        return self.base.eval_params(state)
 
-    def local_model(self, state: State) -> Params:
-        return self.base.local_model(state)
+def algorithm_hooks() -> list[str]:
+    """The public methods and properties of ``Algorithm``: the hooks a method may override."""
+    return [name for name, value in vars(Algorithm).items()
+            if not name.startswith("_") and isinstance(value, (FunctionType, property, staticmethod))]
+
+
+def _delegate(hook: str) -> Any:
+    if isinstance(vars(Algorithm)[hook], property):
+        return property(lambda self: getattr(self.base, hook), doc=f"The base method's ``{hook}``.")
+
+    def delegated(self: WithALA, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.base, hook)(*args, **kwargs)
+    delegated.__name__ = delegated.__qualname__ = hook
+    delegated.__doc__ = f"The base method's ``{hook}``."
+    return delegated
+
+
+for _hook in algorithm_hooks():
+    if _hook not in WithALA.OWN_HOOKS:
+        setattr(WithALA, _hook, _delegate(_hook))
 
 
 def _with_ala(base: Algorithm, settings: Settings, name: str) -> Algorithm:
@@ -360,7 +367,7 @@ ALA_MODIFIER = Modifier(suffix="+ala", section=ALA_SECTION, settings_class=ALASe
                         refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined")
 
 
-def register() -> None:
-    """Add the ``+ala`` modifier and the ``fedala`` alias (= ``fedavg+ala``) to the algorithm
-    registry (``pflkit.methods`` does; idempotent)."""
-    register_modifier(ALA_MODIFIER, aliases={"fedala": "fedavg+ala"})
+def register(registry: Registry) -> None:
+    """Add the ``+ala`` modifier and the ``fedala`` alias (= ``fedavg+ala``) to ``registry``
+    (``pflkit.methods`` does, for pflkit's registry; idempotent)."""
+    registry.register_modifier(ALA_MODIFIER, aliases={"fedala": "fedavg+ala"})

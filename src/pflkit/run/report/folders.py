@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from ...algorithms.registry import ALGORITHMS, config_sections, parse_name
+from ...methods import REGISTRY, config_sections
 from ...federation import ResultsFolder
 from ...federation.results import EXECUTION_KEYS
 from ...reporting import summarize
@@ -31,11 +31,9 @@ def one_setting(cells: Sequence[Path]) -> bool:
         names = set()
         for name in table.get("algorithms", []):
             try:
-                base, modifiers = parse_name(name)
+                names.update(REGISTRY.resolve(name).sections)
             except (KeyError, ValueError):
                 return owned  # an unknown method: every section counts
-            names.add(ALGORITHMS[base].section or base)
-            names.update(m.section for m in modifiers)
         return names
 
     def computed(table: dict[str, Any]) -> dict[str, Any]:  # without the keys that only say how a cell ran
