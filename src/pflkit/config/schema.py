@@ -1,0 +1,186 @@
+"""The config schema: the experiment's keys, its sections, and one section per method (pflkit's
+own, and those of the outside methods a config names), with the rules across keys."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
+
+from ..algorithms import Settings, TrainSettings
+from ..data import DATASETS, FILE_DATASETS, PartitionSpec
+from ..methods import REGISTRY, config_sections, parse_name
+from ..models import DEFAULT_MODEL, MODELS
+from .aliases import _named, nest
+from .errors import ConfigError
+from .sections import MetricsSettings, RunSettings, TraceSettings
+
+
+class BaseConfig(BaseModel):
+    """The experiment's identity and its sections (the per-algorithm sections are added below)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
+    paper_table: str | None = Field(None, description="the paper's cell this config reproduces, \"<table>/<column>\" "
+                                    "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours")
+    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
+                                 "and synthetic)")
+    model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
+                       "fasttext for AG News; pfllib: by its data")
+    pretrained: str | None = Field(None, description="a local state dict in torchvision's key layout (ImageNet "
+                                   "weights) to start the model from; a head of another size stays freshly "
+                                   "initialised (SosicFL Table 3: squeezenet1_1, resnet18)")
+    algorithms: list[str] = Field(default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"],
+                                  min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    partition: PartitionSpec = Field(default_factory=lambda: PartitionSpec(),
+                                     description="how the data is split over clients")
+    train: TrainSettings = Field(default_factory=lambda: TrainSettings(), description="local training")
+    run: RunSettings = Field(default_factory=lambda: RunSettings(), description="how the rounds execute")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        """The flat aliases (``lr``, ``partition``, ...) moved into their sections."""
+        if not isinstance(data, Mapping):
+            return data
+        written = (info.context or {}).get("written")
+        return nest(data, written)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if name in (".", "..") or any(c in name for c in "/\\\0") or len(name) > 100:
+            raise ValueError("must be a plain folder name (no path separators, not '.' or '..', at most 100 "
+                             "characters): it names the default results folder results/<name>-<timestamp>")
+        return name
+
+    @model_validator(mode="after")
+    def _data_dir_is_read(self) -> "BaseConfig":
+        if self.data_dir and self.dataset not in FILE_DATASETS:
+            raise ValueError(f"data_dir is set ({self.data_dir!r}) but dataset = {self.dataset!r} reads no files "
+                             f"(it is built in); set the dataset that lives there (e.g. dataset=mnist), or drop "
+                             "data_dir")
+        return self
+
+    @field_validator("paper_table")
+    @classmethod
+    def _paper_table_form(cls, name: str | None) -> str | None:
+        # which tables exist is the reporting layer's knowledge: `pflkit run`, `sweep` and `report`
+        # check the name against it before anything runs
+        if name is not None and not re.fullmatch(r"[^/\s]+/[^/\s]+", name):
+            raise ValueError(f"must be \"<table>/<column>\" (e.g. fedala-table2/cifar10-dir0.1), got {name!r}")
+        return name
+
+    @field_validator("algorithms")
+    @classmethod
+    def _known_algorithms(cls, names: list[str]) -> list[str]:
+        for name in names:
+            parse_name(name)
+        if len(set(names)) != len(names):
+            raise ValueError("algorithms contains duplicates")
+        return names
+
+    @model_validator(mode="after")
+    def _full_participation(self, info: ValidationInfo) -> "BaseConfig":
+        for name in self.algorithms:
+            if REGISTRY.method_class(name).requires_full_participation and self.run.join_ratio < 1:
+                raise ValueError(f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
+                                 f"{_named(info, 'run', 'join_ratio')} must be 1, got {self.run.join_ratio}")
+        return self
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError("seeds contains duplicates")
+        return seeds
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        if name != "auto" and name not in MODELS:
+            raise ValueError(f"unknown model; available: auto, {', '.join(sorted(MODELS))}")
+        return name
+
+    metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(),
+                                     description="optional, costly metrics")
+    trace: TraceSettings = Field(default_factory=lambda: TraceSettings(), description="models saved per round")
+
+    @model_validator(mode="after")
+    def _traced_clients_exist(self, info: ValidationInfo) -> "BaseConfig":
+        clients = self.partition.num_clients
+        wrong = [c for c in self.trace.clients if not 0 <= c < clients]
+        if wrong:
+            raise ValueError(f"trace.clients {wrong} are not clients of this run (ids 0..{clients - 1}, "
+                             f"{_named(info, 'partition', 'num_clients')} = {clients})")
+        return self
+
+    @model_validator(mode="after")
+    def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> "BaseConfig":
+        if self.metrics.adaptability and not self.partition.official:
+            raise ValueError("metrics.adaptability scores local models on the global test set: it needs "
+                             f"{_named(info, 'partition', 'test_set')} = \"official\"")
+        return self
+
+    @model_validator(mode="after")
+    def _official_needs_a_pool(self, info: ValidationInfo) -> "BaseConfig":
+        if self.partition.official and self.dataset == "pfllib":
+            key = _named(info, "partition", "test_set")
+            raise ValueError(f"{key} = \"official\" needs the dataset's official test split, and a PFLlib "
+                             f"folder holds only per-client splits: use {key} = \"client_split\" or a dataset")
+        return self
+
+    @model_validator(mode="after")
+    def _dataset_needs(self) -> "BaseConfig":
+        if self.dataset in FILE_DATASETS and not self.data_dir:
+            hint = "" if self.dataset == "pfllib" else \
+                f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"
+            raise ValueError(f"dataset {self.dataset!r} needs data_dir: a folder with "
+                             f"{FILE_DATASETS[self.dataset]}{hint}")
+        return self
+
+    @property
+    def resolved_model(self) -> str:
+        """The model name; ``auto`` on pfllib depends on the data: use :meth:`model_for` there."""
+        if self.model != "auto":
+            return self.model
+        if self.dataset not in DEFAULT_MODEL:
+            raise ConfigError(f"model=auto for dataset {self.dataset!r} depends on its data: use model_for")
+        return DEFAULT_MODEL[self.dataset]
+
+    def model_for(self, input_shape: tuple[int, ...]) -> str:
+        """The model for samples of ``input_shape``: pfllib + auto picks fedavg_cnn (images) or fasttext (ids)."""
+        if self.model == "auto" and self.dataset == "pfllib":
+            return "fedavg_cnn" if len(input_shape) == 3 else "fasttext"
+        return self.resolved_model
+
+    def algorithm_sections(self) -> dict[str, Settings]:
+        """Every method section of this config (pflkit's and those of its outside methods)."""
+        return {name: getattr(self, name) for name in config_sections(self.algorithms)}
+
+
+_MODELS: dict[tuple[tuple[str, type[Settings]], ...], type[BaseConfig]] = {}
+
+
+def config_model(algorithms: Any = ()) -> type[BaseConfig]:
+    """The config schema: the experiment's keys and one section per method, pflkit's own and those
+    of the outside methods (dotted paths, entry points) named in ``algorithms``; names that do not
+    resolve are left to the validation's message."""
+    outside = {}
+    for name in algorithms if isinstance(algorithms, (list, tuple)) else ():
+        try:
+            resolved = REGISTRY.resolve(name) if isinstance(name, str) else None
+        except ValueError:
+            continue
+        if resolved is not None and resolved.external:
+            outside[resolved.cls.section or resolved.cls.name] = resolved.cls.settings_class
+    key = tuple(sorted(outside.items(), key=lambda item: item[0]))
+    if key not in _MODELS:
+        sections = {**config_sections(), **outside}
+        fields: dict[str, Any] = {name: (cls, cls()) for name, cls in sections.items()}
+        _MODELS[key] = create_model("ExperimentConfig", __base__=BaseConfig, **fields)  # type: ignore[call-overload]
+    return _MODELS[key]
