@@ -76,13 +76,3 @@ def test_plateau_settings_are_checked():
         load_config(None, ["plateau_evaluations=0"])
     with pytest.raises(Exception, match="plateau_metric"):
         load_config(None, ["plateau_metric=loss"])
-
-
-def test_flower_refuses_the_plateau_rule():
-    from pflkit.config import ConfigError
-    from pflkit.flower.server import check_flower_config
-
-    with pytest.raises(ConfigError, match="plateau_evaluations runs in the simulator only"):
-        check_flower_config(load_config(None, ["plateau_evaluations=5"]))
-    with pytest.raises(ConfigError, match="plateau_evaluations runs in the simulator only"):
-        check_flower_config(load_config(None, ["plateau_evaluations=5"]), simulation=True)

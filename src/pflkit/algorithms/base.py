@@ -20,7 +20,7 @@ metrics; values are numbers (one client) or [K] tensors (batched).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Protocol, TypedDict
+from typing import Any, ClassVar, Literal, Mapping, Protocol, TypedDict
 
 import numpy as np
 import torch
@@ -135,6 +135,8 @@ class Algorithm:
         never trains a head; local training has none); global-test metrics skip such methods.
       tta_base: the method whose best accuracy sets this one's time-to-accuracy target when both
         run together (SosicFL: FedAvg; SosicFL+: Ditto).
+      metric_reductions: how a round's record reduces a client metric over the clients, where
+        not the mean (``{"ala_epochs": "max"}``).
     """
 
     name: ClassVar[str] = ""
@@ -147,6 +149,9 @@ class Algorithm:
     trains_on_receive: ClassVar[bool] = False
     has_global_model: ClassVar[bool] = True
     tta_base: ClassVar[str | None] = None  # the method its time-to-accuracy is measured against
+    #: how a round's record reduces each of the method's numeric client metrics over the clients
+    #: (default: the mean, NaN values left out)
+    metric_reductions: ClassVar[Mapping[str, Literal["mean", "sum", "max", "min"]]] = {}
 
     def __init__(self, settings: Settings, train: TrainSettings, units: Units) -> None:
         self.settings = settings

@@ -15,6 +15,11 @@ from ..models import Units
 from .client import SingleClientContext
 
 
+#: The wall times every client result carries, which a round's record sums over its clients
+#: (every other numeric client metric is averaged unless its method says otherwise).
+CLIENT_TIMINGS = {"init_seconds": "sum", "eval_seconds": "sum", "train_seconds": "sum"}
+
+
 @dataclass
 class ClientJob:
     """One client's part of a round: its payload and state (None on Flower's server side, or until

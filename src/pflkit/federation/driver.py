@@ -20,13 +20,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import torch
 
 from ..algorithms.base import ROUND_INFO, Aggregator, Algorithm, ClientSummary, SentUpload, State
-from ..engines.base import ClientJob, ClientResult
+from ..engines.base import CLIENT_TIMINGS, ClientJob, ClientResult
 from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
 from .state_store import ClientStore, MemoryStateStore
@@ -49,7 +49,19 @@ class RunState:
 
 
 class Callback(Protocol):
+    """Watches every record of a run (checkpoints, metrics.jsonl, progress, trackers)."""
+
     def on_record(self, state: RunState, record: dict[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class StopRule(Protocol):
+    """A callback that may end a run's training before its ``rounds``: asked before each training
+    round; a reason (``"plateau"``) ends training, and the final evaluation's record says it."""
+
+    def on_record(self, state: RunState, record: dict[str, Any]) -> None: ...
+
+    def stop_reason(self, state: RunState) -> str | None: ...
 
 
 @dataclass
@@ -65,6 +77,7 @@ class RoundPlan:
     global_metrics: dict[str, Any] = field(default_factory=dict)  # the global model before this round
     # clients evaluated without training (``evaluate_all``): their states are discarded
     eval_jobs: list[ClientJob] = field(default_factory=list)
+    stopped: str | None = None  # the final pass of a run whose training a stop rule ended: why
 
 
 def sample_clients(seed: int, round: int, num_clients: int, join_ratio: float) -> list[int]:
@@ -84,7 +97,8 @@ def should_evaluate(r: int, rounds: int, eval_every: int) -> bool:
 class Plateau:
     """The convergence rule of a run that stops before its ``rounds`` (then only a cap): the best
     ``metric`` has not improved by more than ``points`` percentage points over the last
-    ``evaluations`` evaluations, judged from the evaluation of round ``not_before`` on."""
+    ``evaluations`` evaluations, judged from the evaluation of round ``not_before`` on. A
+    ``StopRule``: a session with it among its callbacks ends training once it is reached."""
 
     evaluations: int
     points: float = 0.1
@@ -99,6 +113,12 @@ class Plateau:
         if len(values) <= self.evaluations:
             return False
         return max(values) - max(values[:-self.evaluations]) <= self.points / 100
+
+    def on_record(self, state: RunState, record: dict[str, Any]) -> None:
+        pass
+
+    def stop_reason(self, state: RunState) -> str | None:
+        return "plateau" if self.reached(state.history) else None
 
 
 def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False) -> dict[str, Any]:
@@ -121,10 +141,16 @@ def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False
     }
 
 
-def training_metrics(round: int, results: Sequence[ClientResult], seconds: float) -> dict[str, Any]:
-    """Round wall time, sample-weighted train loss and per-client diagnostics of one round
-    (client means, ignoring clients for which a diagnostic is NaN; sums for ``*_seconds``); what
+_REDUCE = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
+
+
+def training_metrics(round: int, results: Sequence[ClientResult], seconds: float,
+                     reductions: Mapping[str, str] = {}) -> dict[str, Any]:
+    """Round wall time, sample-weighted train loss and per-client diagnostics of one round, each
+    reduced over the clients for which it is not NaN as ``reductions`` says (the engines' wall
+    times ``CLIENT_TIMINGS`` summed, a method's own ``metric_reductions``; default the mean); what
     else a method reports of its round comes from its ``Algorithm.round_metrics``."""
+    reductions = {**CLIENT_TIMINGS, **reductions}
     weights = np.array([r.upload["num_samples"] for r in results if r.upload is not None], dtype=float)
     losses = np.array([r.metrics.get("train_loss", np.nan) for r in results], dtype=float)
     out: dict[str, Any] = {"train_round": round, "seconds": seconds,
@@ -135,7 +161,7 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
         values = values[~np.isnan(values)]
         if not len(values):
             continue
-        out[key] = float(values.sum() if key.endswith("_seconds") else values.mean())
+        out[key] = float(_REDUCE[reductions.get(key, "mean")](values))
     return out
 
 
@@ -225,8 +251,8 @@ class OpenRound:
         results = [r for r in results if r.client_id in self.participants]  # eval-only clients change nothing
         if not plan.train:
             record = driver._record(state, state.rounds_done, evaluated, plan)
-            if state.rounds_done < driver.rounds:
-                record["stopped"] = "plateau"
+            if plan.stopped is not None:
+                record["stopped"] = plan.stopped
             # the final evaluation pass is waited for too (and may run ALA's start phase first)
             record["final_pass_seconds"] = time.perf_counter() - plan.started
             init = [r.metrics["init_seconds"] for r in results if "init_seconds" in r.metrics]
@@ -247,7 +273,8 @@ class OpenRound:
                                                       plan.round)
         info = state.server.pop(ROUND_INFO, None)  # what the server rule reports (FedACD's weights)
         record = driver._record(state, plan.round - 1, evaluated, plan)
-        state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started)
+        state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started,
+                                         driver.algorithm.metric_reductions)
         state.pending.update(driver.algorithm.round_metrics({r.client_id: r.metrics for r in results}))
         if info:
             state.pending.update(info)
@@ -268,12 +295,11 @@ class RoundDriver:
 
     def __init__(self, algorithm: Algorithm, *, num_clients: int, seed: int, rounds: int, join_ratio: float,
                  eval_every: int, global_evaluation: GlobalEvaluation | None = None,
-                 local_test: bool = False, evaluate_all: bool = False, plateau: Plateau | None = None) -> None:
+                 local_test: bool = False, evaluate_all: bool = False) -> None:
         """``global_evaluation`` scores the global model of every evaluated round on the global
         test set (algorithms with a global model); ``local_test``: clients are scored on local
         test sets (the official protocol) and records carry ``local_accuracy``; ``evaluate_all``:
-        every client is scored at each evaluation, participants or not (SosicFL's protocol);
-        ``plateau``: stop training once it is reached (``rounds`` is then the cap)."""
+        every client is scored at each evaluation, participants or not (SosicFL's protocol)."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.seed = seed
@@ -283,7 +309,6 @@ class RoundDriver:
         self.global_evaluation = global_evaluation if algorithm.has_global_model else None
         self.local_test = local_test
         self.evaluate_all = evaluate_all
-        self.plateau = plateau
 
     def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True,
               store: ClientStore | None = None) -> RunState:
@@ -301,13 +326,14 @@ class RoundDriver:
             clients = MemoryStateStore()
         return RunState(algorithm=alg.name, seed=self.seed, rounds_done=0, server=server, clients=clients)
 
-    def next_plan(self, state: RunState) -> RoundPlan | None:
-        """The next training round, the final evaluation after the last one, or None when done."""
+    def next_plan(self, state: RunState, stopped: str | None = None) -> RoundPlan | None:
+        """The next training round, the final evaluation after the last one (or once a stop rule
+        gave the reason ``stopped``), or None when done."""
         if state.done:
             return None
-        if state.rounds_done < self.rounds and not (self.plateau and self.plateau.reached(state.history)):
+        if state.rounds_done < self.rounds and stopped is None:
             return self.plan(state, state.rounds_done + 1)
-        return self.plan_final(state)
+        return self.plan_final(state, stopped if state.rounds_done < self.rounds else None)
 
     def plan(self, state: RunState, t: int) -> RoundPlan:
         """Training round ``t``: sampled clients with their payloads and states; it also
@@ -320,12 +346,14 @@ class RoundDriver:
             plan.eval_jobs = self._jobs(state, others, t, True, False)
         return self._scored(state, plan)
 
-    def plan_final(self, state: RunState) -> RoundPlan:
-        """The evaluation of round T: local initialisation and evaluation, no training."""
+    def plan_final(self, state: RunState, stopped: str | None = None) -> RoundPlan:
+        """The evaluation of the last trained round: local initialisation and evaluation, no
+        training (``stopped``: why training ended before ``rounds``)."""
         final = state.rounds_done + 1
         selected = (list(range(self.num_clients)) if self.evaluate_all
                     else sample_clients(self.seed, final, self.num_clients, self.join_ratio))
-        return self._scored(state, RoundPlan(final, self._jobs(state, selected, final, True, False), True, False))
+        plan = RoundPlan(final, self._jobs(state, selected, final, True, False), True, False, stopped=stopped)
+        return self._scored(state, plan)
 
     def _scored(self, state: RunState, plan: RoundPlan) -> RoundPlan:
         """The plan with the global model of the evaluated round scored on the global test set."""

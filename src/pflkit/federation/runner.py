@@ -112,7 +112,7 @@ def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor,
     driver = RoundDriver(algorithm, num_clients=config.partition.num_clients, seed=seed, rounds=config.train.rounds,
                          join_ratio=config.run.join_ratio, eval_every=config.run.eval_every,
                          global_evaluation=setup.global_evaluation, local_test=config.partition.official,
-                         evaluate_all=config.run.eval_all_clients, plateau=plateau_rule(config, algorithm))
+                         evaluate_all=config.run.eval_all_clients)
     store = None
     if config.run.state_store == "disk" and executor.keeps_client_states:
         store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
@@ -122,10 +122,13 @@ def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor,
 
 def outputs(config: BaseConfig, results: ResultsFolder, executor: Executor, name: str, algorithm: Algorithm,
             seed: int, bar: Any) -> list[Callback]:
-    """What watches a run's records: its checkpoints, metrics.jsonl, the progress bar, and the
-    configured traces and trackers."""
+    """What watches a run's records: its checkpoints, metrics.jsonl, the progress bar, the
+    configured traces and trackers, and the plateau rule that may end it."""
     callbacks: list[Callback] = [Checkpointer(results.checkpoint_path(name, seed), config.run.checkpoint_every),
                                  MetricsWriter(results), ProgressBar(bar)]
+    rule = plateau_rule(config, algorithm)
+    if rule is not None:
+        callbacks.append(rule)
     if config.trace.clients and executor.keeps_client_states:
         callbacks.append(TraceWriter(results.root / "trace", algorithm, config.trace.clients))
     if config.run.tracker == "tensorboard":

@@ -25,7 +25,7 @@ from ..algorithms import ClientSummary
 from ..engines.base import ClientJob, ClientResult, Engine, RoundSetup
 from ..functional import Params
 from .checkpoint import load_checkpoint
-from .driver import Callback, RoundDriver, RoundPlan, RunState
+from .driver import Callback, RoundDriver, RoundPlan, RunState, StopRule
 from .state_store import ClientStore
 
 Execute = Callable[[list[ClientJob], int], Iterable[ClientResult]]
@@ -38,7 +38,8 @@ def on_engine(engine: Engine, setup: RoundSetup) -> Execute:
 
 
 class RunSession:
-    """One run: ``driver`` plans and finishes its rounds on ``state``; ``callbacks`` see every record."""
+    """One run: ``driver`` plans and finishes its rounds on ``state``; ``callbacks`` see every
+    record, and those that are ``StopRule``s may end training early."""
 
     def __init__(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback] = (),
                  sizes: Mapping[int, int] | None = None) -> None:
@@ -68,9 +69,21 @@ class RunSession:
     def done(self) -> bool:
         return self.state.done
 
+    def stop_reason(self) -> str | None:
+        """Why a stop rule among the callbacks ends training now (the first that does), or None."""
+        for callback in self.callbacks:
+            if isinstance(callback, StopRule) and (reason := callback.stop_reason(self.state)) is not None:
+                return reason
+        return None
+
+    def training_over(self) -> bool:
+        """Whether the next round is the final evaluation: every round trained, or a stop rule says so."""
+        return not self.state.done and (self.state.rounds_done >= self.driver.rounds or self.stop_reason() is not None)
+
     def next_plan(self) -> RoundPlan | None:
-        """The next training round, the final evaluation after the last one, or None when done."""
-        return self.driver.next_plan(self.state)
+        """The next training round, the final evaluation after the last one (or once a stop rule
+        ends training), or None when done."""
+        return self.driver.next_plan(self.state, self.stop_reason())
 
     def finish(self, plan: RoundPlan, results: Sequence[ClientResult]) -> dict[str, Any]:
         """Hand a round's results to the driver and its record to every callback."""

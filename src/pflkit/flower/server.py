@@ -68,9 +68,6 @@ def check_flower_config(config: BaseConfig, simulation: bool = False) -> None:
     if config.trace.clients:
         raise ConfigError("trace.clients runs in the simulator only: on Flower the client models stay on the "
                           "nodes; set trace.clients = []")
-    if config.run.plateau_evaluations is not None:
-        raise ConfigError("plateau_evaluations runs in the simulator only: Flower's loop runs its rounds; "
-                          "leave plateau_evaluations unset")
     if config.run.state_store == "disk" and not simulation:
         raise ConfigError("state_store = \"disk\" runs in the simulator and on Flower's Simulation Engine only: in "
                           "a deployment each node keeps its own client's state (its node config's state-dir); "

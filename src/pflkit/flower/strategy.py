@@ -3,8 +3,8 @@
 Flower's ``Strategy.start`` drives the rounds; this strategy fills its hooks with the round
 driver's plan and finish (``pflkit.federation.driver``): ``configure_train`` sends each planned
 client its own payload, ``aggregate_train`` hands the replies to the driver, which aggregates
-and records them; after the last round ``configure_evaluate`` sends the final evaluation-only
-plan. Rounds done before a restart (restored from the checkpoint) are skipped. The ``arrays``
+and records them; after the last round, or once a stop rule (the plateau rule) ends training,
+``configure_evaluate`` sends the final evaluation-only plan and Flower's remaining rounds send nothing. Rounds done before a restart (restored from the checkpoint) are skipped. The ``arrays``
 argument Flower passes around is not used: the server state lives in the run state.
 """
 
@@ -67,24 +67,29 @@ class PflkitStrategy(Strategy):
                         grid: Grid) -> Iterable[Message]:
         if server_round <= self.state.rounds_done:  # done before a restart (restored from the checkpoint)
             return []
+        if self.state.done or self.session.training_over():  # a stop rule ended training: Flower's rounds idle
+            return []
         return self._messages(self.driver.plan(self.state, server_round), MessageType.TRAIN)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        if server_round <= self.state.rounds_done:
-            return None, None
+        if self._plan is None or not self._plan.train or self._plan.round != server_round:
+            return None, None  # nothing was sent this round
         self._finish(replies, train=True)
         arrays = ArrayRecord(torch_state_dict=self.driver.algorithm.global_params(self.state.server))
         return arrays, MetricRecord({"train_loss": self.state.pending["train_loss"]})  # type: ignore[index]
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
-        if server_round != self.driver.rounds or self.state.done:
+        if server_round < self.state.rounds_done or not self.session.training_over():
             return []
-        return self._messages(self.driver.plan_final(self.state), MessageType.EVALUATE)
+        plan = self.session.next_plan()  # the final evaluation (after the last round, or a stop rule's)
+        if plan is None or plan.train:
+            return []
+        return self._messages(plan, MessageType.EVALUATE)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        if server_round != self.driver.rounds or self.state.done:
+        if self._plan is None or self._plan.train or self.state.done:
             return None
         record = self._finish(replies, train=False)
         return MetricRecord({"accuracy": record["accuracy"]})

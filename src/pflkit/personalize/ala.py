@@ -330,7 +330,7 @@ class WithALA(Algorithm):
 
 #: class attributes of a method that a wrapper takes from its base (``name`` it sets itself)
 CLASS_SETTINGS = ("settings_class", "section", "ala_targets", "default_ala_target", "needs",
-                  "requires_full_participation", "has_global_model", "tta_base")
+                  "requires_full_participation", "has_global_model", "tta_base", "metric_reductions")
 
 
 def algorithm_hooks() -> list[str]:
