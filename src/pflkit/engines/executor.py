@@ -7,8 +7,8 @@ results back per client. The engines are this executor with other numbers:
 
 * ``loop``: groups of one, one after another (the reference);
 * ``parallel``: groups of one spread over worker threads (largest first, so the idle tail of a
-  round is at most one client's work), and for algorithms whose ``receive`` trains (ALA) that
-  step first on batched groups of ``receive_chunk`` clients, since its many tiny steps would
+  round is at most one client's work), and for algorithms whose ``receive`` trains
+  (``Algorithm.trains_on_receive``) that step first on batched groups of ``receive_chunk`` clients, since its many tiny steps would
   serialise on Python's GIL (a wave of clients at a time, received then trained);
 * ``vmap``: batched groups of ``chunk_size`` clients (made for GPUs).
 
@@ -147,7 +147,7 @@ class ClientExecutor:
     def _group_results(self, setup: RoundSetup, jobs: list[ClientJob],
                        round: int) -> Iterator[tuple[list[int], list[ClientResult]]]:
         """(job positions, results) group by group. Where the ``receive`` step runs batched first
-        (ALA on the parallel engine), the round goes in waves of ``wave`` clients (whole receive
+        (``trains_on_receive`` on the parallel engine), the round goes in waves of ``wave`` clients (whole receive
         chunks, in size order): each wave is received, then trained, so only a wave's received
         states are held; the chunks and groups are those of one wave over the whole round."""
         receives = self._receives_first(setup)

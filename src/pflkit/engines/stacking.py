@@ -11,7 +11,7 @@ def stack(items: list[Any], device: torch.device | str | None = None) -> Any:
     """Stack a list of like-structured values onto ``device`` (None: where they are); one shared
     tensor object is expanded, not copied.
 
-    Client states keep Python scalars (ALA's ``started`` flag) and small CPU tensors; stacked, they
+    Client states may keep Python scalars (flags, counts) and small CPU tensors; stacked, they
     meet the batched computation's tensors, so they must land on its device."""
     first = items[0]
     if isinstance(first, torch.Tensor):
