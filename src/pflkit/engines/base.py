@@ -48,7 +48,7 @@ class ClientResult:
 
 #: A metric of every participant's trained local model, computed where the client trains, after
 #: training: ``metric(setup, client_id, params) -> {name: JSON value}``, merged into the client's
-#: metrics (FedACD's adaptability metrics are one: ``pflkit.federation.evaluation``).
+#: metrics (``pflkit.federation.evaluation.AdaptabilityMetrics`` is one).
 LocalModelMetric = Callable[["RoundSetup", int, Params], dict[str, Any]]
 
 
