@@ -35,7 +35,7 @@ import torch
 from pydantic import Field
 
 from ..algorithms.base import Algorithm, Init, Payload, Settings, State
-from ..algorithms.context import ClientContext, Metrics, PerClient, SampleBatches, StepFn, TrainSettings
+from ..algorithms.context import ClientContext, Metrics, SampleBatches, StepFn, TrainSettings
 from ..algorithms.registry import Modifier, Registry
 from ..functional import Params
 from ..functional.training import Batch, Net, cross_entropy
@@ -73,7 +73,7 @@ class ALAState(TypedDict):
     """A client's ALA state: its weights W over the top units and whether it started."""
 
     weights: Params
-    started: PerClient
+    started: bool | torch.Tensor
 
 
 def blend(local: Params, received: Params, weights: Params) -> Params:
@@ -162,7 +162,8 @@ class AdaptiveLocalAggregation:
     def init_state(self, downloaded: Params) -> State:
         """Weights W initialised to ones over the top p of the downloaded units (spec §1.7)."""
         _, top = self.top_units(downloaded)
-        return ALAState(weights={k: torch.ones_like(downloaded[k]) for k in top}, started=torch.tensor(False))
+        # stored as a Python flag (a batched context stacks the flags, and every context splits them back)
+        return ALAState(weights={k: torch.ones_like(downloaded[k]) for k in top}, started=False)
 
     def top_units(self, received: Params | list[str]) -> tuple[int, list[str]]:
         """(index of the lowest top unit, parameter names of the top p units among the units
@@ -230,7 +231,7 @@ class AdaptiveLocalAggregation:
             return ({k: received.get(k, v) for k, v in local.items()}, state,
                     {"ala_epochs": torch.zeros(ctx.client_shape, dtype=torch.long)})
         active = ctx.differs(received, local)
-        # (a state saved by an older release holds the flag as a Python bool)
+        # per client, whether its start phase is over (the stored flag, or the batched context's stack of them)
         started = torch.as_tensor(state["started"], dtype=torch.bool, device=active.device)
         if self.settings.freeze_after_start:  # started clients keep their W: no learning, blend only
             active = active & ~started
