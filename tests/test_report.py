@@ -331,7 +331,7 @@ def test_an_unfinished_cells_best_so_far_is_on_the_plateau_metric(tmp_path) -> N
     """A table whose runs stop on the global accuracy (SosicFL's protocol) lists an unfinished cell's
     best global accuracy so far, named, not its local one."""
     config = load_config(None, ["num_clients=4", "rounds=6", 'algorithms=["fedavg"]', "seeds=[0]",
-                                "plateau_evaluations=2", 'plateau_metric="global_accuracy"'])
+                                "plateau_evaluations=2", 'plateau_metric="global_accuracy"', "test_set=official"])
     finished = tmp_path / "table" / "algorithms=fedavg,seeds=0"
     run_experiment(config, finished, progress=False, echo=lambda s: None)
     unfinished = tmp_path / "table" / "algorithms=sosicfl,seeds=0"

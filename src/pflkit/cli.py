@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import logging
 import re
@@ -44,6 +45,17 @@ def _split(args: tuple[str, ...]) -> tuple[str | None, list[str]]:
 # What bad input raises (configs, data files, partitions, NaN losses, folders): reported as one
 # "error: ..." line and exit status 2; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, RuntimeError, OSError, FloatingPointError)
+
+
+def check_writable_file(path: Path) -> None:
+    """OSError naming ``path`` unless a file can be written there (checked before any work)."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give a file name for the report")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} does not exist: create it first, or write the report elsewhere")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise PermissionError(f"{path} cannot be written (no permission)")
 
 
 def fail(exc: BaseException) -> None:
@@ -143,8 +155,9 @@ def config(args: tuple[str, ...], keys: bool) -> None:
 @click.option("--clients", default="20", show_default=True, help="comma-separated client counts")
 @click.option("--engines", default="loop,parallel", show_default=True, help="comma-separated engines")
 @click.option("--algorithms", "algos", default="fedavg,fedala", show_default=True)
-@click.option("--rounds", default=4, show_default=True, help="rounds per engine (round 2 = ALA start phase)")
-@click.option("--workers", type=int, default=None, help="parallel engine workers (default: all cores)")
+@click.option("--rounds", type=click.IntRange(min=1), default=4, show_default=True,
+              help="rounds per engine (round 2 = ALA start phase)")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="parallel engine workers (default: all cores)")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--test-set", type=click.Choice(["client_split", "official"]), default="client_split",
               show_default=True, help="official: also time the global model's evaluation on the official test set")
@@ -153,7 +166,7 @@ def config(args: tuple[str, ...], keys: bool) -> None:
 @click.option("--scale", is_flag=True, help="client-count scaling at a fixed total of samples: s/round, per-client "
               "overhead, peak memory and state bytes on disk per client count (defaults: --clients "
               "100,1000,10000 --engines parallel,vmap --rounds 3)")
-@click.option("--participants", default=1000, show_default=True,
+@click.option("--participants", type=click.IntRange(min=1), default=1000, show_default=True,
               help="--scale: clients trained per round at most (more clients: that many sampled)")
 def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: int, workers: int | None,
           device: str, test_set: str, out: Path, scale: bool, participants: int) -> None:
@@ -169,6 +182,15 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
         counts = [int(c) for c in clients.split(",")]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+    if min(counts) < 1:
+        raise click.BadParameter(f"client counts must be at least 1, got {clients!r}", param_hint="--clients")
+    try:  # before minutes of work: the device exists and the report can be written
+        from .federation.setup import resolve_device
+
+        resolve_device(device)
+        check_writable_file(out)
+    except USER_ERRORS as exc:
+        fail(exc)
     unknown = sorted(set(engines.split(",")) - {"loop", "parallel", "vmap"})
     if unknown:
         raise click.BadParameter(f"unknown engine(s) {', '.join(unknown)}; choose from loop, parallel, vmap",
@@ -317,7 +339,15 @@ def plot_ala_command(run: Path, seed: int | None, client: int | None) -> None:
         if not results.metrics_path.is_file():
             raise ValueError(f"{run} is not a results folder (no metrics.jsonl)")
         records = results.records()
+        seeds = sorted({int(r["seed"]) for r in records})
         chosen = seed if seed is not None else (records[0]["seed"] if records else 0)
+        if records and chosen not in seeds:
+            raise ValueError(f"{run} holds no records of seed {chosen}; its seeds: {', '.join(map(str, seeds))}")
+        if client is not None:
+            clients = results.config_table().get("partition", {}).get("num_clients")
+            if not isinstance(clients, int) or not 0 <= client < clients:
+                raise ValueError(f"--client {client} is not a client of {run} (its clients: 0..{clients - 1})"
+                                 if isinstance(clients, int) else f"{run}'s config names no client count")
         histories: dict[str, list] = {}
         for record in records:
             if record["seed"] == chosen:

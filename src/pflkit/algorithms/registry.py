@@ -92,12 +92,16 @@ class Registry:
     # ---- looking up -------------------------------------------------------------------------
     def resolve(self, name: str) -> Resolved:
         """``"fedprox+ala"`` -> FedProx with the ALA modifier; ValueError naming the problem."""
-        full = self.aliases.get(name, name)
-        base, modifiers = full, []
+        base, modifiers = self.aliases.get(name, name), []
         while True:
             found = next((m for s, m in self.modifiers.items() if base.endswith(s) and len(base) > len(s)), None)
             if found is None:
+                if base in self.aliases:  # an alias that is itself modified (fedala+ala)
+                    base = self.aliases[base]
+                    continue
                 break
+            if found in modifiers:
+                raise ValueError(f"{name!r} applies {found.suffix} twice; a modifier applies once")
             modifiers.insert(0, found)
             base = base[: -len(found.suffix)]
         cls, external = self._base_class(name, base)

@@ -53,9 +53,11 @@ class BaseConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, name: str) -> str:
-        if name in (".", "..") or any(c in name for c in "/\\\0") or len(name) > 100:
-            raise ValueError("must be a plain folder name (no path separators, not '.' or '..', at most 100 "
-                             "characters): it names the default results folder results/<name>-<timestamp>")
+        if (name in (".", "..") or any(c in name for c in "/\\\0") or len(name) > 100
+                or any(not c.isprintable() for c in name)):
+            raise ValueError("must be a plain folder name (no path separators or control characters such as a "
+                             "newline, not '.' or '..', at most 100 characters): it names the default results "
+                             "folder results/<name>-<timestamp>")
         return name
 
     @model_validator(mode="after")
@@ -124,6 +126,16 @@ class BaseConfig(BaseModel):
         if self.metrics.adaptability and not self.partition.official:
             raise ValueError("metrics.adaptability scores local models on the global test set: it needs "
                              f"{_named(info, 'partition', 'test_set')} = \"official\"")
+        return self
+
+    @model_validator(mode="after")
+    def _plateau_metric_is_recorded(self, info: ValidationInfo) -> "BaseConfig":
+        metric = self.run.plateau_metric
+        if self.run.plateau_evaluations is not None and metric != "accuracy" and not self.partition.official:
+            raise ValueError(f"{_named(info, 'run', 'plateau_metric')} = {metric!r} is recorded only under "
+                             f"{_named(info, 'partition', 'test_set')} = \"official\" (the global test set), so the "
+                             "plateau rule would never fire: use test_set = \"official\" or plateau_metric = "
+                             "\"accuracy\"")
         return self
 
     @model_validator(mode="after")

@@ -45,7 +45,8 @@ class RunSettings(BaseModel):
         "many clients batched with torch.func (for GPUs); auto: vmap on CUDA, parallel on CPU")
     workers: int | None = Field(None, ge=1, description="parallel engine workers (default: all cores)")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
-    threads: int = Field(1, ge=1, description="torch intra-op threads per worker (set explicitly; see docs)")
+    threads: int = Field(1, ge=1, le=1024, description="torch intra-op threads per worker (set explicitly; see "
+                         "docs)")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
     state_store: Literal["memory", "disk"] = Field(
         "memory", description="where clients' states live between rounds: memory, or disk (one file per client "

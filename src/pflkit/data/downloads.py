@@ -2,7 +2,7 @@
 
 Archives are checked against their official md5 sums; the AG News CSVs have no
 published checksum, so they are checked by parsing them (and by row count).
-Everything already present is skipped.
+Files already present are checked the same way, not fetched again.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Callable
 
 from pflkit.data.cifar import CIFAR
 from pflkit.data.errors import DataError
-from pflkit.data.fetch import fetch, md5_check
+from pflkit.data.fetch import check_present, fetch, md5_check
 from pflkit.data.sources import download_mnist
 
 __all__ = ["DOWNLOADS", "download", "download_agnews", "download_cifar10", "download_cifar100",
@@ -33,7 +33,9 @@ def _download_cifar(name: str, data_dir: str | Path) -> Path:
     data_dir = Path(data_dir)
     layout = CIFAR[name]
     archive = data_dir / layout.archive
-    if not (data_dir / layout.folder).is_dir() and not archive.is_file():
+    if archive.is_file():
+        check_present(archive, md5_check(_CIFAR_MD5[name]))
+    elif not (data_dir / layout.folder).is_dir():
         fetch([_CIFAR_URL + layout.archive], archive, md5_check(_CIFAR_MD5[name]))
     return data_dir
 
@@ -59,7 +61,9 @@ def download_tiny_imagenet(data_dir: str | Path) -> Path:
     if (target / "wnids.txt").is_file():
         return data_dir
     archive = data_dir / "tiny-imagenet-200.zip"
-    if not archive.is_file():
+    if archive.is_file():
+        check_present(archive, md5_check(_TINY_MD5))
+    else:
         fetch([_TINY_URL], archive, md5_check(_TINY_MD5), timeout=120)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-imagenet-200.", dir=data_dir))
     try:
@@ -93,7 +97,9 @@ def download_agnews(data_dir: str | Path) -> Path:
     """Fetch the AG News ``train.csv`` and ``test.csv`` into ``data_dir``; return ``data_dir``."""
     data_dir = Path(data_dir)
     for filename in _AGNEWS_ROWS:
-        if not (data_dir / filename).is_file():
+        if (data_dir / filename).is_file():
+            check_present(data_dir / filename, _agnews_check(filename))
+        else:
             fetch([_AGNEWS_URL + filename], data_dir / filename, _agnews_check(filename))
     return data_dir
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from pflkit.data.errors import DataError
 
-__all__ = ["fetch", "md5sum", "md5_check"]
+__all__ = ["check_present", "fetch", "md5sum", "md5_check"]
 
 
 def md5sum(path: Path) -> str:
@@ -63,3 +63,13 @@ def fetch(urls: Sequence[str], dest: Path, verify: Callable[[Path], None], timeo
         finally:
             tmp.unlink(missing_ok=True)
     raise DataError(f"could not download {dest.name} into {dest.parent}; tried " + "; ".join(errors))
+
+
+def check_present(path: Path, verify: Callable[[Path], None]) -> None:
+    """A file already in place is checked as a download would be; DataError naming it if it fails
+    (a partial or foreign file is never reported ready)."""
+    try:
+        verify(path)
+    except (DataError, OSError, ValueError) as exc:
+        raise DataError(f"{path} is already there but is not the expected file ({exc}): delete it and run "
+                        "pflkit download again") from None

@@ -9,8 +9,9 @@ are already normalised float arrays ``[n, C, H, W]``; text datasets store
 ``(ids, length)`` pairs (per sample, or one pair of arrays) of which only the ids
 are kept. The folder's own client count is authoritative: experiments adopt it.
 
-The npz files are unpickled (that is PFLlib's format), so only import folders
-from a source you trust.
+The dict is a pickle (that is PFLlib's format), and a pickle can name any function to call: it is
+read with an unpickler that builds only NumPy arrays, dtypes and scalars (and the dicts, lists and
+tuples around them), and a file whose pickle names anything else is refused.
 """
 
 from __future__ import annotations
@@ -104,10 +105,48 @@ def _inputs(x: Any, path: Path) -> np.ndarray:
         raise DataError(f"{path}: x is neither an array nor (ids, length) pairs: {exc}") from exc
 
 
+#: what a PFLlib pickle may name: NumPy's array, dtype and scalar reconstruction (both module paths
+#: of NumPy 1 and 2), and the codec NumPy's protocol-2 pickles write bytes with
+SAFE_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Builds NumPy arrays and plain containers; any other global is refused (UnsafePickle)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in SAFE_GLOBALS:
+            raise UnsafePickle(f"{module}.{name}")
+        return super().find_class(module, name)
+
+
+class UnsafePickle(pickle.UnpicklingError):
+    """A pickle that names a global outside ``SAFE_GLOBALS``."""
+
+
+def read_data_member(path: Path) -> Any:
+    """The object stored under ``data`` in a PFLlib ``.npz`` (``data.npy``), unpickled safely."""
+    with zipfile.ZipFile(path) as archive, archive.open("data.npy") as fp:
+        version = np.lib.format.read_magic(fp)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(fp)
+        if dtype.hasobject:
+            array = _ArrayUnpickler(fp).load()
+        else:
+            array = np.frombuffer(fp.read(), dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return array.tolist() if isinstance(array, np.ndarray) and array.dtype.hasobject else array
+
+
 def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
-        with np.load(path, allow_pickle=True) as f:
-            data = f["data"].tolist()
+        data = read_data_member(path)
+    except UnsafePickle as exc:
+        raise DataError(f"{path}: its pickle calls {exc}, which a PFLlib dataset never holds: refused (unpickling "
+                        "it would run that code)") from None
     except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable PFLlib .npz file (a pickled dict under 'data'): {exc}") from exc
     if not isinstance(data, dict) or "x" not in data or "y" not in data:

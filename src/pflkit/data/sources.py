@@ -21,7 +21,7 @@ from pflkit.data.agnews import load_agnews
 from pflkit.data.cifar import load_cifar
 from pflkit.data.dataset import Dataset
 from pflkit.data.errors import DataError
-from pflkit.data.fetch import fetch, md5_check
+from pflkit.data.fetch import check_present, fetch, md5_check
 from pflkit.data.idx import read_idx
 from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
@@ -225,18 +225,35 @@ def _verify_download(tmp: Path, filename: str) -> None:
         )
 
 
+#: the shape of each MNIST file's array
+_MNIST_SHAPES = {"train-images-idx3-ubyte": (60000, 28, 28), "train-labels-idx1-ubyte": (60000,),
+                 "t10k-images-idx3-ubyte": (10000, 28, 28), "t10k-labels-idx1-ubyte": (10000,)}
+
+
+def _check_mnist_file(path: Path, base: str) -> None:
+    """An MNIST file in place (plain or .gz) holds the official array's shape and dtype."""
+    array = read_idx(path)
+    if array.dtype != np.uint8 or array.shape != _MNIST_SHAPES[base]:
+        raise DataError(f"expected uint8 {_MNIST_SHAPES[base]}, got {array.dtype} {array.shape}")
+
+
 def download_mnist(data_dir: str | Path) -> Path:
     """Download the four official MNIST ``.gz`` files into ``data_dir`` and return it.
 
-    Files already present (plain or ``.gz``) are skipped. Each download goes to a
+    Files already present (plain or ``.gz``) are checked, not fetched again. Each download goes to a
     temporary file that is verified and then renamed, so an interrupted run never
     leaves a partial file under the final name.
     """
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    for base in _MNIST_FILES:
-        if (data_dir / base).is_file() or (data_dir / f"{base}.gz").is_file():
-            continue
+    missing = []
+    for base in _MNIST_FILES:  # every file already there is checked before anything is fetched
+        present = [path for path in (data_dir / base, data_dir / f"{base}.gz") if path.is_file()]
+        for path in present:
+            check_present(path, lambda path, base=base: _check_mnist_file(path, base))
+        if not present:
+            missing.append(base)
+    for base in missing:
         filename = f"{base}.gz"
         fetch([mirror + filename for mirror in _MNIST_MIRRORS], data_dir / filename,
               lambda tmp, filename=filename: _verify_download(tmp, filename))

@@ -46,6 +46,7 @@ class RunState:
     pending: dict[str, Any] | None = None  # training stats of the last round, awaiting its evaluation
     done: bool = False
     client_store: dict[str, Any] | None = None  # a checkpoint's record of clients kept in files
+    config_sha256: str | None = None  # the digest of the results folder's config the run belongs to
 
 
 class Callback(Protocol):

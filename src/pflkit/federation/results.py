@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import tomllib
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,9 +34,10 @@ import tomli_w
 
 from .. import __version__
 from .checkpoint import load_checkpoint
+from .driver import RunState
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     with open(tmp, "rb+") as f:
@@ -58,7 +60,17 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
     if fcntl is None:
         yield
         return
-    fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    path = root / LOCK_FILE
+    try:  # never through a link: the lock file is truncated and written below
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        if path.is_symlink():
+            raise FolderBusyError(f"{path} is a symbolic link (to {os.readlink(path)}): pflkit writes its lock file "
+                                  "there and would overwrite what it points to; remove the link") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FolderBusyError(f"{path} is not a regular file: remove it (pflkit keeps its lock there)")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -78,6 +90,18 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
 #: numbers for any number of workers): a run, or a sweep cell, continues under other values (more
 #: workers on a bigger machine), so comparisons of a saved config leave them out.
 EXECUTION_KEYS = frozenset({"run.workers", "run.state_cache", "run.checkpoint_every", "run.tracker"})
+
+#: where a folder's run executes, as run.json records it, and how each says so in messages
+BACKENDS = {"simulator": "in the simulator (pflkit run)", "flower": "on a Flower deployment",
+            "flower-simulation": "on Flower's Simulation Engine (pflkit run --on flower-simulation)"}
+RESUME_COMMANDS = {"simulator": "pflkit run --resume FOLDER",
+                   "flower": "start its ServerApp again with the same out folder",
+                   "flower-simulation": "its pflkit run --on flower-simulation command again, with --out FOLDER"}
+
+
+def _comparable(record: Mapping[str, Any]) -> str:
+    """A record as JSON (what metrics.jsonl holds), for comparing a checkpoint's with the file's."""
+    return json.dumps(record, sort_keys=True)
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -162,29 +186,30 @@ class ResultsFolder:
         """The folder of one run's client state files (``state_store = "disk"``)."""
         return self.root / "states" / f"{algorithm}-seed{seed}"
 
-    def create(self, config: Mapping[str, Any]) -> None:
-        """Start a new folder; refuse one that already holds files."""
+    def create(self, config: Mapping[str, Any], backend: str = "simulator") -> None:
+        """Start a new folder for a run on ``backend`` (``BACKENDS``); refuse one that already holds files."""
         if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
             raise FileExistsError(f"results folder {self.root} already exists and is not empty; "
                                   f"use --resume {self.root} to continue it, or choose another --out")
         (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.plots.mkdir(exist_ok=True)
         text = tomli_w.dumps(dict(config))
-        _atomic_write_text(self.config_path, text)
+        atomic_write_text(self.config_path, text)
         self.metrics_path.touch()
-        self.set_status("running", config_sha256=config_digest(text))
+        self.set_status("running", config_sha256=config_digest(text), backend=backend)
 
     def start_or_resume(self, config: Mapping[str, Any],
-                        resolve: Callable[[dict[str, Any]], Mapping[str, Any]] = dict) -> bool:
+                        resolve: Callable[[dict[str, Any]], Mapping[str, Any]] = dict,
+                        backend: str = "simulator") -> bool:
         """Create the folder for ``config``; or, when it holds an unfinished run of the same
-        config, return True: the caller continues that run. ``resolve`` maps the saved table to
-        the form of ``config`` (an older pflkit wrote its keys flat)."""
+        config on the same ``backend``, return True: the caller continues that run. ``resolve`` maps
+        the saved table to the form of ``config`` (an older pflkit wrote its keys flat)."""
         if not (self.root / "run.json").is_file():
-            self.create(config)
+            self.create(config, backend)
             return False
         if self.status()["status"] == "complete":
             raise FileExistsError(f"results folder {self.root} holds a complete run; choose another out")
-        self.check_resumable()
+        self.check_resumable(backend)
         saved = dict(resolve(tomllib.loads(self.config_path.read_text(encoding="utf-8"))))
         keys = [k for k in differences(saved, dict(config)) if k not in EXECUTION_KEYS]
         if keys:
@@ -197,7 +222,9 @@ class ResultsFolder:
         kept = {}
         if "config_sha256" not in extra and (self.root / "run.json").is_file():
             try:
-                kept = {"config_sha256": self.status()["config_sha256"]}
+                previous = self.status()
+                kept = {key: previous[key] for key in ("config_sha256", "backend") if key in previous}
+                kept["config_sha256"] = previous["config_sha256"]
             except (RuntimeError, KeyError):  # an unreadable run.json: the digest of the config the folder holds
                 if self.config_path.is_file():
                     kept = {"config_sha256": config_digest(self.config_path.read_text(encoding="utf-8",
@@ -205,7 +232,7 @@ class ResultsFolder:
         info = {"status": status, "pflkit_version": __version__, "host": socket.gethostname(), "machine": machine(),
                 "pid": os.getpid(),
                 "updated": dt.datetime.now().isoformat(timespec="seconds"), **kept, **extra}
-        _atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
+        atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
 
     def status(self) -> dict[str, Any]:
         path = self.root / "run.json"
@@ -219,10 +246,15 @@ class ResultsFolder:
             raise RuntimeError(f"{path} holds no run status: {self.root} is no pflkit run")
         return status
 
-    def check_resumable(self) -> None:
-        """Refuse folders that are no pflkit run or were written by another pflkit version
-        (checkpoints and metrics may not mean the same there)."""
+    def check_resumable(self, backend: str = "simulator") -> None:
+        """Refuse folders that are no pflkit run, were written by another pflkit version
+        (checkpoints and metrics may not mean the same there) or ran on another backend than
+        ``backend`` (the simulator and Flower keep client states in different places)."""
         status = self.status()
+        ran_on = status.get("backend", "simulator")
+        if ran_on != backend:
+            raise RuntimeError(f"{self.root} was run {BACKENDS.get(ran_on, ran_on)}; it continues only there "
+                               f"({RESUME_COMMANDS.get(ran_on, 'the same way')}), not {BACKENDS.get(backend, backend)}")
         version = status.get("pflkit_version")
         if version != __version__:
             raise RuntimeError(f"{self.root} was written by pflkit {version}, this is pflkit {__version__}: "
@@ -267,15 +299,49 @@ class ResultsFolder:
 
     def rewrite_metrics(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Make metrics.jsonl match the checkpoints exactly (drops rows after the last checkpoint)."""
-        _atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in records))
+        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in records))
+
+    def config_sha256(self) -> str | None:
+        """The digest of the config the folder's run started with (run.json), if recorded."""
+        return self.status().get("config_sha256")
+
+    def check_checkpoint(self, state: RunState, algorithm: str, seed: int) -> None:
+        """Refuse a checkpoint that is another run's: another method or seed, or a run of another
+        config than the folder's (a file copied in from elsewhere)."""
+        digest = self.config_sha256()
+        same_run = (state.algorithm, state.seed) == (algorithm, seed)
+        if same_run and (state.config_sha256 is None or digest is None or state.config_sha256 == digest):
+            return
+        of = f"{state.algorithm} seed {state.seed}" + ("" if not same_run else " under another config")
+        raise RuntimeError(f"checkpoint {self.checkpoint_path(algorithm, seed)} is the state of {of}, not of "
+                           f"{algorithm} seed {seed} of this folder's config: it was copied in from another run; "
+                           "remove it (that run then starts from round 0) or restore the right file")
 
     def saved_histories(self, algorithms: Iterable[str], seeds: Iterable[int]) -> list[dict[str, Any]]:
+        """The records every run's checkpoint holds, checked against metrics.jsonl before anything is
+        rewritten: rows of a run whose checkpoint is missing, or that disagree with it, are refused,
+        never dropped."""
+        written = self.histories()
         records: list[dict[str, Any]] = []
         for seed in seeds:
             for alg in algorithms:
                 path = self.checkpoint_path(alg, seed)
+                rows = written.get((alg, int(seed)), [])
+                history = []
                 if path.is_file():
-                    records.extend(load_checkpoint(path).history)
+                    state = load_checkpoint(path)
+                    self.check_checkpoint(state, alg, seed)
+                    history = state.history
+                if rows and not path.is_file():
+                    raise RuntimeError(f"{self.metrics_path} holds {len(rows)} records of {alg} seed {seed} but "
+                                       f"its checkpoint {path} is missing: resuming would drop them. Restore the "
+                                       "checkpoint, or start a new run")
+                common = min(len(rows), len(history))
+                if [_comparable(r) for r in rows[:common]] != [_comparable(r) for r in history[:common]]:
+                    raise RuntimeError(f"checkpoint {path} disagrees with the records of {alg} seed {seed} in "
+                                       f"{self.metrics_path}: one of them belongs to another run; restore the "
+                                       "folder's own files, or start a new run")
+                records.extend(history)
         return records
 
     def partition_path(self, partition_seed: int) -> Path:
@@ -283,10 +349,10 @@ class ResultsFolder:
 
     def write_partition(self, partition_seed: int, record: Mapping[str, Any]) -> None:
         """The partition a run used: how it was drawn and every client's class counts."""
-        _atomic_write_text(self.partition_path(partition_seed), json.dumps(record) + "\n")
+        atomic_write_text(self.partition_path(partition_seed), json.dumps(record) + "\n")
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
-        _atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
 
 
 class MetricsWriter:

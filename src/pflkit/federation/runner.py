@@ -116,8 +116,12 @@ def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor,
     store = None
     if config.run.state_store == "disk" and executor.keeps_client_states:
         store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
-    return RunSession.open(driver, setup.init, setup.summaries, checkpoint=results.checkpoint_path(name, seed),
-                           store=store, client_states=executor.keeps_client_states, device=executor.device)
+    session = RunSession.open(driver, setup.init, setup.summaries, checkpoint=results.checkpoint_path(name, seed),
+                              store=store, client_states=executor.keeps_client_states, device=executor.device)
+    results.check_checkpoint(session.state, name, seed)
+    if session.state.config_sha256 is None:  # a new run (or one checkpointed by an older release)
+        session.state.config_sha256 = results.config_sha256()
+    return session
 
 
 def outputs(config: BaseConfig, results: ResultsFolder, executor: Executor, name: str, algorithm: Algorithm,

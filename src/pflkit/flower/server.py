@@ -141,8 +141,15 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     results = ResultsFolder(out)
     state_dir = results.root / "states" / "flower" if simulation and config.run.state_store == "disk" else None
     config_dict = to_dict(config)
+    backend = "flower-simulation" if simulation else "flower"
     with results.locked():
-        if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path))):
+        if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path)), backend):
+            if simulation and config.run.state_store == "memory" and any(results.root.glob("checkpoints/*.pt")):
+                raise ConfigError(
+                    f"{results.root} was run on Flower's Simulation Engine with state_store = \"memory\": its "
+                    "clients' states lived in the virtual SuperNodes, which ended with that process, so it cannot "
+                    "continue with the same numbers; run it again into a new folder (with state_store = \"disk\" "
+                    "a Flower simulation resumes)")
             log.info("continuing the unfinished run in %s from its checkpoints", results.root)
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")

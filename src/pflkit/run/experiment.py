@@ -86,6 +86,12 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
     with results.locked():
         if resume:
             results.check_resumable()
+            if results.status()["status"] == "complete" and results.summary_path.is_file():
+                summary = results.summary()  # nothing left to run: the records stay as they are
+                echo(f"{results.root} holds a complete run: nothing to resume")
+                echo(format_table(summary))
+                return summary
+            # checked against metrics.jsonl before a byte of it is rewritten
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")
         else:
@@ -110,6 +116,10 @@ def check_fits(config: BaseConfig, data: FederatedData) -> None:
             paper_cell(config.paper_table)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    largest = max(data.client(i).num_train for i in range(data.num_clients))
+    if config.train.batch_size > largest:
+        raise ConfigError(f"batch_size = {config.train.batch_size} exceeds every client's training set (the largest "
+                          f"holds {largest} samples); for full-batch steps set batch_size = {largest}")
     units = initial_params(config, data, config.seeds[0], torch.device("cpu"))[0].units()
     for name in config.algorithms:
         build_algorithm(name, config.algorithm_sections(), config.train, units)

@@ -27,7 +27,7 @@ from ..data import load_dataset
 from ..federation import (ResultsFolder, build_partitions, folder_lock, partition_dataset,
                           partition_seed)
 from ..federation.driver import Callback
-from ..federation.results import EXECUTION_KEYS, differences
+from ..federation.results import EXECUTION_KEYS, atomic_write_text, differences
 from ..reporting import plot_sweep
 from ..reporting.summary import round_seconds, summary_metrics
 from .cell import run_cell
@@ -215,6 +215,9 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
     check_metric(metric)
     check_cells(cells)
     parent = Path(parent)
+    if (parent / "run.json").is_file():
+        raise ConfigError(f"{parent} is the results folder of a run (it holds run.json): a sweep writes its cells "
+                          "and tables into a folder of its own; choose another --out")
     with folder_lock(parent, "sweep folder"):
         for assignment, config in cells:
             folder = parent / cell_name(assignment)
@@ -251,8 +254,8 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
         table = sweep_table(axes, summaries, metric)
         record = {"config": config_path, "fixed": list(fixed),
                   "axes": [{"key": a.key, "values": a.values} for a in axes], "metric": metric, "cells": summaries}
-        (parent / "sweep.json").write_text(json.dumps(record, indent=2) + "\n")
-        (parent / "sweep.md").write_text(table + "\n")
+        atomic_write_text(parent / "sweep.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(parent / "sweep.md", table + "\n")
         finished = [c for c in summaries if "summary" in c]
         if finished:
             plot_sweep(axes[0].key, [a.key for a in axes[1:]], finished, metric, parent / "sweep.png")
@@ -269,7 +272,7 @@ def sweep_table(axes: Sequence[Axis], cells: Sequence[dict[str, Any]], metric: s
     header = [*(a.key for a in axes), "algorithm", metric + (" %" if percent else ""), "s/round", "init s/round"]
     rows = []
     for cell in cells:
-        values = [str(cell["values"][a.key]) for a in axes]
+        values = [markdown_cell(cell["values"][a.key]) for a in axes]
         if "error" in cell:
             error = cell["error"].replace("|", "/").replace("\n", " ")
             rows.append([*values, "-", f"failed: {error[:160]}", "-", "-"])
@@ -284,5 +287,10 @@ def sweep_table(axes: Sequence[Axis], cells: Sequence[dict[str, Any]], metric: s
                                                   if entry.get("num_seeds", 1) > 1 else "")
             rows.append([*values, algorithm, shown, f"{round_seconds(entry):.3f}",
                          f"{entry.get('init_seconds_per_round', float('nan')):.3f}"])
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["| " + " | ".join(markdown_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def markdown_cell(value: Any) -> str:
+    """``value`` as one Markdown table cell: a ``|`` escaped, line breaks as spaces."""
+    return " ".join(str(value).splitlines()).replace("|", "\\|")

@@ -23,7 +23,20 @@ def load_trace(folder: Path, client: int) -> list[tuple[int, dict[str, torch.Ten
     pattern = re.compile(rf"client{client}-round(\d+)\.pt$")
     found = sorted((int(m.group(1)), p) for p in folder.glob(f"client{client}-round*.pt")
                    if (m := pattern.search(p.name)))
-    return [(r, torch.load(p, map_location="cpu", weights_only=True)) for r, p in found]
+    return [(r, load_traced_model(p)) for r, p in found]
+
+
+def load_traced_model(path: Path) -> dict[str, torch.Tensor]:
+    """One saved model of a traced client: tensors only (a file that holds anything else, such as
+    code in its pickle, is refused with its name)."""
+    try:
+        params = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - a tampered or truncated file: one line, whatever torch raises
+        raise ValueError(f"trace file {path} is not a model pflkit saved ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else 'unreadable'}); remove it") from None
+    if not isinstance(params, dict) or not all(isinstance(v, torch.Tensor) for v in params.values()):
+        raise ValueError(f"trace file {path} holds no parameter dict; remove it")
+    return params
 
 
 def trajectory_picture(run: str | Path, client: int, seed: int | None = None, grid: int = 15,

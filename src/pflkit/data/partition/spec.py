@@ -69,7 +69,8 @@ def smallest_client(train_fraction: float, batch_size: int = 1) -> int:
     (floor(train_fraction * n)) and at least one test sample."""
     if not 0 < train_fraction < 1:
         return max(1, batch_size)
-    n = max(2, batch_size)
+    # start just below the answer (floor(f * n) >= b needs n >= b / f): a few steps, whatever the batch size
+    n = max(2, batch_size, math.floor(batch_size / train_fraction) - 2)
     while math.floor(train_fraction * n) < batch_size or n - math.floor(train_fraction * n) < 1:
         n += 1
     return n
@@ -150,7 +151,8 @@ class PartitionSpec(BaseModel):
         "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
         "np.random.seed(partition seed) order, which reproduces PFLlib's generated split of the same pool")
     seed: int | None = Field(None, description="seed of the partition; default: each run seed")
-    max_retries: int = Field(1000, ge=1, description="dirichlet: draws tried for the minimum client size")
+    max_retries: int = Field(1000, ge=1, le=100_000, description="dirichlet: draws tried for the minimum client "
+                             "size (at most 100000: a minimum that many draws miss is out of reach)")
     num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
     primary_fraction: float = Field(0.8, gt=0, le=1, description="kfold: share of a client's samples from its "
                                     "group's primary classes (the rest spread evenly over the others)")
