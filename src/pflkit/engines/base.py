@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Protocol
 
@@ -13,6 +14,7 @@ from ..data.federated import FederatedData
 from ..functional import Params
 from ..models import Units
 from .client import SingleClientContext
+from .fitting import JobsAbandoned  # noqa: F401  (part of this module's interface)
 
 
 #: The wall times every client result carries, which a round's record sums over its clients
@@ -64,10 +66,12 @@ class RoundSetup:
     train: TrainSettings
     seed: int
     local_model_metrics: tuple[LocalModelMetric, ...] = ()
+    #: set when the jobs in flight are to be abandoned: client training stops at its next step
+    cancel: threading.Event | None = None
 
     def context(self, client_id: int, round: int) -> SingleClientContext:
         return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,  # type: ignore
-                                   self.units, self.train, self.algorithm.name)
+                                   self.units, self.train, self.algorithm.name, cancel=self.cancel)
 
 
 class Engine(Protocol):

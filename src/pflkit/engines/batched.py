@@ -13,6 +13,7 @@ streams as in ``SingleClientContext``, so results agree up to float reassociatio
 from __future__ import annotations
 
 import logging
+import threading
 from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
@@ -29,7 +30,7 @@ from ..functional import Params, torch_generator
 from ..functional.training import SGD, Batch, LossFn, Net, features_of, forward, net_of, prediction_logits
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import cached_prefix, class_sums, from_unit
-from .fitting import FitTotals, check_fit_arguments, run_epochs
+from .fitting import FitTotals, check_cancel, check_fit_arguments, run_epochs
 from .plan import ClientPlan, EpochTable
 from .schedule import holdout_positions, sample_positions
 from .stacking import stack, unstack
@@ -51,7 +52,9 @@ class BatchedClientContext:
     provides: frozenset[str] = frozenset()
 
     def __init__(self, client_ids: list[int], round: int, seed: int, data: FederatedData, model: UnitModel,
-                 units: Units, train: TrainSettings, algorithm: str = "") -> None:
+                 units: Units, train: TrainSettings, algorithm: str = "", cancel: threading.Event | None = None) -> None:
+        """``cancel``: once set, training stops at its next step (JobsAbandoned)."""
+        self.cancel = cancel
         if data.x is None or data.y is None:
             raise ValueError("a batched context needs FederatedData with the dataset tensors (x, y)")
         self._ids = list(client_ids)
@@ -274,6 +277,7 @@ class BatchedClientContext:
             sub_aux = tree_map(pick, aux) if aux is not None else None
             sub_steps = steps[torch.tensor(running)]
             for s in range(int(sub_steps.max()) if len(running) else 0):
+                check_cancel(self.cancel, self.where(stage))
                 n = int((sub_steps > s).sum())
                 batch = table.batch(x, y, s, slice(0, n) if whole else idx[:n])
                 head = {k: v[:n] for k, v in sub_frozen.items()}

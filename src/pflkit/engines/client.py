@@ -7,6 +7,7 @@ losses on padded, masked batches.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
@@ -18,7 +19,7 @@ from ..data.federated import ClientData
 from ..functional import Params, evaluate, torch_generator
 from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, features_of, net_of
 from ..models import UnitModel, Units, buffer_names, num_outputs
-from .fitting import FitTotals, check_fit_arguments, run_epochs
+from .fitting import FitTotals, check_cancel, check_fit_arguments, run_epochs
 from .plan import ClientPlan, materialize
 from .schedule import holdout_positions, sample_positions
 
@@ -30,7 +31,9 @@ class SingleClientContext:
     client_shape: tuple[int, ...] = ()  # per-client values are 0-dim tensors
 
     def __init__(self, client_id: int, round: int, seed: int, data: ClientData, model: UnitModel, units: Units,
-                 train: TrainSettings, algorithm: str = "") -> None:
+                 train: TrainSettings, algorithm: str = "", cancel: threading.Event | None = None) -> None:
+        """``cancel``: once set, training stops at its next step (JobsAbandoned)."""
+        self.cancel = cancel
         self.client_id = client_id
         self.round = round
         self.seed = seed
@@ -168,6 +171,7 @@ class SingleClientContext:
             nonlocal train
             loss_sum, count, last = totals.loss_sum[0], 0, None  # (a view: sums in place, step by step)
             for rows in plan.next_epoch():
+                check_cancel(self.cancel, self.where(stage))
                 batch = materialize(rows, x, y)
                 if step is None:
                     value = loss(net, current, batch, aux)  # type: ignore[misc]

@@ -50,7 +50,7 @@ def group_context(setup: RoundSetup, client_ids: Sequence[int], round: int, batc
     """The context of a group: the reference per-client context, or a batched one."""
     if batched:
         return BatchedClientContext(list(client_ids), round, setup.seed, setup.data, setup.model, setup.units,
-                                    setup.train, setup.algorithm.name)
+                                    setup.train, setup.algorithm.name, cancel=setup.cancel)
     (client_id,) = client_ids
     return setup.context(client_id, round)
 
@@ -130,6 +130,7 @@ class ClientExecutor:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pflkit-client") if workers > 1 else None
         self._local = threading.local()
         self._logged: set[str] = set()
+        self._abandon = threading.Event()  # set when the caller stops taking results: jobs in flight stop
 
     def run(self, setup: RoundSetup, jobs: list[ClientJob], round: int) -> list[ClientResult]:
         results: dict[int, ClientResult] = {}
@@ -150,6 +151,8 @@ class ClientExecutor:
         (``trains_on_receive`` on the parallel engine), the round goes in waves of ``wave`` clients (whole receive
         chunks, in size order): each wave is received, then trained, so only a wave's received
         states are held; the chunks and groups are those of one wave over the whole round."""
+        self._abandon.clear()
+        setup = replace(setup, cancel=self._abandon)
         receives = self._receives_first(setup)
         order = size_order(setup.data, [job.client_id for job in jobs])
         step = self.wave if receives else max(1, len(order))
@@ -257,11 +260,16 @@ class ClientExecutor:
             for _ in range(self.window):
                 submit()
             while pending:
-                out = pending.popleft().result()
+                out = pending[0].result()
+                pending.popleft()
                 submit()
                 yield out
+        except BaseException:
+            if pending:  # a failed client or a stopped run: queued clients do not start, running ones stop
+                self._abandon.set()
+            raise
         finally:
-            for future in pending:  # a failed client or a stopped run: the queued clients do not train
+            for future in pending:
                 future.cancel()
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ per client ([K]); the context turns them into a :class:`~pflkit.algorithms.conte
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -19,6 +20,11 @@ from torch import Tensor
 from ..algorithms.context import Fit, PerClient, StopRule
 from ..functional import Params
 from ..functional.training import NonFiniteLossError
+
+
+class JobsAbandoned(Exception):
+    """The round's client jobs in flight were abandoned (the run is stopping): their results are
+    not wanted, and the run continues from its last checkpoint."""
 
 
 @dataclass
@@ -94,6 +100,12 @@ def check_losses(loss_sum: Tensor, clients: list[int], where: Callable[[int], st
         k = clients[int(bad[0])] if len(loss_sum) > 1 else 0
         raise NonFiniteLossError(f"training loss became {float(loss_sum[k])} ({where(k)}); lower the learning "
                                  "rate or check the data for NaN/inf values")
+
+
+def check_cancel(cancel: threading.Event | None, where: str) -> None:
+    """Raise JobsAbandoned when the executor abandons the jobs in flight (a stopping run)."""
+    if cancel is not None and cancel.is_set():
+        raise JobsAbandoned(f"abandoned ({where}): the run is stopping")
 
 
 def check_fit_arguments(loss: Any, step: Any, carry: Any, epoch_end: Any) -> None:

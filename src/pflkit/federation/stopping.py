@@ -1,9 +1,12 @@
-"""Ctrl-C and SIGTERM: a stopped run ends as ``interrupted`` with its resume command, and never in
-the middle of a checkpoint write."""
+"""Ctrl-C and SIGTERM: a stopped run ends as ``interrupted`` with its resume command, within
+seconds (the engines abandon the clients in flight), and never in the middle of a checkpoint
+write; a second signal while it stops aborts the process at once (the last checkpoint stays)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -27,10 +30,19 @@ def stop_reason() -> str | None:
 
 def reset_stop() -> None:
     _state.reason = None
+    _state.pending = None
 
 
 def _request_stop(signum: int, frame: Any) -> None:
+    if _state.reason is not None or _state.pending is not None:  # a second signal while stopping: abort now
+        sys.stderr.write("\naborted: the run keeps its last checkpoint\n")
+        sys.stderr.flush()
+        os._exit(130)
+        return  # (only where os._exit is replaced, in tests)
     _state.reason = "stopped by SIGTERM" if signum == signal.SIGTERM else "interrupted (Ctrl-C)"
+    sys.stderr.write(f"\n{_state.reason}: stopping (the clients in flight are abandoned; "
+                     "Ctrl-C again aborts at once)...\n")
+    sys.stderr.flush()
     if _state.deferring:
         _state.pending = _state.reason
         return
@@ -50,6 +62,7 @@ def stop_on_signals() -> Iterator[None]:
     if not _main_thread():
         yield
         return
+    reset_stop()
     previous = {sig: signal.signal(sig, _request_stop) for sig in STOP_SIGNALS}
     try:
         yield
