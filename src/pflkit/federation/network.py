@@ -1,9 +1,13 @@
-"""Addresses of the machines a run talks to (a Ray cluster), checked before anything waits on them."""
+"""Addresses of the machines a run talks to (a Ray cluster), checked before anything waits on them,
+and the access control of the Ray instances pflkit starts itself."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ..config import ConfigError
 
@@ -27,3 +31,45 @@ def prepare_ray(address: str | None) -> None:
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     if address and address != "auto" and "://" not in address:
         reachable(address)
+
+
+#: Ray's token authentication: every request to a Ray process must carry the token
+AUTH_VARIABLES = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+@contextmanager
+def local_ray_access(address: str | None) -> Iterator[dict[str, Any]]:
+    """Around a Ray session. Where pflkit starts Ray itself (``address`` None), that instance
+    requires a fresh random token (Ray's token authentication; its processes inherit it from this
+    one's environment) and advertises 127.0.0.1: Ray binds its gRPC servers to every interface,
+    and a Ray instance without authentication runs code for anyone who reaches it. Yields extra
+    ``ray.init`` arguments. A cluster given by ``address`` keeps its own settings (see
+    docs/deploy.md), as does a caller who set RAY_AUTH_MODE."""
+    if address is not None or os.environ.get("RAY_AUTH_MODE"):
+        yield {}
+        return
+    saved = {name: os.environ.get(name) for name in AUTH_VARIABLES}
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    _forget_ray_token()  # read anew by this process's Ray too
+    try:
+        # "local": a new instance of its own, never one a `ray start` left running on this machine
+        yield {"address": "local", "_node_ip_address": "127.0.0.1"}
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        _forget_ray_token()
+
+
+def _forget_ray_token() -> None:
+    """Ray caches the token and mode it read; a later Ray session in this process reads them anew."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # another Ray release: nothing cached under these names
+        return
+    AuthenticationTokenLoader.instance().reset_cache()
+    Config.initialize("")

@@ -19,7 +19,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..config import BaseConfig, ConfigError
-from ..federation.network import prepare_ray
+from ..federation.network import local_ray_access, prepare_ray
 from ..federation.stopping import signal_handlers_kept
 from .client_app import app as client_app
 from .server import check_flower_config, run_on_flower
@@ -56,9 +56,11 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
     init_args: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR"}
     if ray_address:
         init_args["address"] = ray_address
-    with signal_handlers_kept():  # Ray's SIGTERM handler outlives the simulation otherwise
+    # Ray's SIGTERM handler outlives the simulation otherwise; a Ray started here takes a token
+    with signal_handlers_kept(), local_ray_access(ray_address) as access:
         run_simulation(server, client_app, num_supernodes=config.partition.num_clients,
-                       backend_config={"client_resources": client_resources(config), "init_args": init_args})
+                       backend_config={"client_resources": client_resources(config),
+                                       "init_args": {**init_args, **access}})
     if errors:
         raise errors[0]
     if not summary:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, build_config
-from ..federation.network import prepare_ray
+from ..federation.network import local_ray_access, prepare_ray
 from ..federation.stopping import signal_handlers_kept
 from .cell import run_cell
 
@@ -42,15 +42,16 @@ def _import_ray() -> Any:
     return ray
 
 
-def connect(address: str | None, cpus: float, gpus: float) -> tuple[Any, bool]:
-    """Ray, connected to the cluster at ``address`` (None: a Ray instance started here), after
-    checking that one of its nodes can hold a cell; and whether this call started it."""
+def connect(address: str | None, cpus: float, gpus: float, init_args: Mapping[str, Any] = {}) -> tuple[Any, bool]:
+    """Ray, connected to the cluster at ``address`` (None: a Ray instance started here, with
+    ``init_args``), after checking that one of its nodes can hold a cell; and whether this call started it."""
     ray = _import_ray()
     prepare_ray(address)
     started = not ray.is_initialized()
     if started:
         try:
-            ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+            ray.init(**{"address": address, "include_dashboard": False, "logging_level": "ERROR",
+                        "log_to_driver": False, **init_args})
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"the Ray cluster at {address}" if address else "a local Ray instance"
             raise ConfigError(f"cannot connect to {where}: {str(exc).splitlines()[0]}") from None
@@ -71,7 +72,14 @@ def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, ad
     """Run ``cells`` ((name, resolved config, folder)) as Ray tasks; every cell's result by name.
     One line per finished cell, and a progress bar of cells done, unfinished (running or queued)
     and failed, with the elapsed time."""
-    ray, started = connect(address, cpus, gpus)
+    with local_ray_access(address) as init_args:
+        return _run_cells(cells, address, cpus, gpus, max_retries, progress, echo, init_args)
+
+
+def _run_cells(cells: Sequence[tuple[str, Mapping[str, Any], Path]], address: str | None, cpus: float, gpus: float,
+               max_retries: int, progress: bool, echo: Callable[[str], None],
+               init_args: Mapping[str, Any]) -> dict[str, CellResult]:
+    ray, started = connect(address, cpus, gpus, init_args)
     try:
         task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(cell_task)
         pending = {task.remote(dict(config), str(folder.resolve())): name for name, config, folder in cells}
