@@ -45,6 +45,7 @@ def assert_close_records(a: list[dict], b: list[dict], rel: float) -> None:
                 assert x[key] == pytest.approx(y[key], rel=rel), (x["algorithm"], x["round"], key)
 
 
+@pytest.mark.integration
 def test_an_outside_method_runs_on_every_engine_and_under_ala(mylab, tmp_path):
     runs = {}
     for engine in ("loop", "parallel", "vmap"):
@@ -65,6 +66,7 @@ def test_an_outside_method_runs_on_every_engine_and_under_ala(mylab, tmp_path):
     assert summary["mylab_methods:FedPer+ala"]["ala_weights"] > 0
 
 
+@pytest.mark.integration
 def test_an_outside_method_runs_in_a_sweep(mylab, tmp_path):
     from pflkit.run.sweep import run_sweep
 
@@ -75,6 +77,8 @@ def test_an_outside_method_runs_in_a_sweep(mylab, tmp_path):
     assert best[0] != best[1]  # the section's setting reached the method
 
 
+@pytest.mark.integration
+@pytest.mark.flower
 def test_an_outside_method_runs_on_flowers_in_process_grid_as_in_the_simulator(mylab, tmp_path):
     pytest.importorskip("flwr")
     from pflkit.flower.client_app import app as client_app

@@ -12,6 +12,8 @@ from pflkit.bench_scale import ScaleSettings, format_scale_report, run_scale_ben
 from pflkit.cli import main
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_scale_bench_reports_cost_memory_and_state_bytes(tmp_path) -> None:
     settings = ScaleSettings(clients=[4, 8], engines=["parallel", "loop"], algorithms=["fedala"], rounds=3,
                              participants=4, samples=800, measure_limits=False, state_dir=str(tmp_path))

@@ -11,6 +11,8 @@ from pflkit.run.experiment import run_experiment
 
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.integration
+
 SCRIPT = REPO / "benchmarks" / "score_states.py"
 
 

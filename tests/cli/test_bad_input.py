@@ -492,6 +492,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
 ]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("make_args,needle", [(a, n) for _, a, n in CASES], ids=[c for c, _, _ in CASES])
 def test_bad_input_exits_with_one_clear_message(tmp_path, make_args, needle):
     if ("CUDA is not available" in needle or needle.startswith("device")) and torch.cuda.is_available():

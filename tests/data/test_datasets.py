@@ -576,6 +576,7 @@ def test_download_unknown_names_fail_clearly(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- end to end
 
 
+@pytest.mark.integration
 def test_fedavg_runs_one_round_on_tiny_cifar(tmp_path: Path) -> None:
     write_cifar10(tmp_path / "cifar", rows=8)
     config = build_config({"dataset": "cifar10", "data_dir": str(tmp_path / "cifar"), "num_clients": 2,
@@ -586,6 +587,7 @@ def test_fedavg_runs_one_round_on_tiny_cifar(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.integration
 def test_pfllib_folder_and_agnews_run_end_to_end(tmp_path: Path) -> None:
     from pflkit.models import MODELS
 

@@ -15,12 +15,13 @@ from pflkit.models import build_model
 
 from tests.support.builders import make_data, run_rounds
 from tests.support.checks import assert_same_state, assert_states_close
+from tests.support.params import by_method
 
 
 ALL_ALGORITHMS = available()
 
 
-@pytest.mark.parametrize("name", ALL_ALGORITHMS)
+@pytest.mark.parametrize("name", by_method(ALL_ALGORITHMS))
 def test_parallel_engine_matches_loop_for_every_algorithm_and_worker_count(name):
     data = make_data([30, 45, 12, 60])
     reference = run_rounds(name, LoopEngine(), data)
@@ -67,7 +68,7 @@ BATCHED = [name for name in ALL_ALGORITHMS if vmap_fallback(name) is None]
 UNBATCHED = [name for name in ALL_ALGORITHMS if name not in BATCHED]
 
 
-@pytest.mark.parametrize("name", BATCHED)
+@pytest.mark.parametrize("name", by_method(BATCHED))
 def test_vmap_engine_matches_loop_for_every_batched_algorithm(name, monkeypatch):
     data = make_data([30, 45, 12, 60, 7])
     reference = run_rounds(name, LoopEngine(), data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from pflkit.config import load_config
@@ -18,6 +19,7 @@ def test_message_size_counts_tensors_and_numbers() -> None:
     assert message_size(payload) == (12 + 4 + 2 + 2 + 1, 4 * 16 + 8 * 2 + 8 * 2 + 4)
 
 
+@pytest.mark.integration
 def test_round_byte_counts_equal_the_payload_sizes_by_hand(tmp_path) -> None:
     config = load_config(None, ["num_clients=5", "rounds=1", 'algorithms=["fedavg", "fedrep", "fedfomo"]'])
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)

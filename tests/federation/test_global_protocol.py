@@ -54,6 +54,7 @@ def test_global_evaluation_gives_the_same_numbers_for_any_number_of_workers(pure
     assert runs[0]["global_test_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)))
 
 
+@pytest.mark.integration
 def test_official_runs_record_global_local_and_adaptability_metrics(tmp_path):
     cfg = load_config(None, FAST + ['algorithms=["fedavg","fedrep","fedala"]', "metrics.adaptability=true"])
     summary = run_experiment(cfg, tmp_path, progress=False, echo=lambda s: None)
@@ -80,6 +81,7 @@ def test_bad_protocol_and_optimiser_settings_name_the_key(overrides, needle):
         load_config(None, overrides)
 
 
+@pytest.mark.integration
 def test_a_parallel_run_gives_the_same_records_for_any_number_of_workers(tmp_path):
     """One config, one set of numbers: the workers of the parallel engine change the speed only
     (ALA's batched start, the clients' training and the global test evaluation included)."""

@@ -36,6 +36,7 @@ def test_the_rule_waits_for_the_evaluation_of_its_first_round():
     assert not Plateau(3, not_before=5).reached([*flat[:5], {"round": 5}])
 
 
+@pytest.mark.integration
 def test_apple_is_judged_only_after_its_lambda_schedule(tmp_path, fast_config):
     """APPLE's proximal weight lambda(r) falls to 0 at round L*R: a plateau inside the schedule is
     no convergence (on MNIST it stopped APPLE at round 34 of its 40-round schedule)."""
@@ -58,6 +59,7 @@ def test_apple_is_judged_only_after_its_lambda_schedule(tmp_path, fast_config):
     assert records[-1]["stopped"] == "plateau"
 
 
+@pytest.mark.integration
 def test_a_run_stops_on_its_plateau_and_says_so(tmp_path, fast_config):
     cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["fedavg"]', "plateau_evaluations=2",
                              "plateau_points=100"])  # any change is "no progress": stops after 3 evaluations

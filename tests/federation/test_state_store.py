@@ -55,6 +55,7 @@ def test_writes_are_atomic_and_restore_drops_versions_after_the_checkpoint(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["client0-v1.pt"]
 
 
+@pytest.mark.integration
 def test_disk_store_gives_the_memory_stores_numbers(tmp_path, fast_config) -> None:
     overrides = fast_config + ['algorithms=["fedala", "ditto"]', "rounds=3", "join_ratio=0.5"]
     run_experiment(load_config(None, overrides), tmp_path / "memory", progress=False, echo=lambda s: None)
@@ -73,6 +74,7 @@ def test_disk_store_gives_the_memory_stores_numbers(tmp_path, fast_config) -> No
         assert all(torch.equal(disk[c]["personal"][k], memory[c]["personal"][k]) for k in memory[c]["personal"])
 
 
+@pytest.mark.integration
 def test_kill_9_then_resume_with_the_disk_store_equals_an_uninterrupted_run(tmp_path, fast_config) -> None:
     # checkpoints every 2 rounds: the kill after round 3 leaves state files newer than the checkpoint
     overrides = fast_config + ['algorithms=["fedala"]', "rounds=5", "checkpoint_every=2", "state_store=disk"]

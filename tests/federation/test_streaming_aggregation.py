@@ -21,13 +21,14 @@ from pflkit.models import build_model
 
 from tests.support.builders import make_data, session_for, setup_for
 from tests.support.checks import assert_same_state
+from tests.support.params import by_method
 
 
 LIST_FORM = {"fedfomo", "apple", "fedamp", "sosicfl", "sosicfl_all", "sosicfl_plus", "pfedme", "fednova", "fedacd",
              "creff", "fednh", "local"}
 
 
-@pytest.mark.parametrize("name", available())
+@pytest.mark.parametrize("name", by_method(available()))
 def test_every_algorithm_aggregates_to_the_same_bits_streamed_or_listed(name):
     """Results arriving in a shuffled order are folded in as their turn comes; the run equals the
     one whose rounds hand every result over at once (the list form, as on Flower)."""
@@ -68,6 +69,7 @@ def test_which_methods_stream():
     assert {name.split("+")[0] for name in listed} == LIST_FORM
 
 
+@pytest.mark.slow
 def test_a_streamed_round_on_the_disk_store_lets_go_of_its_clients(tmp_path):
     """Each client's parameters are released once its result is taken: while a round of 40
     clients streams, at most the store's cache (2) and the result in hand are alive."""

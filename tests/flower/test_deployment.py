@@ -42,7 +42,7 @@ from pflkit.run.experiment import run_experiment  # noqa: E402
 from tests.support.paths import REPO  # noqa: E402
 from tests.support.runs import free_port, records  # noqa: E402
 
-pytestmark = pytest.mark.deployment
+pytestmark = [pytest.mark.integration, pytest.mark.flower, pytest.mark.deployment, pytest.mark.slow]
 BIN = Path(sys.executable).parent
 # Per-event timeouts (seconds): generous, so that a loaded CI machine passes; none of them is a
 # budget for the whole run.

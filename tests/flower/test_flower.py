@@ -24,6 +24,8 @@ from pflkit.run.experiment import run_experiment  # noqa: E402
 from pflkit.federation import RoundDriver  # noqa: E402
 from pflkit.algorithms import ClientSummary  # noqa: E402
 
+pytestmark = [pytest.mark.integration, pytest.mark.flower]
+
 OVERRIDES = ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=3", "fedala.max_start_epochs=4",
              "fedrep.head_epochs=1", "ditto.personal_epochs=1", "engine=loop"]
 

@@ -14,10 +14,13 @@ from pflkit.run.experiment import run_experiment
 
 from tests.support.runs import records
 
+pytestmark = [pytest.mark.integration, pytest.mark.flower, pytest.mark.ray]
+
 if os.environ.get("PFLKIT_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
 
+@pytest.mark.slow
 def test_a_run_on_flowers_simulation_engine_gives_the_simulators_records(tmp_path):
     from pflkit.flower.simulation import client_resources, run_on_flower_simulation
 
@@ -34,6 +37,7 @@ def test_a_run_on_flowers_simulation_engine_gives_the_simulators_records(tmp_pat
     assert json.loads((tmp_path / "flower" / "run.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_clients_of_a_simulation_keep_their_states_on_disk_with_the_disk_store(tmp_path):
     """state_store = "disk": each virtual node's state lives in a file under the results folder
     (not in the nodes' memory), with the simulator's records."""

@@ -114,6 +114,7 @@ def test_template_score_and_softmax_aggregation():
         assert info["weights"] == pytest.approx([wa, wb])
 
 
+@pytest.mark.integration
 def test_fedacd_records_its_aggregation_weights_every_round_and_its_own_mixup_setting_wins(tmp_path):
     config = load_config(None, ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", "lr=0.05",
                                 'algorithms=["fedacd"]', "mixup=true", "fedacd.mixup=false", "engine=loop"])

@@ -43,6 +43,7 @@ def test_with_ala_replaces_only_local_init_for_fedprox_and_ditto_targets():
     assert not all(torch.equal(state["personal"][k], glob[k]) for k in top)  # personal blended
 
 
+@pytest.mark.integration
 def test_start_round_and_freeze_after_start(tmp_path) -> None:
     import json
 
@@ -65,6 +66,7 @@ def test_start_round_and_freeze_after_start(tmp_path) -> None:
     assert learning[2]["ala_epochs"] > 0 and learning[2]["ala_w_mean.fc"] != learning[1]["ala_w_mean.fc"]
 
 
+@pytest.mark.integration
 def test_plot_ala_draws_the_weights_and_refuses_runs_without_ala(tmp_path) -> None:
     import json
 

@@ -5,6 +5,7 @@ adaptability metrics score, and the client against my transcriptions of TsingZ0/
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -32,6 +33,7 @@ def test_fedrod_trains_the_personal_head_on_detached_features_and_scores_the_sum
         torch.testing.assert_close(ev[k], new["model"][k] + new["personal"][k])
 
 
+@pytest.mark.integration
 def test_fedrods_adaptability_metrics_score_its_uploaded_generic_model(monkeypatch, tmp_path):
     """FedACD's Tables 3 and 9 score each client's local model, the one it uploads: FedROD's generic
     model (body and W_g), not its personalised head W_g + W_p."""

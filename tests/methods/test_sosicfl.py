@@ -145,6 +145,7 @@ def _config(tmp_path, *overrides: str):
                               "sosicfl.num_clusters=3", "sosicfl.pool_size=500", "sosicfl.n_init=2", *overrides])
 
 
+@pytest.mark.integration
 def test_sosicfl_runs_prepare_clusters_and_record_the_total_variance(tmp_path) -> None:
     config = _config(tmp_path, 'algorithms=["sosicfl", "sosicfl_all", "sosicfl_plus", "fedavg"]',
                      "test_set=official", "join_ratio=0.5", "eval_all_clients=true", "partition=kfold",
@@ -261,6 +262,7 @@ def test_clusters_that_share_a_centre_are_named_in_a_warning(caplog: pytest.LogC
     assert messages and "raise sosicfl.num_endpoints" in messages[0] and "M + 1 = 3" in messages[0]
 
 
+@pytest.mark.integration
 def test_simplex_pictures_draw_figure_5_with_the_global_panel_and_each_clients_lda_point(tmp_path, monkeypatch):
     from pflkit.federation import build_partitions, initial_params
     from pflkit.federation.checkpoint import load_checkpoint

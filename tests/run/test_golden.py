@@ -26,6 +26,8 @@ import torch
 from pflkit.config import load_config
 from pflkit.run.experiment import run_experiment
 
+pytestmark = pytest.mark.integration
+
 OVERRIDES = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", "lr=0.05", "engine=loop",
              "fedala.max_start_epochs=5", 'algorithms=["fedavg","fedala"]']
 

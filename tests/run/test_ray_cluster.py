@@ -23,6 +23,8 @@ from pflkit.run.sweep import run_sweep
 
 from tests.support.runs import free_port, records
 
+pytestmark = [pytest.mark.integration, pytest.mark.ray]
+
 if os.environ.get("PFLKIT_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
@@ -71,6 +73,7 @@ def kill_a_running_cell(parent: Path, killed: list[tuple[str, int]], stop: threa
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_a_sweep_on_a_two_node_ray_cluster_survives_a_killed_worker(cluster, tmp_path):
     local = run_sweep(None, GRID, tmp_path / "local", progress=False, echo=lambda s: None)
     lines: list[str] = []

@@ -30,6 +30,7 @@ def run_folder(tmp_path_factory):
     return out
 
 
+@pytest.mark.integration
 def test_report_numbers_equal_the_summary_and_stand_beside_the_papers(run_folder, tmp_path) -> None:
     md, page = build_report([run_folder], tmp_path / "out")
     text = md.read_text()
@@ -59,6 +60,8 @@ def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
         load_config(None, ["paper_table=fedala-table9"])
 
 
+@pytest.mark.integration
+@pytest.mark.browser
 def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> None:
     """.ci/run installs Chromium and sets PFLKIT_REQUIRE_BROWSER=1, so there this test never skips."""
     browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
@@ -81,6 +84,7 @@ def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> Non
     assert colored.sum() > 200, "no coloured figure pixels: the embedded plots did not render"
 
 
+@pytest.mark.integration
 def test_tensorboard_tracker_writes_every_record(tmp_path) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -101,6 +105,7 @@ def test_sosicfl_cells_carry_table_5_beside_tables_2_and_3() -> None:
     assert "sosicfl_plus" not in PAPER_TABLES["sosicfl-table2/cifar10-simplecnn-2fold"]["tta"]  # not run on 2-Fold
 
 
+@pytest.mark.integration
 def test_cost_beside_the_papers_table_3_in_units_of_sigma(tmp_path) -> None:
     config = load_config(None, ["num_clients=5", "rounds=1", 'algorithms=["fedavg", "fedrep", "fedfomo"]',
                                 "paper_table=fedala-table3/tiny-resnet18"])
@@ -123,6 +128,7 @@ def test_fedala_table_4_columns_and_ala_applicability_cells() -> None:
                  - PAPER_TABLES["fedala-table4/ala-cifar100"]["values"]["fedphp"][0], 2) == 3.76
 
 
+@pytest.mark.integration
 def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
     from pflkit.run.sweep import run_sweep
 
@@ -147,6 +153,7 @@ def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
     assert (tmp_path / "docs" / "results.html").is_file()
 
 
+@pytest.mark.integration
 def test_a_p_sweep_shows_alas_learnable_weights_beside_table_6s_param_row(tmp_path) -> None:
     """FedALA Table 6's "Param." row: ALA's element-wise weights per p, here counted from the run's
     model (the digits CNN on 8x8 digits: fc 64x10 + 10 = 650 for p = 1, + fc1 128x64 + 64 = 8,906 for p = 2)."""
@@ -171,6 +178,7 @@ def test_partition_plot_of_thousands_of_clients_stays_small(tmp_path) -> None:
     assert 0 < (tmp_path / "p.png").stat().st_size < 500_000
 
 
+@pytest.mark.integration
 def test_an_unfinished_run_is_reported_over_its_finished_runs(tmp_path) -> None:
     from tests.support.runs import InterruptAfter
 
@@ -188,6 +196,7 @@ def test_an_unfinished_run_is_reported_over_its_finished_runs(tmp_path) -> None:
         build_report([tmp_path / "empty"], tmp_path / "out2")
 
 
+@pytest.mark.integration
 def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp_path) -> None:
     """docs/results/<table>/<cell>/: cells that differ only in methods and seeds are one table;
     an unfinished cell is listed with the round it reached; paper methods not run say so."""
@@ -328,6 +337,7 @@ def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
     assert not one_setting([plain, cell("ditto", "workers = 1\neval_every = 5")])
 
 
+@pytest.mark.integration
 def test_an_unfinished_cells_best_so_far_is_on_the_plateau_metric(tmp_path) -> None:
     """A table whose runs stop on the global accuracy (SosicFL's protocol) lists an unfinished cell's
     best global accuracy so far, named, not its local one."""

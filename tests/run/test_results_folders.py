@@ -48,6 +48,8 @@ def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 120.
         time.sleep(0.05)
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_a_second_process_is_refused_and_a_stopped_run_says_how_to_continue(tmp_path, stop):
     out = tmp_path / "run"
@@ -78,6 +80,7 @@ def test_a_second_process_is_refused_and_a_stopped_run_says_how_to_continue(tmp_
     assert len(recorded) == len(set(recorded))  # the refused processes wrote nothing
 
 
+@pytest.mark.integration
 def test_an_interrupted_sweep_says_the_whole_command_to_continue_with(tmp_path):
     out = tmp_path / "sweep"
     command = [sys.executable, "-m", "pflkit.cli", "sweep", *FAST, "rounds=100000", "lr=[0.05,0.1]", "--out", str(out),
@@ -98,6 +101,7 @@ def test_an_interrupted_sweep_says_the_whole_command_to_continue_with(tmp_path):
     assert f"--out {out} --metric final_accuracy): finished cells are kept and the interrupted one resumes" in text
 
 
+@pytest.mark.integration
 def test_a_complete_run_resumed_again_changes_nothing(tmp_path):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", *FAST, "rounds=4", "--out", str(out), "--quiet"])
@@ -116,6 +120,7 @@ def test_default_folders_started_in_the_same_second_differ(tmp_path):
     assert all(f.name.startswith("demo-20") for f in folders)
 
 
+@pytest.mark.integration
 def test_a_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "sw"
     args = ["sweep", *FAST, "rounds=1", "lr=[1e12,0.05]", "--out", str(out), "--quiet"]
@@ -135,6 +140,7 @@ def test_a_failing_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert (out / "lr=0.05" / "summary.json").stat().st_mtime_ns == finished
 
 
+@pytest.mark.integration
 def test_a_sweep_cell_reruns_from_the_reproduce_command_of_the_report(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
     result = CliRunner().invoke(main, ["sweep", *FAST, "rounds=1", "lr=[0.05]", "--out", "sw", "--quiet"])
@@ -183,6 +189,7 @@ class StopInRound2:
                 raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0") from None
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("how", ["deferred", "converted"])
 def test_a_stop_signal_during_a_write_still_ends_as_an_interruption(tmp_path, how):
     callback = StopInRound2(how)

@@ -25,6 +25,7 @@ from tests.support.runs import KILL_AFTER, InterruptAfter, records_without_timin
 ALGOS = 'algorithms=["fedavg","fedprox","ditto","fedrep","fedala","fedprox+ala","ditto+ala"]'
 
 
+@pytest.mark.integration
 def test_cli_two_rounds_writes_a_complete_results_folder(tmp_path, fast_config):
     out = tmp_path / "run"
     result = CliRunner().invoke(main, ["run", *fast_config, ALGOS, "--out", str(out), "--quiet"])
@@ -48,6 +49,7 @@ def test_cli_two_rounds_writes_a_complete_results_folder(tmp_path, fast_config):
     assert load_config(out / "config.toml").train.rounds == 2
 
 
+@pytest.mark.integration
 def test_same_seed_gives_identical_numbers_and_seeds_summarize(tmp_path, fast_config):
     cfg = load_config(None, fast_config + ['algorithms=["fedala"]', "seeds=[0, 1]"])
     s1 = run_experiment(cfg, tmp_path / "a", progress=False, echo=lambda s: None)
@@ -59,6 +61,7 @@ def test_same_seed_gives_identical_numbers_and_seeds_summarize(tmp_path, fast_co
     assert s1["fedala"]["best_accuracy_std"] == pytest.approx(np.std(per_seed))
 
 
+@pytest.mark.integration
 def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_config):
     overrides = fast_config + ['algorithms=["fedavg","fedala"]', "rounds=4"]
     cfg = load_config(None, overrides)
@@ -74,6 +77,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_confi
     assert records_without_timings(tmp_path / "cut") == records_without_timings(tmp_path / "full")
 
 
+@pytest.mark.integration
 def test_a_folder_with_an_older_flat_config_resumes(tmp_path, fast_config):
     """A results folder written before the config had sections holds a flat config.toml (its
     digest in run.json is that text's): --resume loads it and continues to the same numbers."""
@@ -104,6 +108,7 @@ def test_a_folder_with_an_older_flat_config_resumes(tmp_path, fast_config):
     assert folder.config_path.read_text() == text  # the folder keeps the file it was started with
 
 
+@pytest.mark.integration
 def test_kill_9_then_resume_gives_the_same_metrics(tmp_path, fast_config):
     # checkpoints every 2 rounds: the kill after round 3 leaves a metrics row past the last checkpoint
     overrides = fast_config + ['algorithms=["fedavg","fedala"]', "rounds=6", "checkpoint_every=2"]
@@ -174,6 +179,7 @@ def test_impossible_partition_is_refused_before_any_output(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_nan_loss_stops_with_a_clear_error_and_a_failed_folder(tmp_path, fast_config):
     cfg = load_config(None, fast_config + ['algorithms=["fedavg"]', "lr=1e12"])
     with pytest.raises(NonFiniteLossError, match=r"algorithm fedavg, client \d+, round \d+"):
@@ -193,6 +199,7 @@ def test_refuses_to_overwrite_a_results_folder(tmp_path, fast_config):
     assert result.exit_code == 2 and "not a pflkit results folder" in result.output
 
 
+@pytest.mark.integration
 def test_seconds_per_round_counts_the_final_pass_where_a_one_round_run_meets_alas_start_phase(tmp_path, fast_config):
     from pflkit.reporting.summary import run_metrics
 

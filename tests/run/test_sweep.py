@@ -29,6 +29,7 @@ def test_split_axes_tells_sweeps_from_list_keys() -> None:
         split_axes(["fedala.p=[]"])
 
 
+@pytest.mark.integration
 def test_a_2x2_sweep_resumes_after_a_kill_without_rerunning_finished_cells(tmp_path) -> None:
     parent = tmp_path / "sweep"
     calls = {"n": 0}
@@ -77,6 +78,7 @@ def test_sweep_cli_rejects_bad_grids(tmp_path) -> None:
     assert not (tmp_path / "a").exists()  # nothing is run or created when a cell's config is bad
 
 
+@pytest.mark.integration
 def test_a_cell_run_with_another_config_is_not_reused(tmp_path) -> None:
     run_sweep(None, ["rounds=1", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.1]"], tmp_path, progress=False,
               echo=lambda s: None)
@@ -95,6 +97,7 @@ def test_paper_sweep_files_plan_their_grids(path) -> None:
         load_config(path, ["data_dir='/x'"])
 
 
+@pytest.mark.integration
 def test_a_cell_with_an_unreadable_run_json_fails_clearly_and_the_sweep_goes_on(tmp_path) -> None:
     """A finished cell whose run.json was damaged is not trusted as finished (nor resumed blindly): it
     is reported failed naming the file, and the sweep finishes the others."""
@@ -120,6 +123,7 @@ def test_a_command_line_list_replaces_the_sweep_files_list(tmp_path):
     assert [a.key for a in axes] == ["seeds"] and cells[0][1].algorithms == ["fedala"]
 
 
+@pytest.mark.integration
 def test_a_cell_run_with_other_workers_is_the_same_cell(tmp_path):
     """run.workers (and the other execution keys) change no number: a finished cell is reused, an
     unfinished one continued, whatever the machine's worker count."""

@@ -12,6 +12,7 @@ from pflkit.run.experiment import run_experiment
 from pflkit.run.trajectory import load_trace
 
 
+@pytest.mark.integration
 def test_traced_models_are_the_clients_scored_models_and_plot_on_a_pca_plane(tmp_path) -> None:
     config = load_config(None, ["num_clients=4", "rounds=3", 'algorithms=["fedavg", "fedala"]', "trace.clients=[1]"])
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
