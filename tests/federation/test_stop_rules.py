@@ -17,6 +17,7 @@ def records(folder) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_a_stop_rule_of_ones_own_ends_training_and_names_itself(tmp_path):
     class AfterTwoRounds:
         def on_record(self, state, record) -> None:
@@ -32,6 +33,8 @@ def test_a_stop_rule_of_ones_own_ends_training_and_names_itself(tmp_path):
     assert out[-1]["stopped"] == "budget" and "stopped" not in out[-2]
 
 
+@pytest.mark.integration
+@pytest.mark.flower
 def test_the_plateau_rule_stops_a_flower_run_where_it_stops_the_simulator(tmp_path):
     pytest.importorskip("flwr")
     from pflkit.flower.client_app import app as client_app
@@ -52,6 +55,7 @@ def test_the_plateau_rule_stops_a_flower_run_where_it_stops_the_simulator(tmp_pa
         assert f["test_loss"] == pytest.approx(s["test_loss"], rel=1e-9)
 
 
+@pytest.mark.integration
 def test_a_method_chooses_how_its_client_metrics_reduce_over_a_round(tmp_path, monkeypatch):
     from pflkit.algorithms import Algorithm
     from pflkit.algorithms.fedavg import FedAvg
