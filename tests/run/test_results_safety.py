@@ -54,6 +54,7 @@ def test_a_linked_lock_file_leaves_its_target_alone(tmp_path):
     assert target.read_text() == "keep me"
 
 
+@pytest.mark.integration
 def test_resuming_without_a_checkpoint_keeps_every_record(tmp_path):
     out = interrupted(tmp_path)
     (out / "checkpoints" / "fedavg-seed0.pt").unlink()
@@ -64,6 +65,7 @@ def test_resuming_without_a_checkpoint_keeps_every_record(tmp_path):
     assert (out / "metrics.jsonl").read_bytes() == before
 
 
+@pytest.mark.integration
 def test_a_complete_run_resumed_is_left_as_it_is(tmp_path):
     out = finished(tmp_path)
     before = snapshot(out)
@@ -74,6 +76,7 @@ def test_a_complete_run_resumed_is_left_as_it_is(tmp_path):
     assert json.loads(after["run.json"])["status"] == "complete"
 
 
+@pytest.mark.integration
 def test_another_runs_checkpoint_is_refused_and_changes_nothing(tmp_path):
     other = finished(tmp_path / "other", "seeds=[3]")
     out = interrupted(tmp_path)
@@ -84,6 +87,7 @@ def test_another_runs_checkpoint_is_refused_and_changes_nothing(tmp_path):
     assert (out / "metrics.jsonl").read_bytes() == before
 
 
+@pytest.mark.integration
 def test_a_checkpoint_of_the_same_method_and_seed_under_another_config_is_refused(tmp_path):
     other = finished(tmp_path / "other", "lr=0.02")
     out = interrupted(tmp_path)
@@ -92,6 +96,8 @@ def test_a_checkpoint_of_the_same_method_and_seed_under_another_config_is_refuse
     assert code != 0 and "fedavg seed 0 under another config" in output
 
 
+@pytest.mark.integration
+@pytest.mark.flower
 def test_flower_does_not_continue_a_simulator_run(tmp_path):
     pytest.importorskip("flwr")
     from pflkit.config import load_config
@@ -128,6 +134,7 @@ def test_a_pfllib_pickle_that_would_run_code_is_refused_before_it_runs(tmp_path)
     assert np.array_equal(read_x, x) and read_y.tolist() == [1, 2, 3]
 
 
+@pytest.mark.integration
 def test_a_pipe_in_a_sweep_value_stays_inside_its_cell(tmp_path):
     from pflkit.run.sweep import run_sweep
 

@@ -39,6 +39,8 @@ def wait_for_round(out: Path, proc: subprocess.Popen, rounds: int = 1, timeout: 
     pytest.fail("the run wrote no record in time")
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_mid_round_ends_the_run_within_seconds(tmp_path, sig):
     out = tmp_path / "run"
