@@ -1,14 +1,17 @@
-"""APPLE's client round against my own transcriptions of the two reference implementations, with
-the proximal term on p active (mu > 0, a round with lambda(r) > 0), and the partner tests of the
-strict xfails in ``tests/test_reference_pfllib_b.py``: each applies the difference that
-docs/algorithms.md records to the reference's transcription and asserts equality, so that a third
-behaviour (neither the reference's nor the documented one) fails.
+"""APPLE (spec §2.11): the loss schedule and the client step recomputed by hand; the client round
+against my own transcriptions of the two reference implementations, with the proximal term on p
+active (mu > 0, a round with lambda(r) > 0); the strict xfails that state PFLlib's behaviour where
+pflkit differs, and their partners: each applies the difference that docs/algorithms.md records to
+the reference's transcription and asserts equality, so that a third behaviour (neither the
+reference's nor the documented one) fails.
 
 References read (written from reading them, not copied):
 
-* TsingZ0/PFLlib ffb17a9 (2022-12-03, "add APPLE"; the same loop at d832e76)
+* TsingZ0/PFLlib ffb17a9 (2022-12-03, "add APPLE"; absent at f1e313a; the same loop at d832e76)
   ``system/flcore/clients/clientapple.py`` (``train``, ``aggregate_parameters``),
   ``system/flcore/servers/serverapple.py`` (p0 = the clients' shares of the training samples).
+  Two transcriptions: ``PfllibAppleMixingClient`` (the xfails' and the first round's) and
+  ``PfllibAppleClient`` (with the recorded differences as switches, the partners').
 * ljaiverson/pFL-APPLE 8078196 (the authors' code) ``train_APPLE.py`` (``train_one_round``),
   ``utils/models.py`` (``ClientNet``: every layer is sum_i p_i layer_i(x), ``extract_learnables``),
   ``utils/losses.py`` (``reg_loss``, ``get_reg_coef``), ``utils/apple.py`` (``init_pss``).
@@ -25,37 +28,216 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers import batch_pairs, params_of
-
-from pflkit.algorithms import ClientSummary, TrainSettings
-from pflkit.methods import build_algorithm
+from pflkit.algorithms import ClientSummary
 from pflkit.algorithms.apple import loss_scale
 from pflkit.config import load_config
-from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext
-from pflkit.models import build_model
+from pflkit.methods import build_algorithm
 
+from tests.support.builders import (batch_pairs, build, client_context, client_ctx, params_of, perturbed, stream,
+                                    summaries, tiny_context)
+from tests.support.checks import ATOL, RTOL, assert_params_close
+from tests.support.references import XFAIL_DIFFERS, ce_grads, module_at, weights
+
+
+def test_apple_loss_schedule():
+    assert loss_scale(0, 100, 0.2, "cos") == pytest.approx(1.0)
+    assert loss_scale(10, 100, 0.2, "cos") == pytest.approx(0.5)
+    assert loss_scale(20, 100, 0.2, "cos") == 0.0
+    assert loss_scale(10, 100, 0.2, "exp") == pytest.approx(0.001 ** 0.5)
+
+
+def test_apple_step_updates_own_core_and_relationship_vector():
+    ctx = tiny_context(n_train=10, batch_size=10, lr=0.05)
+    alg = build("apple", ctx, "apple.mu=0.5", "apple.L=1.0")
+    cores = [params_of(ctx, s) for s in (1, 2, 3)]
+    server = alg.prepare(alg.init_server(cores[0]), summaries([10, 30, 60]))
+    server["models"] = dict(enumerate(cores))
+    payload = alg.downlink(server, 0, 1)
+    torch.testing.assert_close(payload["p0"], torch.tensor([0.1, 0.3, 0.6]))
+    state, _ = alg.local_init(payload, alg.init_client(cores[0], 0), ctx)
+    p = torch.tensor([0.1, 0.3, 0.6])
+    personal = {k: sum(p[j] * cores[j][k] for j in range(3)) for k in cores[0]}
+    torch.testing.assert_close(alg.eval_params(state), personal)
+    # perturb p away from p0 so the proximal term has a gradient
+    state = {**state, "p": torch.tensor([0.2, 0.3, 0.5])}
+    p = state["p"]
+    personal = {k: sum(p[j] * cores[j][k] for j in range(3)) for k in cores[0]}
+    new, upload, _ = alg.local_train(payload, state, ctx)
+    (x, y), = batch_pairs(ctx, "train", 1)
+    g = ce_grads(ctx, personal, x, y)
+    scale = loss_scale(1, ctx.train.rounds, 1.0, "cos") * 0.5
+    core_lr = 0.05  # the local lr (default)
+    for k in cores[0]:
+        torch.testing.assert_close(new["model"][k], cores[0][k] - core_lr * p[0] * g[k], rtol=1e-4, atol=1e-6)
+    grad_p = torch.tensor([float(sum((g[k] * cores[j][k]).sum() for k in g)) for j in range(3)])
+    grad_p += 2 * scale * (p - payload["p0"])
+    torch.testing.assert_close(new["p"], p - 0.01 * grad_p, rtol=1e-4, atol=1e-6)
+    assert upload["params"] is new["model"] or torch.equal(upload["params"]["fc.bias"], new["model"]["fc.bias"])
+
+
+# ================================================================ against PFLlib ffb17a9 (the xfails' transcription)
+
+
+class PfllibAppleMixingClient:
+    """clientAPPLE: cores shared as modules, p (floats) starting at 1/N, lamda = 1 at first.
+    Per batch: the model becomes sum_j p_j core_j; CE backward; own core -= lr*N * p_i * grad;
+    then every p_j -= drlr * (g_j + lamda * mu * (p_j - p0_j)), where g_j is PFLlib's mean over the
+    tensors of mean(grad * core_j) (own core already updated) or, with ``p_rule = "true"``, the
+    true gradient sum(grad * core_j) at the batch's cores (pflkit's documented choice). After the
+    round: lamda <- (cos(R pi / L) + 1) / 2 for R < L = int(L_frac * T), else 0; the upload
+    ``model_c`` is a copy of the model (the mixture of the last batch)."""
+
+    def __init__(self, cid: int, model: torch.nn.Module, n: int, lr: float, drlr: float, mu: float,
+                 l_frac: float, rounds: int, p0: list[float], p_rule: str = "pfllib") -> None:
+        self.cid, self.model, self.n = cid, model, n
+        self.core_lr = lr * n
+        self.drlr, self.mu, self.L = drlr, mu, int(l_frac * rounds)
+        self.ps = [1.0 / n] * n
+        self.p0 = p0
+        self.lamda = 1.0
+        self.p_rule = p_rule
+        self.model_c = copy.deepcopy(model)
+
+    def mix(self, cores) -> None:
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                p.copy_(sum(w * dict(c.named_parameters())[name] for w, c in zip(self.ps, cores)))
+
+    def train(self, R: int, cores: list[torch.nn.Module], batches) -> None:
+        for x, y in batches:
+            self.mix(cores)
+            self.model.zero_grad()
+            F.cross_entropy(self.model(x), y).backward()
+            grads = [p.grad.detach().clone() for p in self.model.parameters()]
+            before = [[q.detach().clone() for q in c.parameters()] for c in cores]
+            with torch.no_grad():
+                for q, g in zip(cores[self.cid].parameters(), grads):
+                    q.sub_(self.core_lr * g * self.ps[self.cid])
+            for j in range(self.n):
+                if self.p_rule == "pfllib":
+                    tensors = list(cores[j].parameters())
+                    g_j = sum(float(torch.mean(g * q.detach())) for g, q in zip(grads, tensors)) / len(tensors)
+                else:
+                    g_j = sum(float(torch.sum(g * q)) for g, q in zip(grads, before[j]))
+                g_j += self.lamda * self.mu * (self.ps[j] - self.p0[j])
+                self.ps[j] -= self.drlr * g_j
+        self.lamda = (math.cos(R * math.pi / self.L) + 1) / 2 if R < self.L else 0.0
+        self.model_c = copy.deepcopy(self.model)
+
+
+def apple_setup(p_rule: str = "true", mu: float = 0.0, rounds: int = 1, round: int = 1, **over):
+    sizes = [30, 20, 50]
+    model = client_ctx(0).model
+    ctx = client_ctx(0, n_train=30, batch_size=10, lr=0.05, round=round, rounds=rounds, model=model)
+    base = params_of(ctx, 1)
+    cores = [base, perturbed(base, 31, 0.05), perturbed(base, 32, 0.05)]
+    opts = {"apple.core_lr": 0.05 * 3, "apple.dr_lr": 0.05, "apple.mu": mu, "apple.L": 0.5, **over}
+    alg = build("apple", ctx, *[f"{k}={v}" for k, v in opts.items()])
+    server = {**alg.prepare(alg.init_server(base), summaries(sizes)), "models": dict(enumerate(cores))}
+    payload = alg.downlink(server, 0, round)
+    p0 = [n / sum(sizes) for n in sizes]
+    ref = PfllibAppleMixingClient(0, module_at(model, base), 3, lr=0.05, drlr=0.05, mu=mu, l_frac=0.5, rounds=rounds,
+                            p0=p0, p_rule=p_rule)
+    return ctx, alg, payload, cores, ref
+
+
+def test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_gradient_of_p():
+    """PFLlib's per-batch loop: the mixture from the current p and cores, the own core's step
+    lr*N*p_ii*grad (pflkit ``core_lr`` = N * lr; default lr), then p. Documented differences set
+    aside: p's gradient is the true one (PFLlib: mean of element-wise products), mu = 0 (the
+    proximal term's schedule and factor are the xfail test below), p starts at PFLlib's 1/N."""
+    ctx, alg, payload, cores, ref = apple_setup()
+    state = {**alg.init_client(cores[0], 0), "p": torch.full((3,), 1 / 3)}
+    state, _ = alg.local_init(payload, state, ctx)
+    core_mods = [module_at(ctx.model, c) for c in cores]
+    ref.mix(core_mods)
+    assert_params_close(alg.eval_params(state), weights(ref.model))  # the mixture with the downloaded cores
+    new, upload, _ = alg.local_train(payload, state, ctx)
+    batches = stream(ctx, "train")
+    assert len(batches) == 3
+    ref.train(1, core_mods, batches)
+    assert_params_close(new["model"], weights(core_mods[0]))
+    assert_params_close(upload["params"], weights(core_mods[0]))  # the trained core (PFLlib: see xfail below)
+    torch.testing.assert_close(new["p"], torch.tensor(ref.ps, dtype=new["p"].dtype), rtol=RTOL, atol=ATOL)
+    assert max(abs(a - 1 / 3) for a in ref.ps) > 1e-3  # p really moved
+    # the documented difference is real: PFLlib's own p rule gives another p
+    _, _, _, cores2, theirs = apple_setup("pfllib")
+    theirs.train(1, [module_at(ctx.model, c) for c in cores2], batches)
+    assert max(abs(a - b) for a, b in zip(theirs.ps, new["p"].tolist())) > 1e-4
+
+
+@XFAIL_DIFFERS(reason="PFLlib starts every client's p at 1/N (clientapple.py __init__, "
+                   "self.ps) and uses the data shares p0 only in the proximal term; pflkit starts p at p0 "
+                   "(apple.py:107)")
+def test_apple_first_p_is_uniform_as_in_pfllib():
+    ctx, alg, payload, cores, ref = apple_setup()
+    state, _ = alg.local_init(payload, alg.init_client(cores[0], 0), ctx)
+    torch.testing.assert_close(state["p"], torch.tensor(ref.ps, dtype=state["p"].dtype))
+
+
+@XFAIL_DIFFERS(reason="PFLlib's client uploads model_c = deepcopy(self.model), the mixture "
+                   "sum_j p_j w_j^c of its last batch (clientapple.py train, end), not its trained core, and its next "
+                   "evaluate() scores that same model; pflkit uploads the core (apple.py:136-138)")
+def test_apple_upload_is_pfllibs_model_c():
+    ctx, alg, payload, cores, ref = apple_setup()
+    state, _ = alg.local_init(payload, {**alg.init_client(cores[0], 0), "p": torch.full((3,), 1 / 3)}, ctx)
+    _, upload, _ = alg.local_train(payload, state, ctx)
+    ref.train(1, [module_at(ctx.model, c) for c in cores], stream(ctx, "train"))
+    assert_params_close(upload["params"], weights(ref.model_c))
+
+
+@XFAIL_DIFFERS(reason="PFLlib's proximal step on p is lamda*mu*(p - p0) (the gradient of "
+                   "lamda*mu/2 ||p - p0||^2); pflkit's loss lamda*mu*||p - p0||^2 steps 2*lamda*mu*(p - p0) "
+                   "(apple.py:80)")
+def test_apple_proximal_step_on_p_is_pfllibs():
+    rounds, r = 10, 3
+    ctx, alg, payload, cores, ref = apple_setup(mu=1.0, rounds=rounds, round=r)
+    state = {**alg.init_client(cores[0], 0), "p": torch.tensor([0.6, 0.1, 0.3])}
+    state, _ = alg.local_init(payload, state, ctx)
+    new, _, _ = alg.local_train(payload, state, ctx)
+    ref.ps = [0.6, 0.1, 0.3]
+    ref.lamda = loss_scale(r, rounds, 0.5, "cos")  # the same lambda: only the proximal factor is compared
+    ref.train(r - 1, [module_at(ctx.model, c) for c in cores], stream(ctx, "train"))
+    torch.testing.assert_close(new["p"], torch.tensor(ref.ps, dtype=new["p"].dtype), rtol=RTOL, atol=ATOL)
+
+
+@XFAIL_DIFFERS(reason="PFLlib's lamda is 1 in its first round (R = 0) and, in round R >= 1, "
+                   "(cos((R-1) pi / int(L T)) + 1) / 2, set at the end of the previous round; pflkit's round r "
+                   "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py:39-46, 130): two rounds ahead")
+def test_apple_lambda_schedule_is_pfllibs():
+    rounds, l_frac = 10, 0.5
+    ref = PfllibAppleMixingClient(0, torch.nn.Linear(1, 1), 1, lr=0.1, drlr=0.0, mu=0.0, l_frac=l_frac, rounds=rounds,
+                            p0=[1.0])
+    theirs = []
+    for R in range(rounds):  # PFLlib's rounds 0..T-1 are pflkit's 1..T
+        theirs.append(ref.lamda)
+        ref.train(R, [], [])
+    ours = [loss_scale(r, rounds, l_frac, "cos") for r in range(1, rounds + 1)]
+    assert ours == pytest.approx(theirs)
+
+
+# ================================================================ client OWN of three, float32 tolerances
 # float32 throughout; the references form the same sums in another order (PFLlib mixes weights
 # tensor by tensor and sums p's gradient in Python floats, the authors' ClientNet mixes the layers'
 # outputs), so they agree up to float32 rounding: measured at most 6e-8 after three steps.
 # rtol is torch's own float32 default; atol covers entries near 0
-RTOL, ATOL = 1.3e-6, 1e-7
+F32_RTOL, F32_ATOL = 1.3e-6, 1e-7
+
+
 SIZES = [20, 30, 50]  # training samples of clients 0, 1, 2: p0 = (0.2, 0.3, 0.5)
+
+
 P0 = [n / sum(SIZES) for n in SIZES]
+
+
 OWN = 1  # the client under test (not slot 0, so that a wrong own slot shows)
 
 
 def client(*, round: int, rounds: int, lr: float = 0.05, momentum: float = 0.0) -> SingleClientContext:
-    torch.manual_seed(0)
-    model = build_model("digits_cnn", (1, 8, 8), 10)
-    n = SIZES[OWN]
-    g = torch.Generator().manual_seed(700)
-    x = torch.randn(n + 8, 1, 8, 8, generator=g)
-    y = torch.randint(0, 10, (n + 8,), generator=g)
-    data = ClientData(OWN, x[:n], y[:n], x[n:], y[n:])
-    train = TrainSettings(batch_size=10, local_epochs=1, lr=lr, rounds=rounds, momentum=momentum)
-    return SingleClientContext(client_id=OWN, round=round, seed=0, data=data, model=model, units=model.units(),
-                               train=train, algorithm="apple")
+    """Client OWN with SIZES[OWN] random samples (data seed 700) and the digits CNN (seed 0)."""
+    return client_context(OWN, n_train=SIZES[OWN], data_seed=700, round=round, algorithm="apple", batch_size=10,
+                          local_epochs=1, lr=lr, rounds=rounds, momentum=momentum)
 
 
 def cores_of(ctx) -> list[dict]:
@@ -84,25 +266,13 @@ def run_round(alg, payload, ctx, p=None):
     return state, *alg.local_train(payload, state, ctx)
 
 
-def module_at(model: nn.Module, params: dict) -> nn.Module:
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        for k, v in m.named_parameters():
-            v.copy_(params[k])
-    return m
-
-
-def values(m: nn.Module) -> dict:
-    return {k: v.detach().clone() for k, v in m.named_parameters()}
-
-
-def assert_params_close(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=RTOL, atol=ATOL, msg=lambda m, k=k: f"{k}: {m}")
+def assert_params_f32_close(a: dict, b: dict) -> None:
+    assert_params_close(a, b, rtol=F32_RTOL, atol=F32_ATOL)
 
 
 # ================================================================ PFLlib's clientAPPLE
+
+
 class PfllibAppleClient:
     """clientAPPLE.train restated. Every batch: the client's model is overwritten by the mixture
     sum_j p_j core_j (aggregate_parameters); CE, backward into that model; the own core steps
@@ -151,6 +321,8 @@ class PfllibAppleClient:
 
 
 # ================================================================ the authors' ClientNet
+
+
 class AuthorsClientNet(nn.Module):
     """ljaiverson/pFL-APPLE's ClientNet on the digits CNN: every layer is a superBlock, sum_i p_i
     layer_i(x) over one copy of the layer per client, with ReLU and 2x2 max-pooling between them
@@ -223,6 +395,8 @@ def authors_client_round(net: AuthorsClientNet, batches, p0: list[float], coef: 
 
 
 # ================================================================ tests
+
+
 ROUNDS, L_FRAC = 10, 0.5  # L * T = 5 rounds of a non-zero lambda
 
 
@@ -247,9 +421,9 @@ def test_apple_round_with_the_proximal_term_matches_the_authors_client_under_mom
     assert len(batches) == 3
     losses = authors_client_round(net, batches, P0, coef, lr_net=0.05, lr_coef=0.02, momentum=0.9)
     core, ps = net.extract_learnables()
-    assert_params_close(new["model"], core)
-    assert_params_close(upload["params"], core)  # the trained core is uploaded (extract_learnables)
-    torch.testing.assert_close(new["p"], ps, rtol=RTOL, atol=ATOL)
+    assert_params_f32_close(new["model"], core)
+    assert_params_f32_close(upload["params"], core)  # the trained core is uploaded (extract_learnables)
+    torch.testing.assert_close(new["p"], ps, rtol=F32_RTOL, atol=F32_ATOL)
     assert float(metrics["train_loss"]) == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     # the proximal term moved p by far more than the tolerance: without it p ends elsewhere
     _, plain, _, _ = run_round(setup(ctx, "apple.mu=0", f"apple.L={L_FRAC}", "apple.dr_lr=0.02")[0], payload, ctx,
@@ -275,8 +449,8 @@ def test_apple_proximal_step_on_p_is_pfllibs_doubled():
     assert ref.lamda > 0.3
     core_mods = [module_at(ctx.model, c) for c in cores]
     ref.train(r - 1, core_mods, batch_pairs(ctx, "train"))
-    torch.testing.assert_close(new["p"], torch.tensor(ref.ps), rtol=RTOL, atol=ATOL)
-    assert_params_close(new["model"], values(core_mods[OWN]))
+    torch.testing.assert_close(new["p"], torch.tensor(ref.ps), rtol=F32_RTOL, atol=F32_ATOL)
+    assert_params_f32_close(new["model"], weights(core_mods[OWN]))
     # PFLlib's own factor (what the xfail compares) gives another p
     theirs = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.05 * 3, drlr=0.05, mu=mu, l_frac=L_FRAC, rounds=ROUNDS,
                                p0=P0, p_grad="true", prox_factor=1.0)
@@ -299,8 +473,8 @@ def test_apple_first_p_is_the_data_shares_and_the_round_from_it_is_pfllibs():
     ref.lamda = loss_scale(1, ROUNDS, L_FRAC, "cos")
     core_mods = [module_at(ctx.model, c) for c in cores]
     ref.train(0, core_mods, batch_pairs(ctx, "train"))
-    torch.testing.assert_close(new["p"], torch.tensor(ref.ps), rtol=RTOL, atol=ATOL)
-    assert_params_close(new["model"], values(core_mods[OWN]))
+    torch.testing.assert_close(new["p"], torch.tensor(ref.ps), rtol=F32_RTOL, atol=F32_ATOL)
+    assert_params_f32_close(new["model"], weights(core_mods[OWN]))
 
 
 def test_apple_upload_is_the_trained_core_not_pfllibs_model_c():
@@ -316,8 +490,8 @@ def test_apple_upload_is_the_trained_core_not_pfllibs_model_c():
     ref.lamda = loss_scale(2, ROUNDS, L_FRAC, "cos")
     core_mods = [module_at(ctx.model, c) for c in cores]
     ref.train(1, core_mods, batch_pairs(ctx, "train"))
-    assert_params_close(upload["params"], values(core_mods[OWN]))
-    mixture = values(ref.model_c)
+    assert_params_f32_close(upload["params"], weights(core_mods[OWN]))
+    mixture = weights(ref.model_c)
     assert max(float((mixture[k] - upload["params"][k]).abs().max()) for k in mixture) > 1e-2
 
 

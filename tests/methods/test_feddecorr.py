@@ -1,4 +1,4 @@
-"""FedDecorr's loss and client round against my own transcription of the authors' code.
+"""FedDecorr's loss and client round against my own transcriptions of the authors' code.
 
 Reference read (written from reading it, not copied): bytedance/FedDecorr 973e4af, ``loss.py``
 (``FedDecorrLoss``), ``approach/fedavg.py`` (``FedAvg._local_training``: SGD with momentum
@@ -17,35 +17,56 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers import batch_pairs, params_of
-
-from pflkit.algorithms import TrainSettings
-from pflkit.methods import build_algorithm
-from pflkit.algorithms.feddecorr import feddecorr_loss
-from pflkit.config import load_config
-from pflkit.data.federated import ClientData
+from pflkit.algorithms.feddecorr import decorrelation, feddecorr_loss
 from pflkit.engines import SingleClientContext
 from pflkit.functional.training import Batch
-from pflkit.models import build_model
+
+from tests.support.builders import batch_pairs, build, client_context, params_of
+
+
+def reference_decorrelation(x: torch.Tensor) -> torch.Tensor:
+    """My transcription of bytedance/FedDecorr loss.py (commit 973e4af, FedDecorrLoss.forward):
+    0 for one sample; z = (x - mean) / sqrt(1e-8 + unbiased var); M = z^T z; the mean of M's squared
+    off-diagonal entries, divided by N."""
+    N, d = x.shape
+    if N == 1:
+        return torch.zeros(())
+    z = (x - x.mean(0)) / torch.sqrt(1e-8 + x.var(0))
+    M = z.t() @ z
+    off = [M[i, j] ** 2 for i in range(d) for j in range(d) if i != j]
+    return torch.stack(off).mean() / N
+
+
+def test_decorrelation_is_the_authors_loss_and_the_papers_form_is_about_n_times_weaker():
+    g = torch.Generator().manual_seed(0)
+    h = (torch.randn(64, 12, generator=g, dtype=torch.float64) @ torch.randn(12, 12, generator=g, dtype=torch.float64))
+    ours = decorrelation(h)
+    assert float(ours) == pytest.approx(float(reference_decorrelation(h)), rel=1e-10)
+    # padded rows (mask 0) change nothing
+    padded = torch.cat([h, torch.randn(5, 12, generator=g, dtype=torch.float64)])
+    mask = torch.cat([torch.ones(64), torch.zeros(5)]).double()
+    assert float(decorrelation(padded, mask)) == pytest.approx(float(ours), rel=1e-10)
+    assert float(decorrelation(h[:1])) == 0.0 == float(decorrelation(h[:1], form="paper"))
+    # the paper's form: ||K||_F^2 / d^2; the same gradient direction, (N-1)^2 d / (N (d-1)) times smaller
+    z = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + 1e-5)
+    assert float(decorrelation(h, form="paper")) == pytest.approx(float(((z.t() @ z / 64) ** 2).sum() / 144), rel=1e-8)
+    grads = [torch.autograd.grad(decorrelation(x, form=form), x)[0]
+             for form in ("reference", "paper") for x in [h.clone().requires_grad_()]]
+    assert float(F.cosine_similarity(grads[0].flatten(), grads[1].flatten(), dim=0)) == pytest.approx(1.0, abs=1e-6)
+    assert float(grads[0].norm() / grads[1].norm()) == pytest.approx(63 ** 2 * 12 / (64 * 11), rel=1e-3)
+
+
+# ---- the batch loss and the client round -----------------------------------------------------
+
 
 BODY = 3  # digits_cnn: conv1, conv2, fc1; fc1's output (64 features) is the classifier's input
 
 
 def client(n_train: int = 40, lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 1e-5,
            epochs: int = 2) -> SingleClientContext:
-    torch.manual_seed(0)
-    model = build_model("digits_cnn", (1, 8, 8), 10)
-    g = torch.Generator().manual_seed(321)
-    x = torch.randn(n_train + 8, 1, 8, 8, generator=g)
-    y = torch.randint(0, 10, (n_train + 8,), generator=g)
-    data = ClientData(0, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
-    train = TrainSettings(batch_size=10, local_epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return SingleClientContext(client_id=0, round=1, seed=0, data=data, model=model, units=model.units(),
-                               train=train, algorithm="feddecorr")
-
-
-def build(ctx, *overrides: str):
-    return build_algorithm("feddecorr", load_config(None, list(overrides)).algorithm_sections(), ctx.train, ctx.units)
+    """Client 0 (data seed 321) and the digits CNN (seed 0) under the authors' optimiser settings."""
+    return client_context(0, n_train=n_train, data_seed=321, algorithm="feddecorr", batch_size=10,
+                          local_epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 def authors_decorr(x: torch.Tensor) -> torch.Tensor:
@@ -125,7 +146,7 @@ def test_feddecorr_client_round_is_the_authors_local_training(beta):
     """Two epochs under the authors' momentum 0.9 and weight decay 1e-5, at the default
     coefficient 0.1 and at their CIFAR-100 value 0.05."""
     ctx = client()
-    alg = build(ctx, *([] if beta is None else [f"feddecorr.beta={beta}"]))
+    alg = build("feddecorr", ctx, *([] if beta is None else [f"feddecorr.beta={beta}"]))
     coef = 0.1 if beta is None else beta
     assert alg.settings.beta == coef
     glob = params_of(ctx, 2)

@@ -1,6 +1,8 @@
-"""FedNH's client round and server step against my own transcription of the authors' code, with
-the settings their runs use (SGD momentum 0.9 and weight decay, gradient clipping) and a
-prototype smoothing rho other than 0.5 (where rho and 1 - rho are interchangeable).
+"""FedNH: orthogonal prototypes, the learnable scale, clipping and the uniform server mean
+against a computation by hand (spec §3), and the client round and server step against my own
+transcriptions of the authors' code, with the settings their runs use (SGD momentum 0.9 and weight
+decay, gradient clipping) and a prototype smoothing rho other than 0.5 (where rho and 1 - rho are
+interchangeable).
 
 Reference read (written from reading it, not copied): Yutong-Dai/FedNH 60c3161,
 ``src/flbase/strategies/FedUH.py`` (``FedUHClient.training``: SGD with momentum and weight decay
@@ -22,35 +24,89 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers import batch_pairs, params_of
-
-from pflkit.algorithms import ClientSummary, TrainSettings
-from pflkit.methods import build_algorithm
-from pflkit.algorithms.fednh import SCALE
-from pflkit.config import load_config
-from pflkit.data.federated import ClientData
+from pflkit.algorithms import ClientSummary
+from pflkit.algorithms.fednh import SCALE, spread_prototypes
 from pflkit.engines import SingleClientContext
-from pflkit.models import build_model
+
+from tests.support.builders import batch_pairs, build, client_context, params_of, tiny_context
+
+
+def reference_fednh_client(ctx, glob: dict, scale: float, lr: float, clip: float) -> tuple[dict, float]:
+    """My transcription of the authors' FedNH client (Yutong-Dai/FedNH 60c3161, FedUH.py training
+    loop with FedNH's model): logits = s * normalise(h) @ P^T with the prototypes P frozen, CE,
+    backward into the body and s, clip_grad_norm_(body + s, clip), then an SGD step."""
+    from pflkit.functional import forward
+
+    body_names = [k for k in glob if not k.startswith("fc.")]
+    w = {k: v.detach().clone() for k, v in glob.items()}
+    s = torch.tensor(scale)
+    for x, y in batch_pairs(ctx, "train", 1):
+        leaves = {k: w[k].clone().requires_grad_(True) for k in body_names}
+        s_leaf = s.clone().requires_grad_(True)
+        h = forward(ctx.model, {**w, **leaves}, x, train=True, stop=len(ctx.units) - 1).flatten(1)
+        logits = s_leaf * (h / h.norm(dim=1, keepdim=True).clamp(min=1e-12)) @ w["fc.weight"].t()
+        grads = torch.autograd.grad(F.cross_entropy(logits, y), [*leaves.values(), s_leaf])
+        total = torch.sqrt(sum((g ** 2).sum() for g in grads))
+        coef = min(1.0, clip / (float(total) + 1e-6))
+        for (k, v), g in zip(leaves.items(), grads):
+            w[k] = (v - lr * coef * g).detach()
+        s = (s_leaf - lr * coef * grads[-1]).detach()
+    return w, float(s)
+
+
+def test_fednh_orthogonal_prototypes_learnable_scale_clipping_and_uniform_server_mean():
+    P = spread_prototypes(10, 16, 300)  # the option prototype_init = "spread"
+    cos = P @ P.t()
+    assert torch.allclose(P.norm(dim=1), torch.ones(10), atol=1e-5) and (cos - torch.eye(10)).max() < 0.3
+    ctx = tiny_context(n_train=30, lr=0.5)
+    alg = build("fednh", ctx, "fednh.smoothing=0.5", "fednh.clip_norm=0.5")
+    server = alg.init_server(params_of(ctx, 2))
+    glob = server["global"]
+    W = glob["fc.weight"]  # orthonormal rows (10 <= 64 features)
+    torch.testing.assert_close(W @ W.t(), torch.eye(10), atol=1e-5, rtol=0)
+    assert glob["fc.bias"].abs().sum() == 0 and float(server[SCALE]) == 1.0
+    state, _ = alg.local_init(alg.downlink(server, 0, 1), alg.init_client(params_of(ctx, 5), 0), ctx)
+    assert float(state[SCALE]) == 1.0 and torch.equal(state["model"]["fc.weight"], W)
+    new, upload, _ = alg.local_train(alg.downlink(server, 0, 1), state, ctx)
+    assert torch.equal(new["model"]["fc.weight"], W)  # prototypes frozen on clients
+    expected, expected_scale = reference_fednh_client(ctx, glob, 1.0, lr=0.5, clip=0.5)
+    torch.testing.assert_close(new["model"], expected, rtol=1e-4, atol=1e-6)
+    assert float(upload["scale"]) == pytest.approx(expected_scale, rel=1e-5) and expected_scale != 1.0
+    # evaluation ranks classes by s * cos: the scored head is s * W
+    torch.testing.assert_close(alg.eval_params(new)["fc.weight"], new[SCALE] * W)
+    # server: uniform mean of the bodies and of s (not sample-weighted); prototypes smoothed where seen
+    other = {**upload, "params": {k: v + 1.0 for k, v in upload["params"].items()}, "num_samples": 90,
+             "scale": torch.tensor(3.0), "client_id": 1}
+    out = alg.aggregate(server, [{**upload, "client_id": 0}, other], 1)
+    merged = out["global"]
+    body = [k for k in glob if not k.startswith("fc.")]
+    for k in body:
+        torch.testing.assert_close(merged[k], upload["params"][k] + 0.5)
+    assert float(out[SCALE]) == pytest.approx((expected_scale + 3.0) / 2, rel=1e-6)
+    counts = upload["class_counts"] + other["class_counts"]
+    seen = counts > 0
+    average = F.normalize(upload["class_counts"][:, None] * upload["class_means"]
+                          + other["class_counts"][:, None] * other["class_means"], dim=1)
+    smoothed = F.normalize(0.5 * W + 0.5 * average, dim=1)
+    torch.testing.assert_close(merged["fc.weight"][seen], smoothed[seen])
+    torch.testing.assert_close(merged["fc.weight"][~seen], W[~seen])
+    weighted = build("fednh", ctx, "fednh.body_weights='samples'").aggregate(
+        server, [{**upload, "client_id": 0}, other], 1)
+    for k in body:
+        torch.testing.assert_close(weighted["global"][k], upload["params"][k] + 0.75)
+
+
+# ---- under the authors' optimiser and at rho other than one half ----------------------------
+
 
 BODY = 3  # digits_cnn: conv1, conv2, fc1 form the body; fc holds the prototypes
 
 
 def client(cid: int, classes: list[int], n_train: int = 40, lr: float = 0.1, momentum: float = 0.9,
            weight_decay: float = 1e-3, epochs: int = 2) -> SingleClientContext:
-    torch.manual_seed(0)
-    model = build_model("digits_cnn", (1, 8, 8), 10)
-    g = torch.Generator().manual_seed(900 + cid)
-    x = torch.randn(n_train + 8, 1, 8, 8, generator=g)
-    labels = torch.tensor(classes)
-    y = labels[torch.randint(0, len(labels), (n_train + 8,), generator=g)]
-    data = ClientData(cid, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
-    train = TrainSettings(batch_size=10, local_epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return SingleClientContext(client_id=cid, round=1, seed=0, data=data, model=model, units=model.units(),
-                               train=train, algorithm="fednh")
-
-
-def build(ctx, *overrides: str):
-    return build_algorithm("fednh", load_config(None, list(overrides)).algorithm_sections(), ctx.train, ctx.units)
+    """Client ``cid`` with labels from ``classes`` (data seed 900 + cid) and the digits CNN (seed 0)."""
+    return client_context(cid, n_train=n_train, data_seed=900 + cid, classes=classes, algorithm="fednh",
+                          batch_size=10, local_epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
 class AuthorsFedNHModel(nn.Module):
@@ -130,7 +186,7 @@ def authors_server(server_params: dict, server_scale: float, uploads: list[tuple
 @pytest.mark.parametrize("clip", [10.0, 0.8])
 def test_fednh_client_round_is_the_authors_training_under_momentum_weight_decay_and_clipping(clip):
     ctx = client(0, [0, 1, 2, 3, 5, 8])
-    alg = build(ctx, f"fednh.clip_norm={clip}")
+    alg = build("fednh", ctx, f"fednh.clip_norm={clip}")
     server = alg.init_server(params_of(ctx, 2))
     glob = server["global"]
     payload = alg.downlink(server, 0, 1)
@@ -166,7 +222,7 @@ def test_fednh_server_step_is_the_authors_aggregate_at_rho_other_than_one_half(r
     bodies and of s, prototypes smoothed towards the count-weighted average at rho (default 0.9,
     and 0.7)."""
     ctxs = [client(0, [0, 1, 2, 3, 5], n_train=30), client(1, [1, 3, 8], n_train=50)]
-    alg = build(ctxs[0], f"fednh.smoothing={rho}")
+    alg = build("fednh", ctxs[0], f"fednh.smoothing={rho}")
     server = alg.init_server(params_of(ctxs[0], 2))
     server = {**server, SCALE: torch.tensor(1.5)}
     summaries = [ClientSummary(c.client_id, c.num_train, c.label_counts.numpy()) for c in ctxs]

@@ -1,0 +1,62 @@
+"""pflkit's Flower apps on Flower's Simulation Engine (virtual SuperNodes on a local Ray backend)
+give the simulator's records. Skips without Ray (pip install 'pflkit[ray]') unless PFLKIT_REQUIRE_RAY=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from pflkit.config import ConfigError, load_config
+from pflkit.run.experiment import run_experiment
+
+from tests.support.runs import records
+
+pytestmark = [pytest.mark.integration, pytest.mark.flower, pytest.mark.ray]
+
+if os.environ.get("PFLKIT_REQUIRE_RAY") != "1":
+    pytest.importorskip("ray")
+
+
+@pytest.mark.slow
+def test_a_run_on_flowers_simulation_engine_gives_the_simulators_records(tmp_path):
+    from pflkit.flower.simulation import client_resources, run_on_flower_simulation
+
+    # the loop engine: Flower runs each client on its own context (the batched ALA step of the parallel
+    # engine agrees only up to float reassociation)
+    config = load_config(None, ["rounds=2", "num_clients=4", 'algorithms=["fedavg", "fedala", "ditto"]', "engine=loop"])
+    assert client_resources(config) == {"num_cpus": 1.0, "num_gpus": 0.0}
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    flower = run_on_flower_simulation(config, tmp_path / "flower")
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers  # Ray's are gone
+    simulator = run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
+    assert records(tmp_path / "flower") == records(tmp_path / "sim")
+    assert flower.keys() == simulator.keys()
+    assert json.loads((tmp_path / "flower" / "run.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.slow
+def test_clients_of_a_simulation_keep_their_states_on_disk_with_the_disk_store(tmp_path):
+    """state_store = "disk": each virtual node's state lives in a file under the results folder
+    (not in the nodes' memory), with the simulator's records."""
+    from pflkit.flower.simulation import run_on_flower_simulation
+
+    config = load_config(None, ["rounds=2", "num_clients=3", 'algorithms=["fedala"]', "engine=loop",
+                                "state_store=disk"])
+    run_on_flower_simulation(config, tmp_path / "flower")
+    run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
+    assert records(tmp_path / "flower") == records(tmp_path / "sim")
+    files = sorted(p.relative_to(tmp_path / "flower" / "states" / "flower").as_posix()
+                   for p in (tmp_path / "flower" / "states" / "flower").rglob("*.pt"))
+    assert files == [f"client{i}/pflkit.fedala.seed0.pt" for i in range(3)]
+
+
+def test_flower_simulation_refuses_what_it_cannot_run(tmp_path):
+    from pflkit.flower.simulation import run_on_flower_simulation
+
+    with pytest.raises(ConfigError, match="eval_all_clients = true runs in the simulator only"):
+        run_on_flower_simulation(load_config(None, ["eval_all_clients=true"]), tmp_path / "a")
+    with pytest.raises(ConfigError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
+        run_on_flower_simulation(load_config(None, ["rounds=1"]), tmp_path / "b", ray_address="127.0.0.1:1")

@@ -1,0 +1,72 @@
+"""SIGTERM and Ctrl-C stop a run within seconds, even while clients are mid-training: the jobs in
+flight are abandoned, the folder is marked interrupted with its resume command, exit 130; the run
+then resumes to the uninterrupted numbers. A second Ctrl-C while stopping aborts at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# clients that each train for seconds (50 local epochs on the digits), on two worker threads
+SLOW = ["dataset=digits", "num_clients=4", "rounds=3", "local_epochs=50", 'algorithms=["fedavg"]', "engine=parallel",
+        "workers=2"]
+PFLKIT = [sys.executable, "-m", "pflkit.cli"]
+
+
+def start(out: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([*PFLKIT, "run", *SLOW, *args, "--out", str(out), "--quiet"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_round(out: Path, proc: subprocess.Popen, rounds: int = 1, timeout: float = 300) -> None:
+    """Until metrics.jsonl holds ``rounds`` records (the next round's clients are then training)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        path = out / "metrics.jsonl"
+        if path.is_file() and path.read_text().count("\n") >= rounds:
+            time.sleep(0.5)  # into the next round's training
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    pytest.fail("the run wrote no record in time")
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_round_ends_the_run_within_seconds(tmp_path, sig):
+    out = tmp_path / "run"
+    proc = start(out)
+    wait_for_round(out, proc)
+    sent = time.perf_counter()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    took = time.perf_counter() - sent
+    assert proc.returncode == 130, err[-2000:]
+    assert took < 5, f"stopped {took:.1f} s after the signal"
+    assert "stopping" in err and f"pflkit run --resume {out}" in err
+    assert "Traceback" not in err
+    status = json.loads((out / "run.json").read_text())
+    assert status["status"] == "interrupted"
+
+
+def test_a_second_ctrl_c_while_stopping_aborts_at_once(monkeypatch, capsys):
+    from pflkit.federation import stopping
+
+    exits = []
+    monkeypatch.setattr(stopping.os, "_exit", exits.append)
+    stopping.reset_stop()
+    with pytest.raises(KeyboardInterrupt):
+        stopping._request_stop(signal.SIGINT, None)
+    assert exits == [] and "stopping" in capsys.readouterr().err
+    stopping._request_stop(signal.SIGINT, None)  # the second, while the run stops
+    assert exits == [130] and "aborted" in capsys.readouterr().err
+    stopping.reset_stop()
