@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+pytestmark = [pytest.mark.integration, pytest.mark.ray, pytest.mark.slow]
+
 if os.environ.get("PFLKIT_REQUIRE_RAY") != "1":
     pytest.importorskip("ray")
 
