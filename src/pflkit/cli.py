@@ -8,11 +8,13 @@ import logging
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import tomli_w
 
 from .config import describe_keys, load_config, to_dict
+from .data.partition.spec import TestSet
 
 EPILOG = """\b
 Examples:
@@ -156,7 +158,7 @@ def config(args: tuple[str, ...], keys: bool) -> None:
 @click.option("--participants", default=1000, show_default=True,
               help="--scale: clients trained per round at most (more clients: that many sampled)")
 def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: int, workers: int | None,
-          device: str, test_set: str, out: Path, scale: bool, participants: int) -> None:
+          device: str, test_set: TestSet, out: Path, scale: bool, participants: int) -> None:
     """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1).
 
     \b
@@ -176,11 +178,10 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
     if scale:
         from .bench_scale import ScaleSettings, format_scale_report, run_scale_bench
 
+        given: dict[str, Any] = {"clients": counts, "engines": engines.split(","), "rounds": rounds}
         scale_settings = ScaleSettings(
             data_dir=data_dir, algorithms=algos.split(","), participants=participants, workers=workers,
-            device=device, **({"clients": counts} if source("clients") != default else {}),
-            **({"engines": engines.split(",")} if source("engines") != default else {}),
-            **({"rounds": rounds} if source("rounds") != default else {}))
+            device=device, **{key: value for key, value in given.items() if source(key) != default})
         run, show = (lambda: run_scale_bench(scale_settings, echo=click.echo)), format_scale_report
     else:
         if rounds < 2:

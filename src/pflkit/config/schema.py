@@ -4,12 +4,13 @@ own, and those of the outside methods a config names), with the rules across key
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from ..algorithms import Settings, TrainSettings
-from ..data import DATASETS, FILE_DATASETS, PartitionSpec
+from ..data import FILE_DATASETS, PartitionSpec
+from ..data.sources import DatasetName
 from ..methods import REGISTRY, config_sections, parse_name
 from ..models import DEFAULT_MODEL, MODELS
 from .aliases import _named, nest
@@ -25,7 +26,7 @@ class BaseConfig(BaseModel):
     name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
     paper_table: str | None = Field(None, description="the paper's cell this config reproduces, \"<table>/<column>\" "
                                     "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours")
-    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    dataset: DatasetName = "digits"
     data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
                                  "and synthetic)")
     model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
@@ -182,5 +183,5 @@ def config_model(algorithms: Any = ()) -> type[BaseConfig]:
     if key not in _MODELS:
         sections = {**config_sections(), **outside}
         fields: dict[str, Any] = {name: (cls, cls()) for name, cls in sections.items()}
-        _MODELS[key] = create_model("ExperimentConfig", __base__=BaseConfig, **fields)  # type: ignore[call-overload]
+        _MODELS[key] = create_model("ExperimentConfig", __base__=BaseConfig, **fields)
     return _MODELS[key]

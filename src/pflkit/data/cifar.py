@@ -129,6 +129,7 @@ class _Source:
 
 def _read_split(source: _Source, member: str) -> tuple[np.ndarray, np.ndarray]:
     raw, where = source.read(member)
+    assert raw is not None  # a required member: read raises when it is absent
     batch = _unpickle(raw, where)
     layout = source.layout
     if b"data" not in batch or layout.label_key not in batch:

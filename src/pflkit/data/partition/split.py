@@ -8,6 +8,8 @@ It draws the partition of ``spec.method`` from the partition seed's generator (:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .dirichlet import _dirichlet
@@ -41,7 +43,7 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) ->
                           min_samples_per_client=spec.min_samples_per_client, balance_cap=spec.balance_cap,
                           max_retries=spec.max_retries, batch_size=batch_size,
                           train_fraction=spec.train_fraction, official=spec.official)
-    pathological = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
+    pathological: dict[str, Any] = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
                         batch_size=batch_size, train_fraction=spec.train_fraction,
                         convention=spec.rng)
     parts: list[list[int]] | list[np.ndarray]
