@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from ..functional.params import Params
-from ..functional.training import SGD, GradFn, LossFn, Net
+from ..functional.training import SGD, CarryLossFn, GradFn, LossFn, Net
 from ..models import UnitModel, Units
 
 #: A per-client value: a tensor of shape ``ctx.client_shape`` (0-dim for one client, [K] for K).
@@ -151,7 +151,8 @@ class Fit:
 #: ``fn(trainable, *args) -> scalar`` into ``(grads, value)``. A step written for tensors with a
 #: leading client dimension as well is passed with ``fit(vectorized=True)``: batched contexts call
 #: it directly (``value_and_grad`` is then None), without vmap.
-StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn], Params, Params, Any, Any], tuple[Params, Tensor]]
+StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn] | None, Params, Params, Any, Any],
+                  tuple[Params, Tensor]]
 #: Called after each step on the trainable tensors (in place), e.g. a projection to [0, 1].
 Transform = Callable[[Params], None]
 #: Whether a client stops: called with its list of per-epoch last-step losses.
@@ -209,7 +210,7 @@ class ClientContext(Protocol):
         """The sample with its inputs replaced by the output of units ``0..stop-1`` (training-mode
         forward, no gradient) on the client's parameters (batched: each client's own)."""
 
-    def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
+    def fit(self, params: Params, loss: LossFn | CarryLossFn | None = None, *, step: StepFn | None = None,
             vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
             data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
             until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,

@@ -5,13 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Protocol
 
-from torch import nn
-
 from ..algorithms.base import Algorithm, Payload, State, Upload
 from ..algorithms.context import TrainSettings
 from ..data.federated import FederatedData
-from ..functional import Params
-from ..models import Units
+from ..functional import Ensemble, Params
+from ..models import UnitModel, Units
 from .client import SingleClientContext
 
 
@@ -49,7 +47,7 @@ class ClientResult:
 #: A metric of every participant's trained local model, computed where the client trains, after
 #: training: ``metric(setup, client_id, params) -> {name: JSON value}``, merged into the client's
 #: metrics (FedACD's adaptability metrics are one: ``pflkit.federation.evaluation``).
-LocalModelMetric = Callable[["RoundSetup", int, Params], dict[str, Any]]
+LocalModelMetric = Callable[["RoundSetup", int, Params | Ensemble], dict[str, Any]]
 
 
 @dataclass
@@ -59,14 +57,14 @@ class RoundSetup:
 
     algorithm: Algorithm
     data: FederatedData
-    model: nn.Module
+    model: UnitModel
     units: Units
     train: TrainSettings
     seed: int
     local_model_metrics: tuple[LocalModelMetric, ...] = ()
 
     def context(self, client_id: int, round: int) -> SingleClientContext:
-        return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,  # type: ignore
+        return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,
                                    self.units, self.train, self.algorithm.name)
 
 

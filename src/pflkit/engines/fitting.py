@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from torch import Tensor
 
 from ..algorithms.context import Fit, PerClient, StopRule
 from ..functional import Params
-from ..functional.training import NonFiniteLossError
+from ..functional.training import CarryLossFn, LossFn, Net, NonFiniteLossError
 
 
 @dataclass
@@ -94,6 +94,16 @@ def check_losses(loss_sum: Tensor, clients: list[int], where: Callable[[int], st
         k = clients[int(bad[0])] if len(loss_sum) > 1 else 0
         raise NonFiniteLossError(f"training loss became {float(loss_sum[k])} ({where(k)}); lower the learning "
                                  "rate or check the data for NaN/inf values")
+
+
+def loss_value(loss: LossFn | CarryLossFn, net: Net, params: Params, batch: Any, aux: Any,
+               carry: Sequence[str]) -> tuple[Tensor, Params]:
+    """``loss`` on one batch of the fit's data (a Batch, or a tuple of them with PairedBatches) as
+    (value, the carried tensors): with ``carry`` the loss returns both, else its value alone."""
+    out = loss(net, params, batch, aux)
+    if carry:
+        return cast(tuple[Tensor, Params], out)  # a CarryLossFn: which kind of loss fit got, only carry says
+    return cast(Tensor, out), {}
 
 
 def check_fit_arguments(loss: Any, step: Any, carry: Any, epoch_end: Any) -> None:

@@ -178,4 +178,4 @@ def _table(epochs: list[list[Rows]], to_rows: Callable[[int, Tensor], Tensor], S
                 lam[k, s] = r.lam
                 perm[k, s, :n] = torch.as_tensor(r.perm)
     to = (lambda t: t.to(device) if t is not None else None)  # noqa: E731
-    return Table(to(rows), to(mask), to(lam), to(perm))
+    return Table(rows.to(device), mask.to(device), to(lam), to(perm))
