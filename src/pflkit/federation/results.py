@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; folders are not guarded there
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the optional-module idiom
 
 import tomli_w
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -32,7 +32,7 @@ app = ClientApp()
 
 @app.query()
 def query(message: Message, context: Context) -> Message:
-    meta = message.content["pflkit"]
+    meta: Mapping[str, Any] = message.content["pflkit"]  # the ConfigRecord the server wrote
     setup = node_setup(str(meta["config"]), context.node_config, int(meta["seed"]))
     counts = np.bincount(setup.client.train_y.cpu().numpy(), minlength=setup.data.num_classes)
     reply = ConfigRecord({"client-id": setup.client_id, "num-train": setup.client.num_train,
@@ -54,7 +54,7 @@ def evaluate(message: Message, context: Context) -> Message:
 
 
 def _client_round(message: Message, context: Context, train: bool) -> Message:
-    meta = message.content["pflkit"]
+    meta: Mapping[str, Any] = message.content["pflkit"]  # the ConfigRecord the server wrote
     name, seed, round = str(meta["algorithm"]), int(meta["seed"]), int(meta["round"])
     run = node_run(str(meta["config"]), context.node_config, name, seed)
     setup, algorithm = run.setup, run.round_setup.algorithm
@@ -85,6 +85,7 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     if result.evaluation is not None:
         metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})
     if train:
+        assert result.state is not None and result.upload is not None  # (a trained client's result)
         versions = add_version(versions, round, result.state)
         if shared is None:
             serde.put(context.state, key, versions_to_record(versions))

@@ -32,7 +32,7 @@ class LocalGrid(Grid):
 
     @property
     def run(self) -> Run:
-        return self._run  # type: ignore[return-value]
+        return self._run  # type: ignore[return-value]  # Grid.run is a Run: set_run comes first
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
                        ttl: float | None = None) -> Message:

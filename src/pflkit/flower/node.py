@@ -80,7 +80,9 @@ def _shared_partition(config_text: str, data_dir: str | None, seed: int, device:
     config = config_from_text(config_text)
     pseed = partition_seed(config, seed)
     if config.dataset == "pfllib":
-        return load_pfllib(data_dir or config.data_dir, device=device)
+        folder = data_dir or config.data_dir
+        assert folder is not None  # (the config requires data_dir for pfllib)
+        return load_pfllib(folder, device=device)
     dataset = load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.partition.official)
     return partition_dataset(config, dataset, pseed, device)
 

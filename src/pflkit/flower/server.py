@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import tomli_w
@@ -45,7 +45,7 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
     summaries = []
     info: dict[str, Any] = {}
     for reply in replies:
-        rec = reply.content["pflkit"]
+        rec: Mapping[str, Any] = reply.content["pflkit"]  # the ConfigRecord the client app wrote
         cid = int(rec["client-id"])
         if cid in nodes:
             raise RuntimeError(f"two SuperNodes claim partition-id {cid}")

@@ -57,8 +57,9 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
     if ray_address:
         init_args["address"] = ray_address
     with signal_handlers_kept():  # Ray's SIGTERM handler outlives the simulation otherwise
-        run_simulation(server, client_app, num_supernodes=config.partition.num_clients,
-                       backend_config={"client_resources": client_resources(config), "init_args": init_args})
+        backend_config: dict[str, dict[str, Any]] = {"client_resources": client_resources(config),
+                                                     "init_args": init_args}
+        run_simulation(server, client_app, num_supernodes=config.partition.num_clients, backend_config=backend_config)
     if errors:
         raise errors[0]
     if not summary:

@@ -77,7 +77,9 @@ class PflkitStrategy(Strategy):
             return None, None  # nothing was sent this round
         self._finish(replies, train=True)
         arrays = ArrayRecord(torch_state_dict=self.driver.algorithm.global_params(self.state.server))
-        return arrays, MetricRecord({"train_loss": self.state.pending["train_loss"]})  # type: ignore[index]
+        pending = self.state.pending
+        assert pending is not None  # (the training stats of the round just finished)
+        return arrays, MetricRecord({"train_loss": pending["train_loss"]})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -113,7 +115,7 @@ class PflkitStrategy(Strategy):
                                "(a node is down or the timeout is too short)")
         results = []
         for reply in replies:
-            metrics = dict(reply.content["metrics"])
+            metrics: dict[str, Any] = dict(reply.content["metrics"])  # the MetricRecord the client app wrote
             client_id = int(metrics.pop("client-id"))
             evaluation = None
             if "eval.correct" in metrics:

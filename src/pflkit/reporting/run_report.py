@@ -26,8 +26,9 @@ class RunReport:
         clusters and their subregions) where the state holds them."""
         if "simplex" in server:
             simplex = server["simplex"]
-            plot_simplex_clusters(*(np.asarray(simplex[k].cpu()) for k in ("points", "assignment", "centers", "pools")),
-                                  plots / f"simplex-{name}.png",
+            points, assignment, centers, pools = (np.asarray(simplex[k].cpu())
+                                                  for k in ("points", "assignment", "centers", "pools"))
+            plot_simplex_clusters(points, assignment, centers, pools, plots / f"simplex-{name}.png",
                                   f"{name}: clients' LDA points and cluster subregions (seed {seed})")
 
     def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],

@@ -59,7 +59,8 @@ def _target(item: str) -> tuple[str, ...]:
 def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[Axis]]:
     """Fixed overrides and sweep axes (list values of scalar keys, list of lists for list keys);
     an axis keeps the key as written (``lr`` or ``train.lr``)."""
-    fixed, axes = [], []
+    fixed: list[str] = []
+    axes: list[Axis] = []
     for item in overrides:
         path, value = parse_override(item)
         key = ".".join(path)
@@ -224,7 +225,8 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
                 raise ConfigError(f"sweep cell {folder} was run with another config (it differs in "
                                   f"{', '.join(changed[:5])}: the fixed overrides or the config file changed); choose "
                                   "another --out or delete that folder")
-        summaries = [{"values": dict(assignment), "folder": cell_name(assignment)} for assignment, _ in cells]
+        summaries: list[dict[str, Any]] = [{"values": dict(assignment), "folder": cell_name(assignment)}
+                                           for assignment, _ in cells]
         todo = []
         for cell, (assignment, config) in zip(summaries, cells):
             summary = finished_summary(ResultsFolder(parent / cell["folder"]))
