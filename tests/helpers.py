@@ -76,8 +76,7 @@ def sgd_reference(ctx: SingleClientContext, params: dict, purpose: str = "train"
 def simulate_rounds(setup, engine, init: dict, rounds: int, join_ratio: float = 1.0, eval_every: int = 1):
     """``rounds`` rounds (and the final evaluation) of ``setup`` on ``engine`` from ``init``."""
     from pflkit.algorithms import ClientSummary
-    from pflkit.federation import RoundDriver
-    from pflkit.federation import RunSession
+    from pflkit.federation import RoundDriver, RunSession
 
     data = setup.data
     driver = RoundDriver(setup.algorithm, num_clients=data.num_clients, seed=setup.seed, rounds=rounds,

@@ -7,10 +7,10 @@ import torch
 from torch.nn import functional as F
 
 from pflkit.algorithms import TrainSettings
-from pflkit.methods import build_algorithm
 from pflkit.functional import forward
+from pflkit.methods import build_algorithm
 from pflkit.models import FedAvgCNN, build_model, count_parameters, reference_layer_idx, top_unit_names
-from pflkit.personalize import ALASettings, AdaptiveLocalAggregation, blend, clip_weights, weight_update
+from pflkit.personalize import AdaptiveLocalAggregation, ALASettings, blend, clip_weights, weight_update
 
 from helpers import params_of, tiny_context
 

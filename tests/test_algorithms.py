@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from pflkit.algorithms import TrainBatches
-from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 from pflkit.functional import classification_loss, proximal_loss, weighted_average
+from pflkit.methods import build_algorithm
 from pflkit.models import head_names
 
 from helpers import params_of, tiny_context

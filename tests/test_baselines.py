@@ -10,12 +10,12 @@ import torch
 from torch.nn import functional as F
 
 from pflkit.algorithms import ClientSummary
-from pflkit.methods import build_algorithm
 from pflkit.algorithms.apple import loss_scale
-from pflkit.engines.schedule import training_part
 from pflkit.config import ConfigError, load_config
 from pflkit.engines import ClientJob, RoundSetup, run_client
+from pflkit.engines.schedule import training_part
 from pflkit.functional import NonFiniteLossError, evaluate, forward
+from pflkit.methods import build_algorithm
 
 from helpers import batch_pairs, params_of, sgd_reference, tiny_context
 
@@ -281,7 +281,7 @@ def test_nan_loss_names_the_method_and_stage():
 @pytest.mark.parametrize("bn_buffers", ["local", "global"])
 def test_batch_norm_statistics_stay_local_unless_asked_and_the_server_averages_them(bn_buffers):
     from pflkit.algorithms import TrainSettings
-    from pflkit.models import build_model, buffer_names
+    from pflkit.models import buffer_names, build_model
 
     model = build_model("resnet18", (3, 32, 32), 10)
     params = {k: v.detach() for k, v in model.named_parameters()}

@@ -14,13 +14,13 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from pflkit.methods import build_algorithm
 from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
 from pflkit.algorithms.partialfed import gumbel_noise, mix_units, select_units, temperature
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import ClientJob, RoundSetup, run_client
 from pflkit.functional import NonFiniteLossError, evaluate
+from pflkit.methods import build_algorithm
 from pflkit.models import build_model
 
 from helpers import batch_pairs, params_of, tiny_context

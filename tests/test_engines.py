@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from pflkit.algorithms import TrainSettings
-from pflkit.methods import available, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import ClientExecutor, LoopEngine, ParallelEngine, RoundSetup, VmapEngine, build_engine
 from pflkit.engines.batched import batching_blocker
+from pflkit.methods import available, build_algorithm
 from pflkit.models import build_model
-from pflkit.personalize import ALASettings, AdaptiveLocalAggregation
+from pflkit.personalize import AdaptiveLocalAggregation, ALASettings
 
 from helpers import assert_states_close, params_of, simulate_rounds, tiny_context
 

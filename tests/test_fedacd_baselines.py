@@ -9,12 +9,16 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pflkit.methods import build_algorithm
 from pflkit.algorithms.base import ROUND_INFO
 from pflkit.algorithms.context import TrainBatches
-from pflkit.algorithms.creff import (MATCHING_HEAD, classifier_gradient, fresh_linear, head_gradients,
-                                    matching_distance, retrain_classifier)
-from pflkit.functional import torch_generator
+from pflkit.algorithms.creff import (
+    MATCHING_HEAD,
+    classifier_gradient,
+    fresh_linear,
+    head_gradients,
+    matching_distance,
+    retrain_classifier,
+)
 from pflkit.algorithms.fedacd import adjustment, fedacd_loss, flattening_kl, reestimate
 from pflkit.algorithms.feddecorr import decorrelation
 from pflkit.algorithms.fedlc import calibrated_logits
@@ -22,8 +26,10 @@ from pflkit.algorithms.fednh import SCALE, spread_prototypes
 from pflkit.algorithms.fednova import normaliser
 from pflkit.algorithms.fedntd import not_true_kl
 from pflkit.config import load_config
-from pflkit.run.experiment import run_experiment
+from pflkit.functional import torch_generator
 from pflkit.functional.training import Batch, clip_by_global_norm, probability_matrix, template_kl
+from pflkit.methods import build_algorithm
+from pflkit.run.experiment import run_experiment
 
 from helpers import batch_pairs, params_of, sgd_reference, tiny_context
 
@@ -392,8 +398,9 @@ def test_creff_matches_features_with_the_authors_row_wise_distance_at_last_round
 
 def test_creff_round_gradients_at_the_retrained_head_plain_mean_and_a_fresh_retrained_classifier():
     ctx = tiny_context(n_train=30)
-    from pflkit.algorithms import ClientSummary
     import numpy as np
+
+    from pflkit.algorithms import ClientSummary
     alg = build("creff", ctx, "creff.features=5", "creff.match_steps=3", "creff.retrain_epochs=2")
     glob = params_of(ctx, 2)
     server = alg.prepare(alg.init_server(glob), [ClientSummary(0, 30, np.ones(10))], seed=7)

@@ -11,8 +11,8 @@ import torch
 from pflkit.config import ConfigError, load_config
 from pflkit.data import Dataset, PartitionSpec
 from pflkit.data.federated import FederatedData, official_split
-from pflkit.data.partition.spec import largest_remainder
 from pflkit.data.partition.holdout import local_test_sets
+from pflkit.data.partition.spec import largest_remainder
 from pflkit.federation import GlobalEvaluation
 from pflkit.functional import SGD
 from pflkit.functional.training import Batch, cross_entropy, forward, mix

@@ -191,9 +191,9 @@ def test_every_hook_ala_does_not_change_is_the_bases():
 
 
 def test_the_hooks_ala_extends_keep_what_the_base_does():
-    from helpers import params_of, tiny_context
-
     from pflkit.algorithms.fedavg import FedAvg
+
+    from helpers import params_of, tiny_context
 
     received = []
 

@@ -26,17 +26,18 @@ import functools
 
 import pytest
 import torch
-from helpers import batch_pairs, params_of
 from torch import nn
 from torch.nn import functional as F
 
 from pflkit.algorithms import ClientSummary, TrainSettings
-from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext
 from pflkit.functional.training import Batch
+from pflkit.methods import build_algorithm
 from pflkit.models import build_model
+
+from helpers import batch_pairs, params_of
 
 # a remaining difference from the reference: the comparison must fail, by its assertion
 XFAIL_DIFFERS = functools.partial(pytest.mark.xfail, strict=True, raises=AssertionError)

@@ -14,8 +14,8 @@ import copy
 import torch
 from torch.nn import functional as F
 
-from pflkit.methods import build_algorithm
 from pflkit.config import load_config
+from pflkit.methods import build_algorithm
 
 from helpers import batch_pairs, params_of, tiny_context
 

@@ -28,16 +28,17 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import params_of
 from torch.nn import functional as F
 
 from pflkit.algorithms import ClientSummary, TrainBatches, TrainSettings
-from pflkit.methods import build_algorithm
 from pflkit.algorithms.apple import loss_scale
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext
+from pflkit.methods import build_algorithm
 from pflkit.models import build_model, reference_layer_idx
+
+from helpers import params_of
 
 # a remaining difference from the reference: the comparison must fail, by its assertion
 XFAIL_DIFFERS = functools.partial(pytest.mark.xfail, strict=True, raises=AssertionError)

@@ -16,8 +16,7 @@ from click.testing import CliRunner
 
 from pflkit.cli import main
 from pflkit.config import load_config
-from pflkit.federation import ResultsFolder, RunInterrupted, stop_on_signals
-from pflkit.federation import signals_deferred
+from pflkit.federation import ResultsFolder, RunInterrupted, signals_deferred, stop_on_signals
 from pflkit.run.experiment import new_results_folder, run_experiment
 from pflkit.run.sweep import MAX_CELL_NAME, cell_name
 

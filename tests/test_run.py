@@ -16,9 +16,9 @@ from click.testing import CliRunner
 from pflkit.cli import main
 from pflkit.config import ConfigError, load_config
 from pflkit.data import DataError, PartitionError, write_idx
+from pflkit.federation import ResultsFolder
 from pflkit.functional import NonFiniteLossError
 from pflkit.run.experiment import resume_experiment, run_experiment
-from pflkit.federation import ResultsFolder
 
 ALGOS = 'algorithms=["fedavg","fedprox","ditto","fedrep","fedala","fedprox+ala","ditto+ala"]'
 
@@ -99,6 +99,7 @@ def test_a_folder_with_an_older_flat_config_resumes(tmp_path, fast_config):
 
     from pflkit.config import to_dict
     from pflkit.federation.results import config_digest
+
     from helpers import flat_form
 
     cfg = load_config(None, fast_config + ['algorithms=["fedavg"]', "rounds=3"])

@@ -13,13 +13,22 @@ import pytest
 import torch
 from scipy import stats
 
-from pflkit.methods import build_algorithm
-from pflkit.algorithms.simplex import (SimplexError, cluster, distances, lda_points, make_endpoints,
-                                       mean_distance_to_simplex, prepare_simplex, realise, sample_region)
+from pflkit.algorithms.simplex import (
+    SimplexError,
+    cluster,
+    distances,
+    lda_points,
+    make_endpoints,
+    mean_distance_to_simplex,
+    prepare_simplex,
+    realise,
+    sample_region,
+)
 from pflkit.algorithms.sosicfl import ALPHAS, STEP, simplex_loss
 from pflkit.config import ConfigError, load_config
 from pflkit.data import PartitionError
 from pflkit.data.partition.kfold import partition_kfold, partition_label_dirichlet
+from pflkit.methods import build_algorithm
 from pflkit.run.experiment import run_experiment
 
 from helpers import params_of, tiny_context

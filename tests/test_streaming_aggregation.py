@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from pflkit.algorithms import ClientSummary, TrainSettings
-from pflkit.methods import available, build_algorithm
 from pflkit.algorithms.base import upload_order
 from pflkit.config import load_config
 from pflkit.engines import ClientJob, LoopEngine, ParallelEngine, RoundSetup, VmapEngine
@@ -21,6 +20,7 @@ from pflkit.federation import RoundDriver, RunSession
 from pflkit.federation.session import on_engine
 from pflkit.federation.state_store import DiskStateStore
 from pflkit.functional import WeightedSum, weighted_average
+from pflkit.methods import available, build_algorithm
 from pflkit.models import build_model
 
 from test_engines import assert_same_state, make_data

@@ -13,15 +13,14 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional as F
-
-from torch import nn
 
 from .algorithms import Algorithm, ClientSummary, TrainSettings
 from .config import load_config
@@ -32,8 +31,8 @@ from .engines import Engine, RoundSetup, build_engine, default_workers
 from .federation.driver import Callback, RoundDriver
 from .federation.evaluation import GlobalEvaluation
 from .federation.session import Execute, RunSession, on_engine
-from .federation.state_store import ClientStore
 from .federation.setup import initial_model
+from .federation.state_store import ClientStore
 from .functional import SGD, Batch, classification_loss, forward, net_of
 from .functional.training import autograd_value_and_grad
 from .methods import build_algorithm

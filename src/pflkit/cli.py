@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import shlex
 import logging
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any

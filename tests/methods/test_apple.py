@@ -25,15 +25,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers import batch_pairs, params_of
-
 from pflkit.algorithms import ClientSummary, TrainSettings
-from pflkit.methods import build_algorithm
 from pflkit.algorithms.apple import loss_scale
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext
+from pflkit.methods import build_algorithm
 from pflkit.models import build_model
+
+from helpers import batch_pairs, params_of
 
 # float32 throughout; the references form the same sums in another order (PFLlib mixes weights
 # tensor by tensor and sums p's gradient in Python floats, the authors' ClientNet mixes the layers'

@@ -18,14 +18,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers import params_of
-
 from pflkit.algorithms import ClientSummary, TrainSettings
-from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext
+from pflkit.methods import build_algorithm
 from pflkit.models import build_model
+
+from helpers import params_of
 
 
 def client(cid: int, classes: list[int], n_train: int) -> SingleClientContext:

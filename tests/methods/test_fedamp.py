@@ -6,8 +6,19 @@ that a third behaviour fails."""
 
 from __future__ import annotations
 
-from test_reference_pfllib_b import (AMP, PfllibAmpClient, as_module, assert_params_close, build, client_ctx,
-                                     params_in, params_of, pfllib_amp_send, stream, summaries)
+from test_reference_pfllib_b import (
+    AMP,
+    PfllibAmpClient,
+    as_module,
+    assert_params_close,
+    build,
+    client_ctx,
+    params_in,
+    params_of,
+    pfllib_amp_send,
+    stream,
+    summaries,
+)
 
 
 def test_fedamp_two_rounds_match_pfllib_with_the_own_model_as_the_self_term():

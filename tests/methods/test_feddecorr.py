@@ -17,16 +17,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from helpers import batch_pairs, params_of
-
 from pflkit.algorithms import TrainSettings
-from pflkit.methods import build_algorithm
 from pflkit.algorithms.feddecorr import feddecorr_loss
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData
 from pflkit.engines import SingleClientContext
 from pflkit.functional.training import Batch
+from pflkit.methods import build_algorithm
 from pflkit.models import build_model
+
+from helpers import batch_pairs, params_of
 
 BODY = 3  # digits_cnn: conv1, conv2, fc1; fc1's output (64 features) is the classifier's input
 

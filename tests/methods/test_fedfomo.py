@@ -11,8 +11,18 @@ from __future__ import annotations
 
 import torch
 
-from test_reference_pfllib_b import (PfllibFomoClient, as_module, assert_params_close, build, client_ctx,
-                                     fomo_val_batches, params_in, params_of, perturbed, summaries)
+from test_reference_pfllib_b import (
+    PfllibFomoClient,
+    as_module,
+    assert_params_close,
+    build,
+    client_ctx,
+    fomo_val_batches,
+    params_in,
+    params_of,
+    perturbed,
+    summaries,
+)
 
 
 def round_two():

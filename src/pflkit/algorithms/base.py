@@ -19,8 +19,9 @@ metrics; values are numbers (one client) or [K] tensors (batched).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Protocol, TypedDict
+from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
 import numpy as np
 import torch

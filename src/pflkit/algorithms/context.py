@@ -12,8 +12,9 @@ models, a branch on a random draw) declares the capability ``"per_client"`` in
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, Union
+from typing import Any, Literal, Protocol, Union
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,7 +56,7 @@ class TrainSettings(BaseModel):
         "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
         "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
 
-    def at_round(self, round: int) -> "TrainSettings":
+    def at_round(self, round: int) -> TrainSettings:
         """The settings of round ``round`` (1, 2, ...): lr * lr_decay**(round - 1), as FedNH's and
         FedNTD's code decay it (round 0, the initial evaluation, uses lr; the final pass, round T's rate)."""
         if self.lr_decay == 1.0:
@@ -94,7 +95,7 @@ class PairedBatches:
     """Several independent batch streams stepped together: each step gets a tuple of batches
     (Per-FedAvg's B and B', and B'' with the Hessian); as many steps as the shortest stream."""
 
-    streams: tuple["TrainBatches | SplitBatches", ...]
+    streams: tuple[TrainBatches | SplitBatches, ...]
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class SampleBatches:
     """A fixed sample (from ``ctx.sample``), in order, in batches of the run's batch size with
     the last partial batch kept, the same batches every epoch (ALA's weight learning)."""
 
-    sample: "Sample"
+    sample: Sample
 
 
 DataSpec = Union[TrainBatches, PairedBatches, SplitBatches, SampleBatches]
@@ -126,7 +127,7 @@ class Sample:
     y: Tensor
     lengths: Tensor | None = None
 
-    def with_inputs(self, x: Tensor) -> "Sample":
+    def with_inputs(self, x: Tensor) -> Sample:
         return Sample(x, self.y, self.lengths)
 
 
@@ -201,7 +202,7 @@ class ClientContext(Protocol):
     def label_counts(self) -> Tensor:
         """The client's training samples per class [C] (batched: [K, C])."""
 
-    def class_sums(self, params: Params, fn: "SampleMap") -> Tensor:
+    def class_sums(self, params: Params, fn: SampleMap) -> Tensor:
         """Sums over the client's training samples, per true class, of ``fn(net, params, x, y)``
         (a per-sample map, evaluation mode, no gradient): [C, ...] (batched: [K, C, ...]).
         FedACD's probability matrix sums softmax outputs; FedNH sums normalised features."""

@@ -43,7 +43,8 @@ the global and that ALA-initialised model (once per round, or per batch with loa
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -74,7 +75,7 @@ class PartialFedSettings(Settings):
                                  "still train S; False restarts it every round (spec §2.12 [RECON])")
 
     @model_validator(mode="after")
-    def _some_batches(self) -> "PartialFedSettings":
+    def _some_batches(self) -> PartialFedSettings:
         if self.model_batches + self.strategy_batches < 1:
             raise ValueError("model_batches + strategy_batches must be at least 1")
         return self

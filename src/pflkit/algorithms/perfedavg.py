@@ -20,7 +20,8 @@ discarded for training. With ``+ala`` ALA initialises the received model ("model
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from pydantic import Field

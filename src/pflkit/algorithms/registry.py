@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Callable, Iterable, Mapping, cast
+from typing import cast
 
 from ..models import Units
 from .base import Algorithm, Settings

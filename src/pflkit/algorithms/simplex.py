@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 import numpy as np
 import torch

@@ -6,8 +6,9 @@ from __future__ import annotations
 import copy
 import logging
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined

@@ -4,7 +4,8 @@ own, and those of the outside methods a config names), with the rules across key
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
@@ -60,7 +61,7 @@ class BaseConfig(BaseModel):
         return name
 
     @model_validator(mode="after")
-    def _data_dir_is_read(self) -> "BaseConfig":
+    def _data_dir_is_read(self) -> BaseConfig:
         if self.data_dir and self.dataset not in FILE_DATASETS:
             raise ValueError(f"data_dir is set ({self.data_dir!r}) but dataset = {self.dataset!r} reads no files "
                              f"(it is built in); set the dataset that lives there (e.g. dataset=mnist), or drop "
@@ -86,7 +87,7 @@ class BaseConfig(BaseModel):
         return names
 
     @model_validator(mode="after")
-    def _full_participation(self, info: ValidationInfo) -> "BaseConfig":
+    def _full_participation(self, info: ValidationInfo) -> BaseConfig:
         for name in self.algorithms:
             if REGISTRY.method_class(name).requires_full_participation and self.run.join_ratio < 1:
                 raise ValueError(f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
@@ -112,7 +113,7 @@ class BaseConfig(BaseModel):
     trace: TraceSettings = Field(default_factory=lambda: TraceSettings(), description="models saved per round")
 
     @model_validator(mode="after")
-    def _traced_clients_exist(self, info: ValidationInfo) -> "BaseConfig":
+    def _traced_clients_exist(self, info: ValidationInfo) -> BaseConfig:
         clients = self.partition.num_clients
         wrong = [c for c in self.trace.clients if not 0 <= c < clients]
         if wrong:
@@ -121,14 +122,14 @@ class BaseConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> "BaseConfig":
+    def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> BaseConfig:
         if self.metrics.adaptability and not self.partition.official:
             raise ValueError("metrics.adaptability scores local models on the global test set: it needs "
                              f"{_named(info, 'partition', 'test_set')} = \"official\"")
         return self
 
     @model_validator(mode="after")
-    def _official_needs_a_pool(self, info: ValidationInfo) -> "BaseConfig":
+    def _official_needs_a_pool(self, info: ValidationInfo) -> BaseConfig:
         if self.partition.official and self.dataset == "pfllib":
             key = _named(info, "partition", "test_set")
             raise ValueError(f"{key} = \"official\" needs the dataset's official test split, and a PFLlib "
@@ -136,7 +137,7 @@ class BaseConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _dataset_needs(self) -> "BaseConfig":
+    def _dataset_needs(self) -> BaseConfig:
         if self.dataset in FILE_DATASETS and not self.data_dir:
             hint = "" if self.dataset == "pfllib" else \
                 f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"

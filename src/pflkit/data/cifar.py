@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflkit.data.errors import DataError
 from pflkit.data.dataset import Dataset
+from pflkit.data.errors import DataError
 
 __all__ = ["CIFAR", "load_cifar"]
 
@@ -89,7 +89,7 @@ class _Source:
         self.layout = layout
         self._tar: tarfile.TarFile | None = None
 
-    def __enter__(self) -> "_Source":
+    def __enter__(self) -> _Source:
         if self.archive is not None:
             try:
                 self._tar = tarfile.open(self.archive, "r:gz")

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .dataset import Dataset
 from .errors import DataError, PartitionError
 from .partition import PartitionSpec, class_counts, split_clients, stratified_test_split
-from .dataset import Dataset
 
 
 def official_split(data: Dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +94,7 @@ class FederatedData:
 
     @classmethod
     def build(cls, data: Dataset, spec: PartitionSpec, seed: int, *, batch_size: int = 10,
-              device: torch.device | str = "cpu") -> "FederatedData":
+              device: torch.device | str = "cpu") -> FederatedData:
         """Partition ``data`` over clients by ``spec`` with partition seed ``seed``, split each
         client into training and test data (spec §5.5), move tensors to ``device``;
         ``batch_size`` (the run's training batch) sizes PFLlib's default minimum client size.
@@ -136,7 +136,7 @@ class FederatedData:
 
     @classmethod
     def from_clients(cls, clients: list[ClientData], num_classes: int, name: str = "custom",
-                     vocab_size: int | None = None) -> "FederatedData":
+                     vocab_size: int | None = None) -> FederatedData:
         """Wrap ready-made client tensors (tests, custom pipelines) into a FederatedData."""
         xs = [t for c in clients for t in (c.train_x, c.test_x)]
         ys = [t for c in clients for t in (c.train_y, c.test_y)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-
 from pathlib import Path
 from typing import Literal, get_args
 

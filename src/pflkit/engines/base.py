@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 from ..algorithms.base import Algorithm, Payload, State, Upload
 from ..algorithms.context import TrainSettings
@@ -11,7 +12,6 @@ from ..data.federated import FederatedData
 from ..functional import Ensemble, Params
 from ..models import UnitModel, Units
 from .client import SingleClientContext
-
 
 #: The wall times every client result carries, which a round's record sums over its clients
 #: (every other numeric client metric is averaged unless its method says otherwise).

@@ -13,8 +13,9 @@ streams as in ``SingleClientContext``, so results agree up to float reassociatio
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,11 +23,35 @@ from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 from torch.utils._pytree import tree_map
 
-from ..algorithms.context import (DataSpec, EpochEnd, Fit, Metrics, PerClient, Sample, SampleBatches, SampleMap, StepFn,
-                                  StopRule, TrainBatches, TrainSettings, Transform)
+from ..algorithms.context import (
+    DataSpec,
+    EpochEnd,
+    Fit,
+    Metrics,
+    PerClient,
+    Sample,
+    SampleBatches,
+    SampleMap,
+    StepFn,
+    StopRule,
+    TrainBatches,
+    TrainSettings,
+    Transform,
+)
 from ..data.federated import ClientData, FederatedData
 from ..functional import Params, torch_generator
-from ..functional.training import SGD, Batch, CarryLossFn, Ensemble, LossFn, Net, features_of, forward, net_of, prediction_logits
+from ..functional.training import (
+    SGD,
+    Batch,
+    CarryLossFn,
+    Ensemble,
+    LossFn,
+    Net,
+    features_of,
+    forward,
+    net_of,
+    prediction_logits,
+)
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import cached_prefix, class_sums, from_unit
 from .fitting import FitTotals, check_fit_arguments, loss_value, run_epochs

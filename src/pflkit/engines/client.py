@@ -7,16 +7,41 @@ losses on padded, masked batches.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, Metrics, PerClient, Sample, SampleBatches,
-                                  SampleMap, StepFn, StopRule, TrainBatches, TrainSettings, Transform)
+from ..algorithms.context import (
+    PER_CLIENT,
+    DataSpec,
+    EpochEnd,
+    Fit,
+    Metrics,
+    PerClient,
+    Sample,
+    SampleBatches,
+    SampleMap,
+    StepFn,
+    StopRule,
+    TrainBatches,
+    TrainSettings,
+    Transform,
+)
 from ..data.federated import ClientData
 from ..functional import Params, evaluate, torch_generator
-from ..functional.training import SGD, Batch, CarryLossFn, Ensemble, LossFn, Net, autograd_value_and_grad, features_of, net_of
+from ..functional.training import (
+    SGD,
+    Batch,
+    CarryLossFn,
+    Ensemble,
+    LossFn,
+    Net,
+    autograd_value_and_grad,
+    features_of,
+    net_of,
+)
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .fitting import FitTotals, check_fit_arguments, loss_value, run_epochs
 from .plan import ClientPlan, materialize

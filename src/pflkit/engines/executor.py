@@ -26,9 +26,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 from ..algorithms.base import Upload
 from ..algorithms.context import Metrics

@@ -10,8 +10,9 @@ per client ([K]); the context turns them into a :class:`~pflkit.algorithms.conte
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, cast
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -33,7 +34,7 @@ class FitTotals:
     history: list[list[float]] = field(default_factory=list)
 
     @classmethod
-    def zeros(cls, K: int, device: torch.device) -> "FitTotals":
+    def zeros(cls, K: int, device: torch.device) -> FitTotals:
         return cls(torch.zeros(K, device=device), torch.zeros(K, dtype=torch.long, device=device),
                    torch.full((K,), math.nan, device=device), torch.zeros(K, dtype=torch.long, device=device),
                    [[] for _ in range(K)])

@@ -11,8 +11,9 @@ them (paired streams, split pairs). The draws come from :class:`~.schedule.Clien
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Union
 
 import numpy as np
 import torch
@@ -144,7 +145,7 @@ class EpochTable:
 
     @classmethod
     def build(cls, epochs: list[list[Step]], to_rows: Callable[[int, Tensor], Tensor],
-              device: torch.device) -> "EpochTable":
+              device: torch.device) -> EpochTable:
         """The tables of K clients' epochs; ``to_rows(k, positions)`` maps client ``k``'s positions
         to rows of the flat source the batches are gathered from."""
         steps = torch.tensor([len(e) for e in epochs])

@@ -7,8 +7,9 @@ import copy
 import math
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch

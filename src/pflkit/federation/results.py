@@ -20,9 +20,10 @@ import json
 import os
 import socket
 import tomllib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 try:
     import fcntl

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Protocol, overload
+from typing import Any, Protocol, overload
 
 import torch
 

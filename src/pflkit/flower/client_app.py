@@ -14,8 +14,9 @@ sends again starts from the same state as the first time.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -23,8 +24,18 @@ from flwr.clientapp import ClientApp
 
 from ..engines import ClientJob, run_client
 from . import serde
-from .node import (add_version, load_state, node_run, node_setup, save_state, state_before, state_file, state_key,
-                   versions_from_record, versions_to_record)
+from .node import (
+    add_version,
+    load_state,
+    node_run,
+    node_setup,
+    save_state,
+    state_before,
+    state_file,
+    state_key,
+    versions_from_record,
+    versions_to_record,
+)
 
 log = logging.getLogger("flwr")  # Flower's handler prints it in the SuperNode's log
 app = ClientApp()

@@ -9,9 +9,9 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
-from flwr.serverapp import Grid
 
 
 class LocalGrid(Grid):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import tomli_w
@@ -17,8 +18,16 @@ from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, resolved, to_dict
 from ..data import load_dataset
 from ..data.federated import official_split
-from ..federation import (GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, initial_params, partition_seed,
-                          resolve_device, run_all)
+from ..federation import (
+    GlobalEvaluation,
+    ResultsFolder,
+    RunSession,
+    SeedSetup,
+    initial_params,
+    partition_seed,
+    resolve_device,
+    run_all,
+)
 from ..reporting import RunReport, format_table
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy

@@ -36,8 +36,8 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
     results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
     check_flower_config(config, simulation=True)
     try:
-        from flwr.simulation import run_simulation
         import ray  # noqa: F401  (flwr's Ray backend)
+        from flwr.simulation import run_simulation
     except ImportError:
         raise ConfigError("--on flower-simulation needs Flower's Ray backend: pip install 'pflkit[ray]'") from None
     prepare_ray(ray_address)

@@ -11,8 +11,8 @@ argument Flower passes around is not used: the server state lives in the run sta
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict

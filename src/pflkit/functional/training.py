@@ -13,8 +13,9 @@ context carries a ``mask`` of real samples because clients smaller than a batch 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, cast
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor, nn

@@ -12,7 +12,7 @@ Integer ``num_batches_tracked`` counters are not kept (pflkit's batch norm uses 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn

@@ -12,7 +12,8 @@ parameters plus the running means/variances, all floating tensors under torchvis
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn

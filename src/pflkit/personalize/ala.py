@@ -27,8 +27,9 @@ registers them with pflkit's).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from types import FunctionType
-from typing import Any, Literal, Mapping, TypedDict
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch

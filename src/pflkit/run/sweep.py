@@ -14,18 +14,27 @@ import itertools
 import json
 import tomllib
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from ..config import (BaseConfig, ConfigError, ExperimentConfig, canonical_path, load_config,
-                      parse_override, read_toml, resolved, to_dict)
+from ..config import (
+    BaseConfig,
+    ConfigError,
+    ExperimentConfig,
+    canonical_path,
+    load_config,
+    parse_override,
+    read_toml,
+    resolved,
+    to_dict,
+)
 from ..data import load_dataset
-from ..federation import (ResultsFolder, build_partitions, folder_lock, partition_dataset,
-                          partition_seed)
+from ..federation import ResultsFolder, build_partitions, folder_lock, partition_dataset, partition_seed
 from ..federation.driver import Callback
 from ..federation.results import EXECUTION_KEYS, differences
 from ..reporting import plot_sweep

@@ -13,12 +13,22 @@ from typing import Any
 import numpy as np
 
 from .dirichlet import _dirichlet
+from .holdout import local_test_sets, split_train_test
 from .iid import partition_iid
 from .kfold import partition_kfold, partition_label_dirichlet
 from .pathological import _pathological
-from .spec import (ClientSplit, PartitionError, PartitionSpec, Rng, _check_labels,
-                   _check_num_clients, _Draw, _sorted, class_counts, smallest_client)
-from .holdout import local_test_sets, split_train_test
+from .spec import (
+    ClientSplit,
+    PartitionError,
+    PartitionSpec,
+    Rng,
+    _check_labels,
+    _check_num_clients,
+    _Draw,
+    _sorted,
+    class_counts,
+    smallest_client,
+)
 
 __all__ = ["split_clients"]
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ...config import load_config
 from ...data.partition import PartitionSpec
