@@ -92,8 +92,8 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
             execute, engine, session, store, folder, rows = runs[key]
             jobs: list[int] = []
 
-            def counted(round_jobs: list[ClientJob], round: int,
-                        execute: Execute = execute) -> Iterable[ClientResult]:
+            def counted(round_jobs: list[ClientJob], round: int, execute: Execute = execute,
+                        jobs: list[int] = jobs) -> Iterable[ClientResult]:
                 jobs.extend(job.client_id for job in round_jobs)
                 return execute(round_jobs, round)
             t0 = time.perf_counter()

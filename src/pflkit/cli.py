@@ -170,7 +170,8 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
     try:
         counts = [int(c) for c in clients.split(",")]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}",
+                                 param_hint="--clients") from None
     unknown = sorted(set(engines.split(",")) - {"loop", "parallel", "vmap"})
     if unknown:
         raise click.BadParameter(f"unknown engine(s) {', '.join(unknown)}; choose from loop, parallel, vmap",
@@ -362,7 +363,8 @@ def plot_simplex(run: Path, algorithm: str, seed: int | None, clients: str | Non
     try:
         ids = [int(c) for c in clients.split(",")] if clients else None
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}",
+                                 param_hint="--clients") from None
     try:
         paths = simplex_pictures(run, algorithm, seed, ids, points)
     except USER_ERRORS as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -115,7 +115,7 @@ class SampleBatches:
     sample: Sample
 
 
-DataSpec = Union[TrainBatches, PairedBatches, SplitBatches, SampleBatches]
+DataSpec = TrainBatches | PairedBatches | SplitBatches | SampleBatches
 
 
 @dataclass

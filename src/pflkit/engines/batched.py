@@ -315,7 +315,7 @@ class BatchedClientContext:
                 batch = table.batch(x, y, s, slice(0, n) if whole else idx[:n])
                 head = {k: v[:n] for k, v in sub_frozen.items()}
                 head.update({k: v[:n] for k, v in sub_carried.items()})
-                prefix_aux = tree_map(lambda t: t[:n], sub_aux) if sub_aux is not None else None
+                prefix_aux = tree_map(lambda t, n=n: t[:n], sub_aux) if sub_aux is not None else None
                 if step is None:
                     grads, (values, updates) = batched({k: v[:n] for k, v in sub_train.items()}, head, batch,
                                                        prefix_aux)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 import torch
@@ -50,7 +49,7 @@ class Rows:
 
 
 #: One step of one client: a batch, or several taken together.
-Step = Union[Rows, tuple[Rows, ...]]
+Step = Rows | tuple[Rows, ...]
 
 
 class ClientPlan:

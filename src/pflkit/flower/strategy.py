@@ -4,7 +4,8 @@ Flower's ``Strategy.start`` drives the rounds; this strategy fills its hooks wit
 driver's plan and finish (``pflkit.federation.driver``): ``configure_train`` sends each planned
 client its own payload, ``aggregate_train`` hands the replies to the driver, which aggregates
 and records them; after the last round, or once a stop rule (the plateau rule) ends training,
-``configure_evaluate`` sends the final evaluation-only plan and Flower's remaining rounds send nothing. Rounds done before a restart (restored from the checkpoint) are skipped. The ``arrays``
+``configure_evaluate`` sends the final evaluation-only plan and Flower's remaining rounds send
+nothing. Rounds done before a restart (restored from the checkpoint) are skipped. The ``arrays``
 argument Flower passes around is not used: the server state lives in the run state.
 """
 

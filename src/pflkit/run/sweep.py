@@ -237,7 +237,7 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
         summaries: list[dict[str, Any]] = [{"values": dict(assignment), "folder": cell_name(assignment)}
                                            for assignment, _ in cells]
         todo = []
-        for cell, (assignment, config) in zip(summaries, cells):
+        for cell, (_, config) in zip(summaries, cells):
             summary = finished_summary(ResultsFolder(parent / cell["folder"]))
             if summary is not None:
                 cell["summary"] = summary  # never rerun or overwritten
