@@ -1,11 +1,12 @@
-# One-command entry points. `make demo` runs the main job offline; `make test` runs the tests.
+# One-command entry points. `make demo` runs the main job offline; `make test` runs the static checks
+# (`make lint`: ruff and mypy, configured in pyproject.toml), then the tests.
 # Both create .venv and install pflkit with constraints.txt (torch 2.13.0, the CPU build here);
 # elsewhere, `pip install -e .` accepts any recent torch.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test
+.PHONY: install demo lint test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,5 +18,9 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/pflkit run 'seeds=[0,1,2,3,4]'
 
-test: install
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -q

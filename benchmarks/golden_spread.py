@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_golden import CHECKSUMS, OVERRIDES, RECORDS  # noqa: E402
+from pflkit.config import load_config
+from pflkit.federation import ResultsFolder
+from pflkit.run.experiment import run_experiment
 
-from pflkit.config import load_config  # noqa: E402
-from pflkit.federation import ResultsFolder  # noqa: E402
-from pflkit.run.experiment import run_experiment  # noqa: E402
+from test_golden import CHECKSUMS, OVERRIDES, RECORDS
 
 VARIANTS = {
     "as frozen": [], "threads=2": ["threads=2"], "engine=vmap": ["engine=vmap"],

@@ -13,30 +13,30 @@ import platform
 import resource
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
-from torch import nn
-
 from .algorithms import Algorithm, ClientSummary, TrainSettings
 from .config import load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
-from .engines import RoundSetup, build_engine, default_workers
+from .data.partition.spec import TestSet
+from .engines import Engine, RoundSetup, build_engine, default_workers
 from .federation.driver import Callback, RoundDriver
 from .federation.evaluation import GlobalEvaluation
-from .federation.session import RunSession, on_engine
-from .federation.state_store import ClientStore
+from .federation.session import Execute, RunSession, on_engine
 from .federation.setup import initial_model
+from .federation.state_store import ClientStore
 from .functional import SGD, Batch, classification_loss, forward, net_of
 from .functional.training import autograd_value_and_grad
 from .methods import build_algorithm
-from .models import build_model
+from .models import UnitModel, build_model
 
 
 @dataclass
@@ -49,7 +49,7 @@ class BenchSettings:
     workers: int | None = None
     device: str = "cpu"
     seed: int = 0
-    test_set: str = "client_split"  # "official": also time the global model's evaluation
+    test_set: TestSet = "client_split"  # "official": also time the global model's evaluation
 
 
 def mnist_like(num: int = 70_000, seed: int = 0) -> Dataset:
@@ -116,7 +116,7 @@ def _peak_memory_mb(device: torch.device) -> dict[str, float]:
     return out
 
 
-def bench_data(dataset: Dataset, num_clients: int, test_set: str,
+def bench_data(dataset: Dataset, num_clients: int, test_set: TestSet,
                device: torch.device) -> tuple[FederatedData, float, int]:
     """The benchmark partition of ``dataset`` over ``num_clients``: Dir(0.1) with PFLlib's minimum
     of 40 samples where feasible; (data, alpha, minimum) as used.
@@ -143,7 +143,7 @@ BENCH_TRAIN = TrainSettings(batch_size=10, local_epochs=1, lr=0.1, rounds=1)  # 
 
 
 def bench_model(data: FederatedData, algorithm: str, seed: int,
-                device: torch.device) -> tuple[nn.Module, dict[str, torch.Tensor], Algorithm]:
+                device: torch.device) -> tuple[UnitModel, dict[str, torch.Tensor], Algorithm]:
     """The benchmark's FedAvgCNN, its seeded Theta^0 (as every run makes it) and ``algorithm``
     with default settings."""
     model, init = initial_model("fedavg_cnn", data, seed, device)
@@ -190,7 +190,7 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
     if data.global_test is not None:
         out["global_test_size"] = len(data.global_test[1])
     for name in settings.algorithms:
-        runs = {}
+        runs: dict[str, tuple[Execute, Engine, RunSession, list[dict[str, Any]]]] = {}
         for engine_name in settings.engines:
             model, init, alg = bench_model(data, name, settings.seed, device)
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
@@ -208,6 +208,8 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 execute, engine, session, rows = runs[engine_name]
                 record = session.step(execute)
                 _sync(device)
+                # a training round (final_pass=False): it has a record and its training stats
+                assert record is not None and session.state.pending is not None
                 # the global evaluation of round t-1's state runs inside training round t
                 rows.append({**session.state.pending,
                              **{k: v for k, v in record.items() if k == "global_eval_seconds"}})

@@ -17,15 +17,17 @@ end: round times divided by that rate (``normalized``) compare across processes.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -33,7 +35,7 @@ from .algorithms import ClientSummary
 from .bench import BENCH_TRAIN, _peak_memory_mb, _sync, bench_model, bench_session, mnist_like, single_model_limits
 from .data import PartitionSpec, load_dataset
 from .data.federated import FederatedData
-from .engines import RoundSetup, build_engine
+from .engines import ClientJob, ClientResult, RoundSetup, build_engine
 from .federation.checkpoint import Checkpointer
 from .federation.session import Execute, on_engine
 from .federation.state_store import DiskStateStore
@@ -76,7 +78,7 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
         for engine_name in settings.engines:
             model, init, alg = bench_model(data, name, settings.seed, device)
             folder = state_dir / f"{name}-{engine_name}"
-            store = DiskStateStore(folder / "states", num_clients, lambda i, a=alg, p=init: a.init_client(p, i),
+            store = DiskStateStore(folder / "states", num_clients, functools.partial(alg.init_client, init),
                                    cache=min(64, max(1, int(join * num_clients))), device=device)
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
             session = bench_session(alg, init, summaries, num_clients=num_clients, rounds=settings.rounds,
@@ -90,7 +92,8 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
             execute, engine, session, store, folder, rows = runs[key]
             jobs: list[int] = []
 
-            def counted(round_jobs: list, round: int, execute: Execute = execute) -> list:
+            def counted(round_jobs: list[ClientJob], round: int, execute: Execute = execute,
+                        jobs: list[int] = jobs) -> Iterable[ClientResult]:
                 jobs.extend(job.client_id for job in round_jobs)
                 return execute(round_jobs, round)
             t0 = time.perf_counter()

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import logging
+import os
 import re
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 import tomli_w
 
 from .config import describe_keys, load_config, to_dict
+from .data.partition.spec import TestSet
 
 EPILOG = """\b
 Examples:
@@ -157,7 +159,8 @@ def config(args: tuple[str, ...], keys: bool) -> None:
 @click.option("--algorithms", "algos", default="fedavg,fedala", show_default=True)
 @click.option("--rounds", type=click.IntRange(min=1), default=4, show_default=True,
               help="rounds per engine (round 2 = ALA start phase)")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="parallel engine workers (default: all cores)")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="parallel engine workers (default: all cores)")
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--test-set", type=click.Choice(["client_split", "official"]), default="client_split",
               show_default=True, help="official: also time the global model's evaluation on the official test set")
@@ -169,7 +172,7 @@ def config(args: tuple[str, ...], keys: bool) -> None:
 @click.option("--participants", type=click.IntRange(min=1), default=1000, show_default=True,
               help="--scale: clients trained per round at most (more clients: that many sampled)")
 def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: int, workers: int | None,
-          device: str, test_set: str, out: Path, scale: bool, participants: int) -> None:
+          device: str, test_set: TestSet, out: Path, scale: bool, participants: int) -> None:
     """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1).
 
     \b
@@ -181,7 +184,8 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
     try:
         counts = [int(c) for c in clients.split(",")]
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}",
+                                 param_hint="--clients") from None
     if min(counts) < 1:
         raise click.BadParameter(f"client counts must be at least 1, got {clients!r}", param_hint="--clients")
     try:  # before minutes of work: the device exists and the report can be written
@@ -198,11 +202,10 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
     if scale:
         from .bench_scale import ScaleSettings, format_scale_report, run_scale_bench
 
+        given: dict[str, Any] = {"clients": counts, "engines": engines.split(","), "rounds": rounds}
         scale_settings = ScaleSettings(
             data_dir=data_dir, algorithms=algos.split(","), participants=participants, workers=workers,
-            device=device, **({"clients": counts} if source("clients") != default else {}),
-            **({"engines": engines.split(",")} if source("engines") != default else {}),
-            **({"rounds": rounds} if source("rounds") != default else {}))
+            device=device, **{key: value for key, value in given.items() if source(key) != default})
         run, show = (lambda: run_scale_bench(scale_settings, echo=click.echo)), format_scale_report
     else:
         if rounds < 2:
@@ -391,7 +394,8 @@ def plot_simplex(run: Path, algorithm: str, seed: int | None, clients: str | Non
     try:
         ids = [int(c) for c in clients.split(",")] if clients else None
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}", param_hint="--clients")
+        raise click.BadParameter(f"expected comma-separated integers, got {clients!r}",
+                                 param_hint="--clients") from None
     try:
         paths = simplex_pictures(run, algorithm, seed, ids, points)
     except USER_ERRORS as exc:

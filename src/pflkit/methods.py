@@ -9,7 +9,7 @@ explicitly, as this module is imported; methods outside the package are found by
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from . import personalize
 from .algorithms import Algorithm, Settings, TrainSettings

@@ -15,7 +15,6 @@ from pflkit.engines import ClientJob, RoundSetup, run_client
 from pflkit.functional import NonFiniteLossError, evaluate
 from pflkit.methods import build_algorithm
 from pflkit.models import build_model
-
 from tests.support.builders import build, params_of, summaries, tiny_context
 from tests.support.checks import assert_params_close, differs
 from tests.support.references import sq
@@ -157,7 +156,7 @@ def test_nan_loss_raises_naming_the_stage(name, overrides, stage):
 @pytest.mark.parametrize("bn_buffers", ["local", "global"])
 def test_batch_norm_statistics_stay_local_unless_asked_and_the_server_averages_them(bn_buffers):
     from pflkit.algorithms import TrainSettings
-    from pflkit.models import build_model, buffer_names
+    from pflkit.models import buffer_names, build_model
 
     model = build_model("resnet18", (3, 32, 32), 10)
     params = {k: v.detach() for k, v in model.named_parameters()}

@@ -18,7 +18,6 @@ from pflkit.algorithms import Algorithm, Registry
 from pflkit.config import ConfigError, load_config
 from pflkit.methods import REGISTRY, build_algorithm
 from pflkit.run.experiment import run_experiment
-
 from tests.support.paths import REPO
 from tests.support.runs import records
 
@@ -193,9 +192,8 @@ def test_every_hook_ala_does_not_change_is_the_bases():
 
 
 def test_the_hooks_ala_extends_keep_what_the_base_does():
-    from tests.support.builders import params_of, tiny_context
-
     from pflkit.algorithms.fedavg import FedAvg
+    from tests.support.builders import params_of, tiny_context
 
     received = []
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+
 import pytest
 
 from pflkit.config import load_config
 from pflkit.run.experiment import run_experiment
-
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.integration

@@ -7,8 +7,8 @@ import fcntl
 import gzip
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest

@@ -7,7 +7,6 @@ import tomli_w
 
 from pflkit.config import ConfigError, load_config, parse_override, read_toml, split_overrides, to_dict
 from pflkit.data import FILE_DATASETS
-
 from tests.support.configs import flat_form
 from tests.support.paths import REPO
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 import torch
+from pydantic import ValidationError
 
 try:
     import pflkit.data  # noqa: F401
@@ -34,10 +34,9 @@ from pflkit.data import (
     write_idx,
 )
 from pflkit.data.partition.dirichlet import partition_dirichlet
+from pflkit.data.partition.holdout import split_train_test
 from pflkit.data.partition.iid import partition_iid
 from pflkit.data.partition.pathological import partition_pathological
-from pflkit.data.partition.holdout import split_train_test
-
 from tests.support.paths import SHARED_MNIST
 
 torch.set_num_threads(1)

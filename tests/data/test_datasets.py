@@ -21,9 +21,9 @@ from PIL import Image
 from pflkit.cli import main
 from pflkit.config import ConfigError, build_config
 from pflkit.data import (
-    PartitionSpec,
     DataError,
     Dataset,
+    PartitionSpec,
     basic_english,
     build_vocab,
     download,

@@ -27,7 +27,7 @@ def test_official_protocol_partitions_the_training_split_and_draws_local_test_se
     train_rows = np.concatenate([c.train_rows.numpy() for c in fed.clients])
     assert sorted(train_rows.tolist()) == list(range(600))  # the whole training split, disjoint
     assert torch.equal(fed.global_test_rows, torch.arange(600, 800))  # the official test split
-    for i, client in enumerate(fed.clients):
+    for client in fed.clients:
         assert client.num_test == 200 // 6 and (client.test_rows >= 600).all()  # drawn from the test split
         counts = np.bincount(client.train_y.numpy(), minlength=5)
         expected = largest_remainder(counts, 200 // 6)

@@ -9,12 +9,12 @@ The reference below follows the logic of PFLlib's ``dataset/utils/dataset_utils.
 from __future__ import annotations
 
 import math
+
 import numpy as np
 import pytest
 from sklearn.model_selection import train_test_split
 
 from pflkit.data import PartitionSpec, load_dataset, split_clients
-
 from tests.support.paths import SHARED_MNIST
 
 BATCH, TRAIN_RATIO = 10, 0.75

@@ -10,7 +10,6 @@ import torch
 from pflkit.algorithms import TrainBatches
 from pflkit.config import load_config
 from pflkit.functional import classification_loss, proximal_loss
-
 from tests.support.builders import build, params_of, tiny_context
 from tests.support.references import sgd_reference
 

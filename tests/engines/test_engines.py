@@ -12,11 +12,9 @@ from pflkit.engines import ClientExecutor, LoopEngine, ParallelEngine, VmapEngin
 from pflkit.engines.batched import batching_blocker
 from pflkit.methods import available, build_algorithm
 from pflkit.models import build_model
-
 from tests.support.builders import make_data, run_rounds
 from tests.support.checks import assert_same_state, assert_states_close
 from tests.support.params import by_method
-
 
 ALL_ALGORITHMS = available()
 

@@ -9,13 +9,12 @@ import pytest
 import torch
 
 from pflkit.algorithms import TrainBatches
-from pflkit.methods import build_algorithm
 from pflkit.config import load_config
 from pflkit.engines import LoopEngine, VmapEngine
 from pflkit.federation.session import on_engine
 from pflkit.functional import classification_loss
+from pflkit.methods import build_algorithm
 from pflkit.models import head_names
-
 from tests.support.builders import make_data, session_for, setup_for
 
 

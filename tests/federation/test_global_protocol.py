@@ -15,7 +15,6 @@ from pflkit.functional.training import forward
 from pflkit.models import build_model
 from pflkit.run.experiment import run_experiment
 
-
 FAST = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", "lr=0.05", "test_set=official"]
 
 

@@ -40,8 +40,8 @@ def test_the_rule_waits_for_the_evaluation_of_its_first_round():
 def test_apple_is_judged_only_after_its_lambda_schedule(tmp_path, fast_config):
     """APPLE's proximal weight lambda(r) falls to 0 at round L*R: a plateau inside the schedule is
     no convergence (on MNIST it stopped APPLE at round 34 of its 40-round schedule)."""
-    from pflkit.methods import build_algorithm
     from pflkit.federation.runner import plateau_rule
+    from pflkit.methods import build_algorithm
 
     cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["apple", "fedavg"]', "plateau_evaluations=2",
                              "plateau_points=100", "apple.L=0.1"])

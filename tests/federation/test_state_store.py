@@ -15,7 +15,6 @@ from pflkit.config import load_config
 from pflkit.federation.checkpoint import load_checkpoint
 from pflkit.federation.state_store import DiskStateStore
 from pflkit.run.experiment import resume_experiment, run_experiment
-
 from tests.support.runs import KILL_AFTER, records_without_timings
 
 

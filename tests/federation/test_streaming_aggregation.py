@@ -18,11 +18,9 @@ from pflkit.federation.session import on_engine
 from pflkit.federation.state_store import DiskStateStore
 from pflkit.methods import available, build_algorithm
 from pflkit.models import build_model
-
 from tests.support.builders import make_data, session_for, setup_for
 from tests.support.checks import assert_same_state
 from tests.support.params import by_method
-
 
 LIST_FORM = {"fedfomo", "apple", "fedamp", "sosicfl", "sosicfl_all", "sosicfl_plus", "pfedme", "fednova", "fedacd",
              "creff", "fednh", "local"}

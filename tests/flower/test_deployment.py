@@ -24,23 +24,23 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import pytest
 import torch
 
 pytest.importorskip("flwr")
-from cryptography import x509  # noqa: E402
-from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
-from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
-from cryptography.x509.oid import NameOID  # noqa: E402
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
-from pflkit.config import load_config  # noqa: E402
-from pflkit.run.experiment import run_experiment  # noqa: E402
-
-from tests.support.paths import REPO  # noqa: E402
-from tests.support.runs import free_port, records  # noqa: E402
+from pflkit.config import load_config
+from pflkit.run.experiment import run_experiment
+from tests.support.paths import REPO
+from tests.support.runs import free_port, records
 
 pytestmark = [pytest.mark.integration, pytest.mark.flower, pytest.mark.deployment, pytest.mark.slow]
 BIN = Path(sys.executable).parent
@@ -126,7 +126,7 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
     def name(cn: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
     ca = (x509.CertificateBuilder().subject_name(name("pflkit test CA")).issuer_name(name("pflkit test CA"))
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())

@@ -13,16 +13,16 @@ flwr = pytest.importorskip("flwr")
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict  # noqa: E402
 
+from pflkit.algorithms import ClientSummary  # noqa: E402
 from pflkit.config import load_config, to_dict  # noqa: E402
 from pflkit.engines import LoopEngine, RoundSetup  # noqa: E402
+from pflkit.federation import RoundDriver  # noqa: E402
 from pflkit.flower import serde  # noqa: E402
 from pflkit.flower.client_app import app as client_app  # noqa: E402
 from pflkit.flower.local import LocalGrid  # noqa: E402
 from pflkit.flower.node import node_setup, state_key  # noqa: E402
 from pflkit.flower.server import run_on_flower  # noqa: E402
 from pflkit.run.experiment import run_experiment  # noqa: E402
-from pflkit.federation import RoundDriver  # noqa: E402
-from pflkit.algorithms import ClientSummary  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.flower]
 
@@ -101,9 +101,10 @@ def test_a_node_parses_each_config_text_once_and_builds_each_runs_algorithm_once
     """Every message of a run reuses the node's parsed config and built algorithm; another config
     text or algorithm gets its own."""
     import tomli_w
-    from pflkit.methods import build_algorithm
+
     from pflkit.config import build_config
     from pflkit.flower import node
+    from pflkit.methods import build_algorithm
 
     LocalGrid(client_app, [])  # sets Flower's process identity for message construction
     parsed, built = [], []

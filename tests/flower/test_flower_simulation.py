@@ -11,7 +11,6 @@ import pytest
 
 from pflkit.config import ConfigError, load_config
 from pflkit.run.experiment import run_experiment
-
 from tests.support.runs import records
 
 pytestmark = [pytest.mark.integration, pytest.mark.flower, pytest.mark.ray]

@@ -10,7 +10,6 @@ import torch
 
 from pflkit.functional import SGD, WeightedSum, weighted_average
 from pflkit.functional.training import Batch, clip_by_global_norm, cross_entropy, mix
-
 from tests.support.builders import params_of, tiny_context
 
 

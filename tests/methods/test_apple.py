@@ -33,9 +33,17 @@ from pflkit.algorithms.apple import loss_scale
 from pflkit.config import load_config
 from pflkit.engines import SingleClientContext
 from pflkit.methods import build_algorithm
-
-from tests.support.builders import (batch_pairs, build, client_context, client_ctx, params_of, perturbed, stream,
-                                    summaries, tiny_context)
+from tests.support.builders import (
+    batch_pairs,
+    build,
+    client_context,
+    client_ctx,
+    params_of,
+    perturbed,
+    stream,
+    summaries,
+    tiny_context,
+)
 from tests.support.checks import ATOL, RTOL, assert_params_close
 from tests.support.references import XFAIL_DIFFERS, ce_grads, module_at, weights
 

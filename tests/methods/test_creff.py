@@ -22,11 +22,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from pflkit.algorithms import ClientSummary
-from pflkit.algorithms.creff import (MATCHING_HEAD, classifier_gradient, fresh_linear, head_gradients,
-                                    matching_distance, retrain_classifier)
+from pflkit.algorithms.creff import (
+    MATCHING_HEAD,
+    classifier_gradient,
+    fresh_linear,
+    head_gradients,
+    matching_distance,
+    retrain_classifier,
+)
 from pflkit.engines import SingleClientContext
 from pflkit.functional import torch_generator
-
 from tests.support.builders import build, client_context, params_of, tiny_context
 
 
@@ -84,8 +89,9 @@ def test_creff_matches_features_with_the_authors_row_wise_distance_at_last_round
 
 def test_creff_round_gradients_at_the_retrained_head_plain_mean_and_a_fresh_retrained_classifier():
     ctx = tiny_context(n_train=30)
-    from pflkit.algorithms import ClientSummary
     import numpy as np
+
+    from pflkit.algorithms import ClientSummary
     alg = build("creff", ctx, "creff.features=5", "creff.match_steps=3", "creff.retrain_epochs=2")
     glob = params_of(ctx, 2)
     server = alg.prepare(alg.init_server(glob), [ClientSummary(0, 30, np.ones(10))], seed=7)

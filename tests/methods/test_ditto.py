@@ -7,11 +7,9 @@ import torch
 
 from pflkit.algorithms import TrainBatches
 from pflkit.functional import classification_loss
-
 from tests.support.builders import batch_pairs, build, params_of, tiny_context
 from tests.support.checks import assert_params_close, moved
-from tests.support.references import (network, pfllib_perturbed_epochs, pfllib_server_average, pfllib_sgd_epochs,
-                                      weights)
+from tests.support.references import network, pfllib_perturbed_epochs, pfllib_server_average, pfllib_sgd_epochs, weights
 
 
 def test_ditto_personal_model_is_evaluated_and_anchored_to_global():

@@ -17,7 +17,6 @@ from pflkit.algorithms.fedacd import adjustment, fedacd_loss, flattening_kl, ree
 from pflkit.config import load_config
 from pflkit.functional.training import Batch, probability_matrix, template_kl
 from pflkit.run.experiment import run_experiment
-
 from tests.support.builders import build, params_of, tiny_context
 
 

@@ -15,7 +15,6 @@ from torch.nn import functional as F
 
 from pflkit.methods import build_algorithm
 from pflkit.models import reference_layer_idx, top_unit_names
-
 from tests.support.builders import build, client_ctx, params_of, perturbed, tiny_context
 from tests.support.checks import ATOL, RTOL, assert_params_close
 from tests.support.references import module_at, weights

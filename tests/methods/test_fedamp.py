@@ -17,8 +17,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from tests.support.builders import (batch_pairs, build, client_ctx, params_of, perturbed, stream, summaries,
-                                    tiny_context)
+from tests.support.builders import batch_pairs, build, client_ctx, params_of, perturbed, stream, summaries, tiny_context
 from tests.support.checks import assert_params_close
 from tests.support.references import XFAIL_DIFFERS, ce_grads, flat, module_at, sq, weights
 

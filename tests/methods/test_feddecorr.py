@@ -20,7 +20,6 @@ from torch.nn import functional as F
 from pflkit.algorithms.feddecorr import decorrelation, feddecorr_loss
 from pflkit.engines import SingleClientContext
 from pflkit.functional.training import Batch
-
 from tests.support.builders import batch_pairs, build, client_context, params_of
 
 

@@ -20,7 +20,6 @@ from torch.nn import functional as F
 
 from pflkit.engines.schedule import training_part
 from pflkit.functional import evaluate
-
 from tests.support.builders import build, client_ctx, params_of, perturbed, stream, summaries, tiny_context
 from tests.support.checks import assert_params_close
 from tests.support.references import XFAIL_DIFFERS, flat, module_at, sq, weights

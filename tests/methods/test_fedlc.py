@@ -12,7 +12,6 @@ from torch.nn import functional as F
 
 from pflkit.algorithms.fedlc import calibrated_logits
 from pflkit.functional.training import Batch
-
 from tests.support.builders import batch_pairs, build, params_of, seeded_client
 from tests.support.checks import ATOL, RTOL, assert_expected_close
 from tests.support.references import module_at, weights

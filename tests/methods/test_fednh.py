@@ -27,7 +27,6 @@ from torch.nn import functional as F
 from pflkit.algorithms import ClientSummary
 from pflkit.algorithms.fednh import SCALE, spread_prototypes
 from pflkit.engines import SingleClientContext
-
 from tests.support.builders import batch_pairs, build, client_context, params_of, tiny_context
 
 

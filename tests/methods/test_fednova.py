@@ -11,7 +11,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from pflkit.algorithms.fednova import normaliser
-
 from tests.support.builders import batch_pairs, build, params_of, seeded_client, tiny_context
 from tests.support.checks import assert_expected_close
 from tests.support.references import module_at, sgd_reference, weights

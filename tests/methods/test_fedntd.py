@@ -11,7 +11,6 @@ from torch.nn import functional as F
 
 from pflkit.algorithms.fedntd import not_true_kl
 from pflkit.functional.training import Batch
-
 from tests.support.builders import batch_pairs, build, params_of, seeded_client, tiny_context
 from tests.support.checks import ATOL, RTOL, assert_expected_close
 from tests.support.references import module_at, sgd_reference, weights

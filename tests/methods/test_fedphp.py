@@ -11,7 +11,6 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from pflkit.algorithms.fedphp import hpm_coefficient, kd_loss, mmd_rbf
-
 from tests.support.builders import batch_pairs, build, params_of, tiny_context
 from tests.support.checks import assert_params_close
 from tests.support.references import grads, step

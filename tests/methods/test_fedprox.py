@@ -7,8 +7,13 @@ import torch
 
 from tests.support.builders import batch_pairs, build, params_of, tiny_context, two_client_round
 from tests.support.checks import assert_params_close, moved
-from tests.support.references import (network, pfllib_fedavg_client, pfllib_perturbed_epochs, pfllib_server_average,
-                                      weights)
+from tests.support.references import (
+    network,
+    pfllib_fedavg_client,
+    pfllib_perturbed_epochs,
+    pfllib_server_average,
+    weights,
+)
 
 
 def test_fedprox_with_zero_mu_equals_fedavg_and_large_mu_stays_near_global():

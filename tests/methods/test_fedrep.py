@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from pflkit.models import head_names
-
 from tests.support.builders import batch_pairs, build, params_of, tiny_context
 from tests.support.checks import assert_params_close, moved
 from tests.support.references import network, pfllib_server_average, pfllib_sgd_epochs, weights

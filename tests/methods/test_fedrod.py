@@ -12,7 +12,6 @@ from torch.nn import functional as F
 
 from pflkit.config import load_config
 from pflkit.run.experiment import run_experiment
-
 from tests.support.builders import batch_pairs, build, params_of, seeded_client, tiny_context
 from tests.support.checks import ATOL, RTOL, assert_expected_close
 from tests.support.references import BODY, module_at, weights

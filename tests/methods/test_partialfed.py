@@ -17,7 +17,6 @@ import torch
 from torch.nn import functional as F
 
 from pflkit.algorithms.partialfed import gumbel_noise, mix_units, select_units, temperature
-
 from tests.support.builders import batch_pairs, build, params_of, seeded_client, tiny_context
 from tests.support.checks import assert_expected_close, assert_params_close, differs
 from tests.support.references import XFAIL_DIFFERS, ce, grads, module_at, step, weights

@@ -18,7 +18,6 @@ import torch
 from torch.nn import functional as F
 
 from pflkit.functional import NonFiniteLossError
-
 from tests.support.builders import batch_pairs, build, client_ctx, params_of, stream, tiny_context
 from tests.support.checks import assert_params_close, differs
 from tests.support.references import XFAIL_DIFFERS, ce, grads, module_at, step, weights

@@ -18,13 +18,21 @@ import torch
 from scipy import stats
 from torch.nn import functional as F
 
-from pflkit.algorithms.simplex import (SimplexError, cluster, distances, lda_points, make_endpoints,
-                                       mean_distance_to_simplex, prepare_simplex, realise, sample_region)
+from pflkit.algorithms.simplex import (
+    SimplexError,
+    cluster,
+    distances,
+    lda_points,
+    make_endpoints,
+    mean_distance_to_simplex,
+    prepare_simplex,
+    realise,
+    sample_region,
+)
 from pflkit.algorithms.sosicfl import ALPHAS, STEP, simplex_loss
 from pflkit.config import ConfigError, load_config
 from pflkit.methods import build_algorithm
 from pflkit.run.experiment import run_experiment
-
 from tests.support.builders import batch_pairs, params_of, sosicfl_setup, tiny_context
 from tests.support.checks import ATOL, RTOL, assert_expected_close
 from tests.support.references import BODY, FlocoModel, floco_optimizer, floco_training_loop

@@ -17,7 +17,6 @@ import torch
 
 from pflkit.config import load_config
 from pflkit.methods import build_algorithm
-
 from tests.support.builders import batch_pairs, params_of, sosicfl_setup, tiny_context
 from tests.support.checks import ATOL, RTOL, assert_expected_close
 from tests.support.references import XFAIL_DIFFERS, FlocoModel, floco_optimizer, floco_training_loop

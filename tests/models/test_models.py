@@ -11,11 +11,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from pflkit.algorithms import TrainSettings
-from pflkit.methods import available, build_algorithm
 from pflkit.config import load_config
 from pflkit.data.federated import ClientData, FederatedData
 from pflkit.engines import LoopEngine, ParallelEngine, RoundSetup, SingleClientContext, VmapEngine
+from pflkit.federation import initial_params
 from pflkit.functional import evaluate, forward
+from pflkit.methods import available, build_algorithm
 from pflkit.models import (
     MODELS,
     buffer_names,
@@ -26,8 +27,6 @@ from pflkit.models import (
 )
 from pflkit.models.base import check_buffers
 from pflkit.personalize import AdaptiveLocalAggregation, ALASettings
-from pflkit.federation import initial_params
-
 from tests.support.builders import fit_on, simulate_rounds
 from tests.support.checks import assert_states_close
 
@@ -523,6 +522,7 @@ def test_every_algorithm_trains_a_model_whose_classifier_has_no_bias(name, model
 def test_fast_pooling_gives_max_pool2d_numbers():
     """max_pool_2x2 without autograd equals F.max_pool2d (ties, NaN, odd sizes); with autograd it is it."""
     import torch.nn.functional as F
+
     from pflkit.models.pooling import max_pool_2x2
 
     g = torch.Generator().manual_seed(0)
@@ -539,6 +539,7 @@ def test_fast_pooling_gives_max_pool2d_numbers():
 def test_fedavg_cnn_pools_before_its_relu_with_the_same_values_and_gradients():
     """ReLU after the pool (a quarter of the elements) gives ReLU-then-pool's numbers bit for bit."""
     import torch.nn.functional as F
+
     from pflkit.models import build_model
 
     torch.manual_seed(0)

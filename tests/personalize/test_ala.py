@@ -11,8 +11,7 @@ from torch.nn import functional as F
 from pflkit.algorithms import TrainSettings
 from pflkit.functional import forward
 from pflkit.models import FedAvgCNN, build_model, count_parameters, reference_layer_idx, top_unit_names
-from pflkit.personalize import ALASettings, AdaptiveLocalAggregation, blend, clip_weights, weight_update
-
+from pflkit.personalize import AdaptiveLocalAggregation, ALASettings, blend, clip_weights, weight_update
 from tests.support.builders import params_of, tiny_context
 
 

@@ -20,7 +20,6 @@ import pytest
 
 from pflkit.config import ConfigError
 from pflkit.run.sweep import run_sweep
-
 from tests.support.runs import free_port, records
 
 pytestmark = [pytest.mark.integration, pytest.mark.ray]

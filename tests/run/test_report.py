@@ -17,7 +17,6 @@ from pflkit.config import ConfigError, load_config
 from pflkit.reporting.paper import PAPER_TABLES
 from pflkit.run.experiment import run_experiment
 from pflkit.run.report import ala_gain_table, build_report, ranking_table
-
 from tests.support.paths import REPO
 
 

@@ -16,8 +16,7 @@ from click.testing import CliRunner
 
 from pflkit.cli import main
 from pflkit.config import load_config
-from pflkit.federation import ResultsFolder, RunInterrupted, stop_on_signals
-from pflkit.federation import signals_deferred
+from pflkit.federation import ResultsFolder, RunInterrupted, signals_deferred, stop_on_signals
 from pflkit.run.experiment import new_results_folder, run_experiment
 from pflkit.run.sweep import MAX_CELL_NAME, cell_name
 
@@ -214,7 +213,6 @@ def test_an_unfinished_folder_with_an_older_flat_config_is_continued_on_flower(t
     """``start_or_resume`` (a restarted Flower ServerApp) compares the saved config with the run's
     in their resolved form, so a folder whose config.toml spells its keys flat is the same run."""
     from pflkit.config import build_config, to_dict
-
     from tests.support.configs import flat_form
 
     config = to_dict(load_config(None, FAST))

@@ -16,10 +16,9 @@ from click.testing import CliRunner
 from pflkit.cli import main
 from pflkit.config import ConfigError, load_config
 from pflkit.data import DataError, PartitionError, write_idx
+from pflkit.federation import ResultsFolder
 from pflkit.functional import NonFiniteLossError
 from pflkit.run.experiment import resume_experiment, run_experiment
-from pflkit.federation import ResultsFolder
-
 from tests.support.runs import KILL_AFTER, InterruptAfter, records_without_timings
 
 ALGOS = 'algorithms=["fedavg","fedprox","ditto","fedrep","fedala","fedprox+ala","ditto+ala"]'

@@ -10,7 +10,6 @@ from click.testing import CliRunner
 from pflkit.cli import main
 from pflkit.config import ConfigError, load_config
 from pflkit.run.sweep import plan_sweep, run_sweep, split_axes
-
 from tests.support.paths import REPO
 
 BASE = ["rounds=2", "num_clients=6", 'algorithms=["fedavg", "fedala"]']

@@ -1,14 +1,26 @@
 """Federated algorithms, one file each, in the catalogue ``ALGORITHMS`` by config name (resolve
 names, and build methods, with ``pflkit.methods``)."""
 
+# the import order is the registration order of ALGORITHMS
+# isort: off
 from . import apple, ditto, fedamp, fedavg, fedavgc, fedfomo, fedprox, fedproxc, fedrep, local  # noqa: F401
 from . import fedphp, partialfed, perfedavg, pfedme  # noqa: F401  (registration side effects)
 from . import creff, fedacd, feddecorr, fedlc, fednh, fednova, fedntd, fedrod  # noqa: F401
 from . import sosicfl  # noqa: F401
-from .base import (Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained,
-                   Upload)
-from .context import (PER_CLIENT, ClientContext, Fit, Metrics, PairedBatches, Sample, SampleBatches, SplitBatches,
-                      TrainBatches, TrainSettings)
+# isort: on
+from .base import Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained, Upload
+from .context import (
+    PER_CLIENT,
+    ClientContext,
+    Fit,
+    Metrics,
+    PairedBatches,
+    Sample,
+    SampleBatches,
+    SplitBatches,
+    TrainBatches,
+    TrainSettings,
+)
 from .registry import ALGORITHMS, Modifier, Registry, Resolved, register
 
 __all__ = ["Algorithm", "ClientSummary", "Init", "ModelState", "Payload", "SentUpload", "Settings", "State",

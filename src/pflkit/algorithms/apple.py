@@ -136,7 +136,9 @@ class Apple(Algorithm):
                "own": self.own_onehot(payload, ctx)}
         names = self.parameter_names
         fit = self.train_model({**state["model"], P: state["p"]}, ctx, apple_loss(scale_p), aux=aux,
-                               trainable=[*names, P], optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}))
+                               trainable=[*names, P],
+                               # the ignore: a per-parameter rate, as **{P: ...} since P is no identifier
+                               optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}))  # type: ignore[arg-type]
         core = {k: fit.params[k] for k in state["model"]}
         new_state = {**state, "model": core, "p": fit.params[P]}
         return new_state, self.upload(core, ctx), {"train_loss": fit.loss}

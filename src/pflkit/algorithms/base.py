@@ -19,15 +19,16 @@ metrics; values are numbers (one client) or [K] tensors (batched).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Protocol, TypedDict
+from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from ..functional import Params, WeightedSum, clone, weighted_average
-from ..functional.training import LossFn, classification_loss
+from ..functional.training import Ensemble, LossFn, classification_loss
 from ..models import Units, parameter_names
 from .context import ClientContext, Fit, Metrics, PerClient, TrainBatches, TrainSettings
 
@@ -40,15 +41,18 @@ GlobalPayload = TypedDict("GlobalPayload", {"global": Params})
 
 
 class Upload(TypedDict):
-    """What a client sends after training: its parameters and its training-set size."""
+    """What a client sends after training: its parameters and its training-set size (a tensor where
+    the client makes it, a number once the engine splits the upload per client)."""
 
     params: Params
-    num_samples: PerClient
+    num_samples: PerClient | int
 
 
-class SentUpload(Upload):
-    """An upload as the server sees it: tagged with its sender."""
+class SentUpload(TypedDict):
+    """An upload as the server sees it: its training-set size a number, tagged with its sender."""
 
+    params: Params
+    num_samples: int
     client_id: int
 
 
@@ -279,11 +283,11 @@ class Algorithm:
         data = TrainBatches(purpose, self.train.local_epochs if epochs is None else epochs)
         return ctx.fit(params, loss, aux=aux, data=data, **kwargs)
 
-    def eval_params(self, state: State) -> Params:
+    def eval_params(self, state: State) -> Params | Ensemble:
         """The model scored on the client's test split right after ``local_init`` (spec §5.7)."""
         return state["model"]
 
-    def local_model(self, state: State) -> Params:
+    def local_model(self, state: State) -> Params | Ensemble:
         """The trained local model that FedACD's adaptability metrics score (Tables 3 and 9: the
         model the client uploads); default: the scored model. FedROD: its generic model."""
         return self.eval_params(state)
@@ -299,4 +303,5 @@ class Algorithm:
 
     @staticmethod
     def upload(params: Mapping[str, torch.Tensor], ctx: ClientContext, **extra: Any) -> Upload:
+        # the ignore: Upload has no keys for a method's own entries (extra)
         return {"params": dict(params), "num_samples": ctx.num_train, **extra}  # type: ignore[typeddict-item]

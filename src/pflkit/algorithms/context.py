@@ -12,15 +12,16 @@ models, a branch on a random draw) declares the capability ``"per_client"`` in
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, Union
+from typing import Any, Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from ..functional.params import Params
-from ..functional.training import SGD, GradFn, LossFn, Net
+from ..functional.training import SGD, CarryLossFn, GradFn, LossFn, Net
 from ..models import UnitModel, Units
 
 #: A per-client value: a tensor of shape ``ctx.client_shape`` (0-dim for one client, [K] for K).
@@ -55,7 +56,7 @@ class TrainSettings(BaseModel):
         "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
         "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
 
-    def at_round(self, round: int) -> "TrainSettings":
+    def at_round(self, round: int) -> TrainSettings:
         """The settings of round ``round`` (1, 2, ...): lr * lr_decay**(round - 1), as FedNH's and
         FedNTD's code decay it (round 0, the initial evaluation, uses lr; the final pass, round T's rate)."""
         if self.lr_decay == 1.0:
@@ -94,7 +95,7 @@ class PairedBatches:
     """Several independent batch streams stepped together: each step gets a tuple of batches
     (Per-FedAvg's B and B', and B'' with the Hessian); as many steps as the shortest stream."""
 
-    streams: tuple["TrainBatches | SplitBatches", ...]
+    streams: tuple[TrainBatches | SplitBatches, ...]
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,10 @@ class SampleBatches:
     """A fixed sample (from ``ctx.sample``), in order, in batches of the run's batch size with
     the last partial batch kept, the same batches every epoch (ALA's weight learning)."""
 
-    sample: "Sample"
+    sample: Sample
 
 
-DataSpec = Union[TrainBatches, PairedBatches, SplitBatches, SampleBatches]
+DataSpec = TrainBatches | PairedBatches | SplitBatches | SampleBatches
 
 
 @dataclass
@@ -126,7 +127,7 @@ class Sample:
     y: Tensor
     lengths: Tensor | None = None
 
-    def with_inputs(self, x: Tensor) -> "Sample":
+    def with_inputs(self, x: Tensor) -> Sample:
         return Sample(x, self.y, self.lengths)
 
 
@@ -151,7 +152,8 @@ class Fit:
 #: ``fn(trainable, *args) -> scalar`` into ``(grads, value)``. A step written for tensors with a
 #: leading client dimension as well is passed with ``fit(vectorized=True)``: batched contexts call
 #: it directly (``value_and_grad`` is then None), without vmap.
-StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn], Params, Params, Any, Any], tuple[Params, Tensor]]
+StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn] | None, Params, Params, Any, Any],
+                  tuple[Params, Tensor]]
 #: Called after each step on the trainable tensors (in place), e.g. a projection to [0, 1].
 Transform = Callable[[Params], None]
 #: Whether a client stops: called with its list of per-epoch last-step losses.
@@ -200,7 +202,7 @@ class ClientContext(Protocol):
     def label_counts(self) -> Tensor:
         """The client's training samples per class [C] (batched: [K, C])."""
 
-    def class_sums(self, params: Params, fn: "SampleMap") -> Tensor:
+    def class_sums(self, params: Params, fn: SampleMap) -> Tensor:
         """Sums over the client's training samples, per true class, of ``fn(net, params, x, y)``
         (a per-sample map, evaluation mode, no gradient): [C, ...] (batched: [K, C, ...]).
         FedACD's probability matrix sums softmax outputs; FedNH sums normalised features."""
@@ -209,7 +211,7 @@ class ClientContext(Protocol):
         """The sample with its inputs replaced by the output of units ``0..stop-1`` (training-mode
         forward, no gradient) on the client's parameters (batched: each client's own)."""
 
-    def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
+    def fit(self, params: Params, loss: LossFn | CarryLossFn | None = None, *, step: StepFn | None = None,
             vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
             data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
             until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,

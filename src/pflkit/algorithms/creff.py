@@ -29,7 +29,7 @@ models uniformly.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 from pydantic import Field
@@ -166,6 +166,7 @@ class CReFF(Algorithm):
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         cfg = self.settings
         merged = weighted_average([u["params"] for u in uploads], [u["num_samples"] for u in uploads])
+        # the ignores: uploads are SentUpload to mypy, class_counts/class_grads are CReFF's own keys
         counts = torch.stack([u["class_counts"] for u in uploads])  # type: ignore[typeddict-item]
         grads = torch.stack([u["class_grads"] for u in uploads])  # type: ignore[typeddict-item]
         holders = (counts > 0).to(grads.dtype)  # [M, C]: which clients hold each class
@@ -190,9 +191,10 @@ class CReFF(Algorithm):
         features = features.clone().requires_grad_(True)
         C = weight.shape[0]
         for _ in range(self.settings.match_steps if classes else 0):
-            loss = sum(matching_distance(classifier_gradient(features[c], c, weight, bias), target[c], C,
-                                         bias=bias is not None) for c in classes)
-            (grad,) = torch.autograd.grad(loss, [features])  # type: ignore[arg-type]
+            distances = (matching_distance(classifier_gradient(features[c], c, weight, bias), target[c], C,
+                                           bias=bias is not None) for c in classes)
+            loss = cast(torch.Tensor, sum(distances))  # (classes: not empty in this loop)
+            (grad,) = torch.autograd.grad(loss, [features])
             with torch.no_grad():
                 features -= self.settings.feature_lr * grad
         return features.detach()

@@ -37,6 +37,7 @@ class Ditto(Algorithm):
     ala_targets = {"model": ("global", "model"), "personal": ("global", "personal")}
 
     def init_client(self, init_params: Params, client_id: int) -> State:
+        # the ignore below: a TypedDict is no dict[str, Any] (State) to mypy
         return DittoState(model=clone(init_params), personal=clone(init_params))  # type: ignore[return-value]
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:

@@ -28,9 +28,9 @@ from pydantic import Field
 from torch.nn import functional as F
 
 from ..functional import Params, weighted_average
-from ..functional.training import Batch, LossFn, Net, label_loss, one_hot, probability_matrix, template_kl
+from ..functional.training import Batch, CarryLossFn, Net, label_loss, one_hot, probability_matrix, template_kl
 from .base import ROUND_INFO, Algorithm, ClientContext, Payload, SentUpload, Settings, State, Trained
-from .context import TrainBatches
+from .context import EpochEnd, TrainBatches
 from .registry import register
 
 P, SUMS, WEIGHTS = "fedacd.P", "fedacd.sums", "fedacd.weights"  # carried through the fit
@@ -78,7 +78,7 @@ def flattening_kl(probs: torch.Tensor, log_probs: torch.Tensor, y: torch.Tensor)
     return (q * (q.clamp(min=1e-12).log() - log_probs)).sum(-1)
 
 
-def fedacd_loss(settings: FedACDSettings, num_classes: int) -> LossFn:
+def fedacd_loss(settings: FedACDSettings, num_classes: int) -> CarryLossFn:
     """L_LA + lam L_KL on the batch, with the class-probability sums of its (detached) outputs
     carried for the end-of-epoch re-estimation of P."""
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> tuple[torch.Tensor, Params]:
@@ -89,6 +89,7 @@ def fedacd_loss(settings: FedACDSettings, num_classes: int) -> LossFn:
         kl = label_loss(lambda y: flattening_kl(log_probs.exp(), log_probs, y), batch)
         weights = one_hot(batch.y, num_classes, logits.dtype)
         if batch.lam is not None:  # a mixed sample counts for both labels
+            assert batch.y_mix is not None
             partner = one_hot(batch.y_mix, num_classes, logits.dtype)
             weights = batch.lam * weights + (1 - batch.lam) * partner
         if batch.mask is not None:
@@ -99,7 +100,7 @@ def fedacd_loss(settings: FedACDSettings, num_classes: int) -> LossFn:
     return loss
 
 
-def reestimate(ema: float):  # type: ignore[no-untyped-def]
+def reestimate(ema: float) -> EpochEnd:
     """End of epoch: P from the epoch's sums (rows without samples keep theirs), sums reset."""
     def epoch_end(carried: Params) -> Params:
         sums, weights, old = carried[SUMS], carried[WEIGHTS], carried[P]
@@ -138,6 +139,7 @@ class FedACD(Algorithm):
                 {"train_loss": fit.loss, "score": score})
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
+        # the ignore: uploads are SentUpload to mypy, score is FedACD's own key
         scores = torch.tensor([float(u["score"]) for u in uploads], dtype=torch.float64)  # type: ignore[typeddict-item]
         n = torch.tensor([float(u["num_samples"]) for u in uploads], dtype=torch.float64)
         weights = {"softmax_neg_score": torch.softmax(-scores, 0), "inverse_score": 1.0 / scores.clamp(min=1e-12),

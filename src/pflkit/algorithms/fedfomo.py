@@ -14,6 +14,8 @@ implemented (it is irrelevant with M = N, the FedALA setting).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from pydantic import Field
 
@@ -61,7 +63,7 @@ class FedFomo(Algorithm):
         base_loss = val_loss(old)
         weights = torch.zeros(len(payload["models"]), dtype=torch.float64)
         for m, theta in enumerate(payload["models"]):
-            distance = float(torch.sqrt(sum(torch.sum((theta[k] - old[k]) ** 2) for k in names)))
+            distance = float(torch.sqrt(cast(torch.Tensor, sum(torch.sum((theta[k] - old[k]) ** 2) for k in names))))
             weights[m] = max(0.0, (base_loss - val_loss(theta)) / (distance + 1e-5))
         total = float(weights.sum())
         model = dict(old)
@@ -74,6 +76,7 @@ class FedFomo(Algorithm):
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         affinity = server["affinity"].clone()
         for u in uploads:
+            # the ignore: uploads are SentUpload to mypy, ids/weights are FedFomo's own keys
             affinity[u["client_id"], u["ids"]] += u["weights"]  # type: ignore[typeddict-item]
         return {**self.keep_latest_models(server, uploads), "affinity": affinity}
 

@@ -111,7 +111,8 @@ class FedNH(Algorithm):
         if self.settings.prototype_init == "orthogonal":
             params[self.weight] = orthogonal_prototypes(*weight.shape).to(weight)
         else:
-            params[self.weight] = spread_prototypes(*weight.shape, self.settings.spread_steps).to(weight)
+            num, dim = weight.shape
+            params[self.weight] = spread_prototypes(num, dim, self.settings.spread_steps).to(weight)
         for name in self.head[1:]:
             params[name] = torch.zeros_like(params[name])
         return {"global": params, SCALE: self._initial_scale(weight)}
@@ -164,6 +165,7 @@ class FedNH(Algorithm):
                    else [u["num_samples"] for u in uploads])
         merged = weighted_average([u["params"] for u in uploads], weights)
         total = sum(weights)
+        # the ignores: uploads are SentUpload to mypy, scale/class_counts/class_means are FedNH's own keys
         scale = sum(w * u["scale"] for w, u in zip(weights, uploads)) / total  # type: ignore[typeddict-item]
         counts = torch.stack([u["class_counts"] for u in uploads])  # type: ignore[typeddict-item]
         means = torch.stack([u["class_means"] for u in uploads])  # type: ignore[typeddict-item]

@@ -42,6 +42,7 @@ class FedNova(Algorithm):
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         n = torch.tensor([float(u["num_samples"]) for u in uploads], dtype=torch.float64)
         p = n / n.sum()
+        # the ignore: uploads are SentUpload to mypy, normaliser is FedNova's own key
         a = torch.tensor([float(u["normaliser"]) for u in uploads], dtype=torch.float64)  # type: ignore[typeddict-item]
         tau_eff = float((p * a).sum())
         names = set(self.parameter_names)

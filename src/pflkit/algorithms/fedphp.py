@@ -21,7 +21,8 @@ features of the received global model Theta).
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -82,7 +83,7 @@ def hpm_coefficient(mu: float, round: int, rounds: int) -> float:
     return mu * min(round, rounds) / rounds
 
 
-def fedphp_loss(settings: "FedPHPSettings", body: int) -> LossFn:
+def fedphp_loss(settings: FedPHPSettings, body: int) -> LossFn:
     """(1 - lam) CE + lam KT(w, HPM), the HPM ``aux["hpm"]`` frozen (spec §2.9)."""
     lam, mmd = settings.lam, settings.kt == "mmd"
 

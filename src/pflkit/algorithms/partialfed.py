@@ -43,7 +43,8 @@ the global and that ALA-initialised model (once per round, or per batch with loa
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -74,7 +75,7 @@ class PartialFedSettings(Settings):
                                  "still train S; False restarts it every round (spec §2.12 [RECON])")
 
     @model_validator(mode="after")
-    def _some_batches(self) -> "PartialFedSettings":
+    def _some_batches(self) -> PartialFedSettings:
         if self.model_batches + self.strategy_batches < 1:
             raise ValueError("model_batches + strategy_batches must be at least 1")
         return self
@@ -161,7 +162,7 @@ class PartialFed(Algorithm):
             gates = torch.softmax((logits["s"] + frozen["gumbel"]) / tau, dim=1)
             return cross_entropy(net(mix_units(glob, local, gates, units), batch.x), batch)
 
-        def step(value_and_grad, train, frozen, batch, aux):  # type: ignore[no-untyped-def]
+        def step(value_and_grad, train, frozen, batch, aux):
             strategy, glob = train[S], aux["global"]
             g = gumbel_noise(noise, strategy.shape).to(strategy.device)
             local = {**{k: v for k, v in frozen.items()}, **{k: train[k] for k in names}}
@@ -201,7 +202,7 @@ class PartialFed(Algorithm):
         glob = {k: v.detach() for k, v in payload["global"].items()}
         aux = {"global": glob}
         if cfg.load == "round":
-            kept = state.get(INIT_LOCAL, state["model"])  # without after_receive: the model itself
+            kept = state[INIT_LOCAL] if INIT_LOCAL in state else state["model"]  # without after_receive: the model
             aux["init_local"] = {k: kept[k].detach() for k in names}
         fit = ctx.fit(params, step=self.batch_step(ctx, tau, ctx.generator("gates")),
                       trainable=[*names, S, POS, *COUNTERS], aux=aux,

@@ -20,7 +20,8 @@ discarded for training. With ``+ala`` ALA initialises the received model ("model
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -57,7 +58,7 @@ def maml_step(net: Net, alpha: float, beta: float, hessian_free: bool, clip_norm
     def loss(params: Params, frozen: Params, batch: Batch) -> torch.Tensor:
         return cross_entropy(net({**frozen, **params}, batch.x), batch)
 
-    def step(value_and_grad, w, frozen, batches, aux):  # type: ignore[no-untyped-def]
+    def step(value_and_grad, w, frozen, batches, aux):
         if not isinstance(batches[0], Batch):  # ((B, B'), B''): split pairs with the Hessian batch
             batches = (*batches[0], *batches[1:])
         first, second, *rest = batches
@@ -81,7 +82,7 @@ def hessian_vector_product(loss: Callable[..., torch.Tensor], params: Params, fr
 
     def directional(p: Params) -> torch.Tensor:
         g = torch.func.grad(loss)(p, frozen, batch)
-        return sum((g[k] * vector[k]).sum() for k in p)  # type: ignore[return-value]
+        return sum((g[k] * vector[k]).sum() for k in p)
     return torch.func.grad(directional)(dict(params))
 
 
@@ -109,7 +110,7 @@ class PerFedAvg(Algorithm):
         suffix = "" if call == 0 else f"#{call}"
         epochs = self.train.local_epochs
         if self.settings.batch_pairs == "split":
-            pairs: DataSpec = SplitBatches("train" + suffix, epochs)
+            pairs: SplitBatches | PairedBatches = SplitBatches("train" + suffix, epochs)
         else:
             pairs = PairedBatches((TrainBatches("train" + suffix, epochs), TrainBatches("outer" + suffix, epochs)))
         if not self.settings.hessian_free:

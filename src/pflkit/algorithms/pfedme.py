@@ -57,7 +57,7 @@ def pfedme_step(net: Net, names: list[str], personal_lr: float, lam: float, inne
     def loss(theta: Params, frozen: Params, batch: Batch) -> torch.Tensor:
         return cross_entropy(net({**frozen, **theta}, batch.x), batch)
 
-    def step(value_and_grad, train, frozen, batch, aux):  # type: ignore[no-untyped-def]
+    def step(value_and_grad, train, frozen, batch, aux):
         w = {k: train[k] for k in names}
         theta = {k: train[THETA + k] for k in names}
         losses = []

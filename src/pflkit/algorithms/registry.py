@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Callable, Iterable, Mapping
+from typing import cast
 
 from ..models import Units
 from .base import Algorithm, Settings
@@ -92,7 +93,8 @@ class Registry:
     # ---- looking up -------------------------------------------------------------------------
     def resolve(self, name: str) -> Resolved:
         """``"fedprox+ala"`` -> FedProx with the ALA modifier; ValueError naming the problem."""
-        base, modifiers = self.aliases.get(name, name), []
+        base = self.aliases.get(name, name)
+        modifiers: list[Modifier] = []
         while True:
             found = next((m for s, m in self.modifiers.items() if base.endswith(s) and len(base) > len(s)), None)
             if found is None:
@@ -206,7 +208,7 @@ def import_method(path: str) -> type[Algorithm]:
             raise ValueError(f"method {path!r}: module {module_name!r} has no {attribute!r}")
         cls = getattr(cls, part)
     check_method(cls, f"method {path!r}")
-    return cls  # type: ignore[return-value]
+    return cast(type[Algorithm], cls)  # check_method raised unless it is one
 
 
 #: pflkit's own algorithms by name, filled as the modules of this package are imported

@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 import numpy as np
 import torch
@@ -71,7 +72,8 @@ def realise(params: Mapping[str, torch.Tensor], names: list[str], num_endpoints:
             w = params[endpoint_name(name, m)]
             coef = alpha[..., m].reshape(alpha.shape[:-1] + (1,) * (w.dim() - lead)).to(w.device, w.dtype)
             total = coef * w if total is None else total + coef * w
-        out[name] = total  # type: ignore[assignment]
+        assert total is not None  # (num_endpoints >= 1)
+        out[name] = total
     return out
 
 

@@ -19,7 +19,7 @@ cycling over 10 subregion draws) and scored at the cluster centre.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -96,7 +96,7 @@ class SosicFL(Algorithm):
     section = "sosicfl"
     settings_class = SosicFLSettings
     settings: SosicFLSettings
-    ala_targets: dict[str, tuple[str, str]] = {}  # several endpoints per layer: no single model to blend
+    ala_targets: ClassVar[dict[str, tuple[str, str]]] = {}  # several endpoints per layer: no single model to blend
     simplex_layers = "head"
     personal = False
     tta_base = "fedavg"

@@ -4,7 +4,8 @@ settings in the sections, moved into them before validation, with a record of ho
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import ValidationInfo
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import copy
 import logging
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
@@ -72,7 +73,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (), *,
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
                 data: Mapping[str, Any] | None = None) -> BaseConfig:
     """Read a TOML file (none: all defaults, the digits demo), or take its already read ``data``,
     and apply dotted overrides (each replaces the file's value, whether either spells the key flat
@@ -113,7 +114,8 @@ def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | N
     them is ordinary)."""
     written = dict(written or {})
     data = nest(data, written)
-    table = data.get("partition") if isinstance(data.get("partition"), dict) else {}
+    partition = data.get("partition")
+    table = partition if isinstance(partition, dict) else {}
     lines = [f"{written[('partition', key)]} = {table[key]!r} is not used: only {reader} reads it"
              for key, (reader, used) in _PARTITION_KEYS.items()
              if key in table and not used(config.partition) and not _is_default(PartitionSpec, key, table[key])]

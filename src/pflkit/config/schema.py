@@ -4,12 +4,14 @@ own, and those of the outside methods a config names), with the rules across key
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from ..algorithms import Settings, TrainSettings
-from ..data import DATASETS, FILE_DATASETS, PartitionSpec
+from ..data import FILE_DATASETS, PartitionSpec
+from ..data.sources import DatasetName
 from ..methods import REGISTRY, config_sections, parse_name
 from ..models import DEFAULT_MODEL, MODELS
 from .aliases import _named, nest
@@ -25,7 +27,7 @@ class BaseConfig(BaseModel):
     name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
     paper_table: str | None = Field(None, description="the paper's cell this config reproduces, \"<table>/<column>\" "
                                     "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours")
-    dataset: Literal[DATASETS] = "digits"  # type: ignore[valid-type]
+    dataset: DatasetName = "digits"
     data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
                                  "and synthetic)")
     model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
@@ -61,7 +63,7 @@ class BaseConfig(BaseModel):
         return name
 
     @model_validator(mode="after")
-    def _data_dir_is_read(self) -> "BaseConfig":
+    def _data_dir_is_read(self) -> BaseConfig:
         if self.data_dir and self.dataset not in FILE_DATASETS:
             raise ValueError(f"data_dir is set ({self.data_dir!r}) but dataset = {self.dataset!r} reads no files "
                              f"(it is built in); set the dataset that lives there (e.g. dataset=mnist), or drop "
@@ -87,7 +89,7 @@ class BaseConfig(BaseModel):
         return names
 
     @model_validator(mode="after")
-    def _full_participation(self, info: ValidationInfo) -> "BaseConfig":
+    def _full_participation(self, info: ValidationInfo) -> BaseConfig:
         for name in self.algorithms:
             if REGISTRY.method_class(name).requires_full_participation and self.run.join_ratio < 1:
                 raise ValueError(f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
@@ -113,7 +115,7 @@ class BaseConfig(BaseModel):
     trace: TraceSettings = Field(default_factory=lambda: TraceSettings(), description="models saved per round")
 
     @model_validator(mode="after")
-    def _traced_clients_exist(self, info: ValidationInfo) -> "BaseConfig":
+    def _traced_clients_exist(self, info: ValidationInfo) -> BaseConfig:
         clients = self.partition.num_clients
         wrong = [c for c in self.trace.clients if not 0 <= c < clients]
         if wrong:
@@ -122,14 +124,14 @@ class BaseConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> "BaseConfig":
+    def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> BaseConfig:
         if self.metrics.adaptability and not self.partition.official:
             raise ValueError("metrics.adaptability scores local models on the global test set: it needs "
                              f"{_named(info, 'partition', 'test_set')} = \"official\"")
         return self
 
     @model_validator(mode="after")
-    def _plateau_metric_is_recorded(self, info: ValidationInfo) -> "BaseConfig":
+    def _plateau_metric_is_recorded(self, info: ValidationInfo) -> BaseConfig:
         metric = self.run.plateau_metric
         if self.run.plateau_evaluations is not None and metric != "accuracy" and not self.partition.official:
             raise ValueError(f"{_named(info, 'run', 'plateau_metric')} = {metric!r} is recorded only under "
@@ -139,7 +141,7 @@ class BaseConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _official_needs_a_pool(self, info: ValidationInfo) -> "BaseConfig":
+    def _official_needs_a_pool(self, info: ValidationInfo) -> BaseConfig:
         if self.partition.official and self.dataset == "pfllib":
             key = _named(info, "partition", "test_set")
             raise ValueError(f"{key} = \"official\" needs the dataset's official test split, and a PFLlib "
@@ -147,7 +149,7 @@ class BaseConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _dataset_needs(self) -> "BaseConfig":
+    def _dataset_needs(self) -> BaseConfig:
         if self.dataset in FILE_DATASETS and not self.data_dir:
             hint = "" if self.dataset == "pfllib" else \
                 f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"
@@ -194,5 +196,5 @@ def config_model(algorithms: Any = ()) -> type[BaseConfig]:
     if key not in _MODELS:
         sections = {**config_sections(), **outside}
         fields: dict[str, Any] = {name: (cls, cls()) for name, cls in sections.items()}
-        _MODELS[key] = create_model("ExperimentConfig", __base__=BaseConfig, **fields)  # type: ignore[call-overload]
+        _MODELS[key] = create_model("ExperimentConfig", __base__=BaseConfig, **fields)
     return _MODELS[key]

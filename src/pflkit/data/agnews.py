@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from pflkit.data.errors import DataError
 from pflkit.data.dataset import Dataset
+from pflkit.data.errors import DataError
 
 __all__ = ["MAX_LEN", "UNK", "basic_english", "build_vocab", "encode", "load_agnews", "read_agnews_csv"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflkit.data.errors import DataError
 from pflkit.data.dataset import Dataset
+from pflkit.data.errors import DataError
 
 __all__ = ["CIFAR", "load_cifar"]
 
@@ -89,7 +89,7 @@ class _Source:
         self.layout = layout
         self._tar: tarfile.TarFile | None = None
 
-    def __enter__(self) -> "_Source":
+    def __enter__(self) -> _Source:
         if self.archive is not None:
             try:
                 self._tar = tarfile.open(self.archive, "r:gz")
@@ -129,6 +129,7 @@ class _Source:
 
 def _read_split(source: _Source, member: str) -> tuple[np.ndarray, np.ndarray]:
     raw, where = source.read(member)
+    assert raw is not None  # a required member: read raises when it is absent
     batch = _unpickle(raw, where)
     layout = source.layout
     if b"data" not in batch or layout.label_key not in batch:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from pflkit.data.cifar import CIFAR
 from pflkit.data.errors import DataError

@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from .dataset import Dataset
 from .errors import DataError, PartitionError
 from .partition import PartitionSpec, class_counts, split_clients, stratified_test_split
-from .dataset import Dataset
 
 
 def official_split(data: Dataset) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +94,7 @@ class FederatedData:
 
     @classmethod
     def build(cls, data: Dataset, spec: PartitionSpec, seed: int, *, batch_size: int = 10,
-              device: torch.device | str = "cpu") -> "FederatedData":
+              device: torch.device | str = "cpu") -> FederatedData:
         """Partition ``data`` over clients by ``spec`` with partition seed ``seed``, split each
         client into training and test data (spec §5.5), move tensors to ``device``;
         ``batch_size`` (the run's training batch) sizes PFLlib's default minimum client size.
@@ -136,20 +136,21 @@ class FederatedData:
 
     @classmethod
     def from_clients(cls, clients: list[ClientData], num_classes: int, name: str = "custom",
-                     vocab_size: int | None = None) -> "FederatedData":
+                     vocab_size: int | None = None) -> FederatedData:
         """Wrap ready-made client tensors (tests, custom pipelines) into a FederatedData."""
         xs = [t for c in clients for t in (c.train_x, c.test_x)]
         ys = [t for c in clients for t in (c.train_y, c.test_y)]
         x, y = torch.cat(xs), torch.cat(ys)
-        out, offset = [], 0
+        out, rows, offset = [], [], 0
         for c in clients:
             tr = torch.arange(offset, offset + c.num_train, device=x.device)
             te = torch.arange(offset + c.num_train, offset + c.num_train + c.num_test, device=x.device)
             offset += c.num_train + c.num_test
             out.append(ClientData(c.client_id, c.train_x, c.train_y, c.test_x, c.test_y, tr, te))
+            rows.append((tr, te))
         counts = np.stack([np.bincount(torch.cat([c.train_y, c.test_y]).cpu().numpy(), minlength=num_classes)
                            for c in clients])
         return cls(dataset=name, num_classes=num_classes, input_shape=tuple(x.shape[1:]),
-                   train_indices=[c.train_rows.cpu().numpy() for c in out],
-                   test_indices=[c.test_rows.cpu().numpy() for c in out], clients=out, counts=counts, x=x, y=y,
+                   train_indices=[tr.cpu().numpy() for tr, _ in rows],
+                   test_indices=[te.cpu().numpy() for _, te in rows], clients=out, counts=counts, x=x, y=y,
                    vocab_size=vocab_size)

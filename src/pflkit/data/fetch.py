@@ -12,8 +12,8 @@ import os
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from pflkit.data.errors import DataError
 

@@ -9,10 +9,12 @@ live in their own modules (cifar, tiny_imagenet, agnews).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-
+from functools import partial
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 import torch
@@ -25,7 +27,7 @@ from pflkit.data.fetch import check_present, fetch, md5_check
 from pflkit.data.idx import read_idx
 from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
-__all__ = ["DATASETS", "FILE_DATASETS", "download_mnist", "load_dataset"]
+__all__ = ["DATASETS", "FILE_DATASETS", "DatasetName", "download_mnist", "load_dataset"]
 
 # What data_dir must hold for each dataset read from files (config validation and error messages).
 FILE_DATASETS: dict[str, str] = {
@@ -36,8 +38,8 @@ FILE_DATASETS: dict[str, str] = {
     "agnews": "the AG News train.csv and test.csv",
     "pfllib": "a PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz)",
 }
-DATASETS: tuple[str, ...] = ("digits", "mnist", "synthetic", "cifar10", "cifar100", "tiny_imagenet", "agnews",
-                             "pfllib")
+DatasetName = Literal["digits", "mnist", "synthetic", "cifar10", "cifar100", "tiny_imagenet", "agnews", "pfllib"]
+DATASETS: tuple[str, ...] = get_args(DatasetName)
 
 
 def _normalize_unit(x: np.ndarray) -> torch.Tensor:
@@ -246,15 +248,15 @@ def download_mnist(data_dir: str | Path) -> Path:
     """
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    missing = []
+    missing: list[str] = []
     for base in _MNIST_FILES:  # every file already there is checked before anything is fetched
         present = [path for path in (data_dir / base, data_dir / f"{base}.gz") if path.is_file()]
         for path in present:
-            check_present(path, lambda path, base=base: _check_mnist_file(path, base))
+            check_present(path, partial(_check_mnist_file, base=base))
         if not present:
             missing.append(base)
     for base in missing:
         filename = f"{base}.gz"
         fetch([mirror + filename for mirror in _MNIST_MIRRORS], data_dir / filename,
-              lambda tmp, filename=filename: _verify_download(tmp, filename))
+              functools.partial(_verify_download, filename=filename))
     return data_dir

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflkit.data.errors import DataError
 from pflkit.data.dataset import Dataset
+from pflkit.data.errors import DataError
 
 __all__ = ["load_tiny_imagenet"]
 

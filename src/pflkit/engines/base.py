@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator, Protocol
-
-from torch import nn
+from typing import Any, Protocol
 
 from ..algorithms.base import Algorithm, Payload, State, Upload
 from ..algorithms.context import TrainSettings
 from ..data.federated import FederatedData
-from ..functional import Params
-from ..models import Units
+from ..functional import Ensemble, Params
+from ..models import UnitModel, Units
 from .client import SingleClientContext
 from .fitting import JobsAbandoned  # noqa: F401  (part of this module's interface)
-
 
 #: The wall times every client result carries, which a round's record sums over its clients
 #: (every other numeric client metric is averaged unless its method says otherwise).
@@ -51,7 +49,7 @@ class ClientResult:
 #: A metric of every participant's trained local model, computed where the client trains, after
 #: training: ``metric(setup, client_id, params) -> {name: JSON value}``, merged into the client's
 #: metrics (``pflkit.federation.evaluation.AdaptabilityMetrics`` is one).
-LocalModelMetric = Callable[["RoundSetup", int, Params], dict[str, Any]]
+LocalModelMetric = Callable[["RoundSetup", int, Params | Ensemble], dict[str, Any]]
 
 
 @dataclass
@@ -61,7 +59,7 @@ class RoundSetup:
 
     algorithm: Algorithm
     data: FederatedData
-    model: nn.Module
+    model: UnitModel
     units: Units
     train: TrainSettings
     seed: int
@@ -70,7 +68,7 @@ class RoundSetup:
     cancel: threading.Event | None = None
 
     def context(self, client_id: int, round: int) -> SingleClientContext:
-        return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,  # type: ignore
+        return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,
                                    self.units, self.train, self.algorithm.name, cancel=self.cancel)
 
 

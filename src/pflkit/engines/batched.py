@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -23,20 +24,50 @@ from torch.func import grad_and_value, vmap
 from torch.nn import functional as F
 from torch.utils._pytree import tree_map
 
-from ..algorithms.context import (DataSpec, EpochEnd, Fit, Metrics, PerClient, Sample, SampleBatches, SampleMap, StepFn,
-                                  StopRule, TrainBatches, TrainSettings, Transform)
+from ..algorithms.context import (
+    DataSpec,
+    EpochEnd,
+    Fit,
+    Metrics,
+    PerClient,
+    Sample,
+    SampleBatches,
+    SampleMap,
+    StepFn,
+    StopRule,
+    TrainBatches,
+    TrainSettings,
+    Transform,
+)
 from ..data.federated import ClientData, FederatedData
 from ..functional import Params, torch_generator
-from ..functional.training import SGD, Batch, LossFn, Net, features_of, forward, net_of, prediction_logits
+from ..functional.training import (
+    SGD,
+    Batch,
+    CarryLossFn,
+    Ensemble,
+    LossFn,
+    Net,
+    features_of,
+    forward,
+    net_of,
+    prediction_logits,
+)
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import cached_prefix, class_sums, from_unit
-from .fitting import FitTotals, check_cancel, check_fit_arguments, run_epochs
+from .fitting import FitTotals, check_cancel, check_fit_arguments, loss_value, run_epochs
 from .plan import ClientPlan, EpochTable
 from .schedule import holdout_positions, sample_positions
 from .stacking import stack, unstack
 
 log = logging.getLogger(__name__)
 _logged: set[str] = set()
+
+
+def _rows(rows: Tensor | None) -> Tensor:
+    """A client's rows of the dataset tensors (``FederatedData.build`` gives every client its rows)."""
+    assert rows is not None
+    return rows
 
 
 def _log_once(message: str) -> None:
@@ -52,7 +83,8 @@ class BatchedClientContext:
     provides: frozenset[str] = frozenset()
 
     def __init__(self, client_ids: list[int], round: int, seed: int, data: FederatedData, model: UnitModel,
-                 units: Units, train: TrainSettings, algorithm: str = "", cancel: threading.Event | None = None) -> None:
+                 units: Units, train: TrainSettings, algorithm: str = "",
+                 cancel: threading.Event | None = None) -> None:
         """``cancel``: once set, training stops at its next step (JobsAbandoned)."""
         self.cancel = cancel
         if data.x is None or data.y is None:
@@ -93,7 +125,7 @@ class BatchedClientContext:
     def net(self) -> Net:
         return self._net
 
-    def generator(self, purpose: str, k: int) -> torch.Generator:
+    def generator(self, purpose: str, k: int = 0) -> torch.Generator:
         return torch_generator(self.seed, "client", self.round, self._ids[k], purpose)
 
     def where(self, stage: str, k: int | None = None) -> str:
@@ -141,7 +173,7 @@ class BatchedClientContext:
                                             dim=1))
 
     def holdout(self, fraction: float) -> Sample:
-        return self._padded([c.train_rows[holdout_positions(c.num_train, fraction)] for c in self.clients])
+        return self._padded([_rows(c.train_rows)[holdout_positions(c.num_train, fraction)] for c in self.clients])
 
     def _padded(self, rows: list[Tensor]) -> Sample:
         """The samples at dataset ``rows`` of each client, padded to [K, n_max] with their lengths."""
@@ -149,14 +181,16 @@ class BatchedClientContext:
         padded = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long, device=self.device)
         for i, r in enumerate(rows):
             padded[i, :len(r)] = r
+        assert self.fed.x is not None and self.fed.y is not None
         return Sample(self.fed.x[padded], self.fed.y[padded], lengths)
 
     def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
-        return self._padded([c.train_rows[sample_positions(c.num_train, fraction, sampling, self.generator(purpose, k))
+        return self._padded([_rows(c.train_rows)[sample_positions(c.num_train, fraction, sampling,
+                                                                  self.generator(purpose, k))
                                           .to(self.device)] for k, c in enumerate(self.clients)])
 
     @torch.no_grad()
-    def evaluate(self, params: Params) -> list[dict[str, float]]:
+    def evaluate(self, params: Params | Ensemble) -> list[dict[str, float]]:
         """Correct predictions, loss sum and test size of every client, vmapped over clients."""
         K = len(self.clients)
         sizes = [c.num_test for c in self.clients]
@@ -164,12 +198,13 @@ class BatchedClientContext:
         rows = torch.zeros(K, max(T, 1), dtype=torch.long, device=self.device)
         mask = torch.zeros(K, max(T, 1), dtype=torch.bool, device=self.device)
         for k, c in enumerate(self.clients):
-            rows[k, :c.num_test] = c.test_rows
+            rows[k, :c.num_test] = _rows(c.test_rows)
             mask[k, :c.num_test] = True
         correct = torch.zeros(K, device=self.device)
         loss = torch.zeros(K, device=self.device)
         per_step = max(1, self.train.eval_batch_size // max(K, 1))
         run = vmap(lambda p, x: forward(self.model, p, x, train=False))
+        assert self.fed.x is not None and self.fed.y is not None
         for start in range(0, T, per_step):
             r, m = rows[:, start:start + per_step], mask[:, start:start + per_step]
             logits = prediction_logits(self.model, params, self.fed.x[r], run)
@@ -196,13 +231,14 @@ class BatchedClientContext:
     def _cpu_train_rows(self) -> list[Tensor]:
         """Each client's dataset rows on the CPU (copied once per context, not once per epoch)."""
         if self._cpu_rows is None:
-            self._cpu_rows = [c.train_rows.cpu() for c in self.clients]
+            self._cpu_rows = [_rows(c.train_rows).cpu() for c in self.clients]
         return self._cpu_rows
 
     @torch.no_grad()
     def _prefix_outputs(self, params: Params, start: int) -> tuple[Tensor, list[int]]:
         """Units ``0..start-1`` over every client's training data, each on its own parameters:
         the outputs stacked client after client, and where each client's begin."""
+        assert self.fed.x is not None
         outputs = [features_of(self.model, {name: value[k] for name, value in params.items()}, self.fed.x[c.train_rows],
                                start) for k, c in enumerate(self.clients)]
         offsets = [0]
@@ -217,20 +253,23 @@ class BatchedClientContext:
             sample = data.sample
             width = sample.y.shape[1]
             return sample.x.flatten(0, 1), sample.y.flatten(0, 1), lambda k, p: p + k * width
+        assert self.fed.x is not None and self.fed.y is not None
         if start:
             x, offsets = self._prefix_outputs(params, start)
             return x, torch.cat([self.fed.y[c.train_rows] for c in self.clients]), lambda k, p: p + offsets[k]
         rows = self._cpu_train_rows()
-        assert self.fed.x is not None and self.fed.y is not None
         return self.fed.x, self.fed.y, lambda k, p: rows[k][p]
 
     def _plans(self, data: DataSpec) -> list[ClientPlan]:
-        lengths = data.sample.lengths.tolist() if isinstance(data, SampleBatches) else [None] * len(self.clients)  # type: ignore[union-attr]
+        lengths: list[int | None] = [None] * len(self.clients)
+        if isinstance(data, SampleBatches):
+            assert data.sample.lengths is not None  # (a batched context's samples: [K, n_max] and their lengths)
+            lengths = data.sample.lengths.tolist()
         return [ClientPlan(data, c.num_train, self.train, self.seed, self.round, i, n)
                 for i, c, n in zip(self._ids, self.clients, lengths)]
 
     # ---- training --------------------------------------------------------------------------
-    def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
+    def fit(self, params: Params, loss: LossFn | CarryLossFn | None = None, *, step: StepFn | None = None,
             vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
             data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
             until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
@@ -252,8 +291,7 @@ class BatchedClientContext:
             assert loss is not None
 
             def objective(tp: Params, fz: Params, b: Any, a: Any) -> tuple[Tensor, Params]:
-                out = loss(net, {**fz, **tp}, b, a)
-                return out if carry else (out, {})
+                return loss_value(loss, net, {**fz, **tp}, b, a, carry)
             batched = _vmapped(grad_and_value(objective, has_aux=True), aux)
         elif vectorized:
             batched = partial(step, None)
@@ -282,7 +320,7 @@ class BatchedClientContext:
                 batch = table.batch(x, y, s, slice(0, n) if whole else idx[:n])
                 head = {k: v[:n] for k, v in sub_frozen.items()}
                 head.update({k: v[:n] for k, v in sub_carried.items()})
-                prefix_aux = tree_map(lambda t: t[:n], sub_aux) if sub_aux is not None else None
+                prefix_aux = tree_map(lambda t, n=n: t[:n], sub_aux) if sub_aux is not None else None
                 if step is None:
                     grads, (values, updates) = batched({k: v[:n] for k, v in sub_train.items()}, head, batch,
                                                        prefix_aux)
@@ -336,7 +374,7 @@ def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:
 
 def _batch_dims(batch: Any) -> Any:
     if isinstance(batch, Batch):
-        return Batch(*(None if field is None else 0 for field in batch))
+        return Batch._make(None if field is None else 0 for field in batch)  # vmap's in_dims of each field
     return tuple(_batch_dims(b) for b in batch)
 
 

@@ -8,18 +8,43 @@ losses on padded, masked batches.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..algorithms.context import (PER_CLIENT, DataSpec, EpochEnd, Fit, Metrics, PerClient, Sample, SampleBatches,
-                                  SampleMap, StepFn, StopRule, TrainBatches, TrainSettings, Transform)
+from ..algorithms.context import (
+    PER_CLIENT,
+    DataSpec,
+    EpochEnd,
+    Fit,
+    Metrics,
+    PerClient,
+    Sample,
+    SampleBatches,
+    SampleMap,
+    StepFn,
+    StopRule,
+    TrainBatches,
+    TrainSettings,
+    Transform,
+)
 from ..data.federated import ClientData
 from ..functional import Params, evaluate, torch_generator
-from ..functional.training import SGD, Batch, LossFn, Net, autograd_value_and_grad, features_of, net_of
+from ..functional.training import (
+    SGD,
+    Batch,
+    CarryLossFn,
+    Ensemble,
+    LossFn,
+    Net,
+    autograd_value_and_grad,
+    features_of,
+    net_of,
+)
 from ..models import UnitModel, Units, buffer_names, num_outputs
-from .fitting import FitTotals, check_cancel, check_fit_arguments, run_epochs
+from .fitting import FitTotals, check_cancel, check_fit_arguments, loss_value, run_epochs
 from .plan import ClientPlan, materialize
 from .schedule import holdout_positions, sample_positions
 
@@ -84,6 +109,7 @@ class SingleClientContext:
         plan = self.plan(spec)
         for _ in range(plan.epochs):
             for rows in plan.next_epoch():
+                # the ignore below: TrainBatches' steps are single Rows, one Batch each (materialize's union)
                 yield materialize(rows, self.data.train_x, self.data.train_y)  # type: ignore[misc]
 
     def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
@@ -113,7 +139,7 @@ class SingleClientContext:
 
     # ---- what the executor needs ------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, params: Params) -> list[dict[str, float]]:
+    def evaluate(self, params: Params | Ensemble) -> list[dict[str, float]]:
         """The client's correct predictions, loss sum and test size (a list of one)."""
         return [evaluate(self.model, params, self.data.test_x, self.data.test_y, self.train.eval_batch_size)]
 
@@ -134,7 +160,7 @@ class SingleClientContext:
         return {key: v.item() if isinstance(v, Tensor) and v.dim() == 0 else v for key, v in metrics.items()}
 
     # ---- training --------------------------------------------------------------------------
-    def fit(self, params: Params, loss: LossFn | None = None, *, step: StepFn | None = None,
+    def fit(self, params: Params, loss: LossFn | CarryLossFn | None = None, *, step: StepFn | None = None,
             vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
             data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
             until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
@@ -174,9 +200,9 @@ class SingleClientContext:
                 check_cancel(self.cancel, self.where(stage))
                 batch = materialize(rows, x, y)
                 if step is None:
-                    value = loss(net, current, batch, aux)  # type: ignore[misc]
+                    assert loss is not None
+                    value, updates = loss_value(loss, net, current, batch, aux, carry)
                     if carry:
-                        value, updates = value
                         current.update({k: updates[k].detach() for k in carry})
                     grads = dict(zip(train, torch.autograd.grad(value, leaves)))
                     opt.update_(train, grads, opt_state)
@@ -232,9 +258,11 @@ def cached_prefix(model: UnitModel, units: Units, train: TrainSettings, data: Da
 
 def from_unit(net: Net, start: int) -> Net:
     """``net`` on inputs that are already the output of units ``0..start-1``."""
-    def shifted(params: Mapping[str, Tensor], x: Tensor, first: int = 0, stop: int | None = None, *,
+    offset = start
+
+    def shifted(params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *,
                 train: bool = True) -> Tensor:
-        return net(params, x, start + first, stop, train=train)
+        return net(params, x, offset + start, stop, train=train)
     return shifted
 
 

@@ -8,8 +8,9 @@ results back per client. The engines are this executor with other numbers:
 * ``loop``: groups of one, one after another (the reference);
 * ``parallel``: groups of one spread over worker threads (largest first, so the idle tail of a
   round is at most one client's work), and for algorithms whose ``receive`` trains
-  (``Algorithm.trains_on_receive``) that step first on batched groups of ``receive_chunk`` clients, since its many tiny steps would
-  serialise on Python's GIL (a wave of clients at a time, received then trained);
+  (``Algorithm.trains_on_receive``) that step first on batched groups of ``receive_chunk``
+  clients, since its many tiny steps would serialise on Python's GIL (a wave of clients at a
+  time, received then trained);
 * ``vmap``: batched groups of ``chunk_size`` clients (made for GPUs).
 
 Groups are cut from the clients sorted by training-set size (largest first): within a batched
@@ -26,13 +27,14 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
-from torch import nn
-
+from ..algorithms.base import Upload
 from ..algorithms.context import Metrics
+from ..models import UnitModel
 from .base import ClientJob, ClientResult, RoundSetup
 from .batched import BatchedClientContext, batching_blocker, size_order
 from .client import SingleClientContext
@@ -76,7 +78,8 @@ def run_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int, ctx: Con
         t1 = time.perf_counter()
         evaluations = ctx.evaluate(alg.eval_params(state))
         seconds["eval_seconds"] = time.perf_counter() - t1
-    upload, train_metrics = None, {}
+    upload: Upload | None = None
+    train_metrics: Metrics = {}
     if jobs[0].train:
         t2 = time.perf_counter()
         state, upload, train_metrics = alg.local_train(payload, state, ctx)
@@ -169,7 +172,12 @@ class ClientExecutor:
         pending: list[ClientJob | None] = list(jobs)
 
         def start(group: list[int]) -> list[ClientJob]:  # on the calling thread: the store is not shared
-            return [pending[j].loaded() for j in group]  # type: ignore[union-attr]
+            group_jobs = []
+            for j in group:
+                job = pending[j]
+                assert job is not None  # a job is released only after its group ran
+                group_jobs.append(job.loaded())
+            return group_jobs
 
         def run(group: list[int], group_jobs: list[ClientJob]) -> list[ClientResult]:
             ctx_setup, _, _, ctx = self._on_worker(setup, group_jobs, round, batched)
@@ -196,7 +204,8 @@ class ClientExecutor:
         received: list[Metrics | None] = [None] * len(jobs)
         if not self._receives_first(setup):
             return jobs, received
-        groups = self._groups(setup, jobs, self.receive_chunk)  # type: ignore[arg-type]
+        assert self.receive_chunk  # (_receives_first)
+        groups = self._groups(setup, jobs, self.receive_chunk)
 
         def run(group: list[int], group_jobs: list[ClientJob]) -> tuple[list[ClientJob], list[Metrics]]:
             return receive_group(*self._on_worker(setup, group_jobs, round, True))
@@ -229,7 +238,7 @@ class ClientExecutor:
             setup = replace(setup, model=self._model(setup.model))
         return setup, group_jobs, round, group_context(setup, [job.client_id for job in group_jobs], round, batched)
 
-    def _model(self, model: nn.Module) -> nn.Module:
+    def _model(self, model: UnitModel) -> UnitModel:
         """This worker thread's copy of the model skeleton (module calls swap its parameters)."""
         cache = getattr(self._local, "models", None)
         if cache is None or cache[0] is not model:
@@ -246,7 +255,8 @@ class ClientExecutor:
              start: Callable[[list[int]], list[ClientJob]]) -> Iterator[T]:
         """``fn(group, start(group))`` for every group, yielded in the groups' order; ``start`` runs
         on the calling thread as a group is submitted, at most ``window`` groups ahead."""
-        if self._pool is None or len(groups) <= 1:
+        pool = self._pool
+        if pool is None or len(groups) <= 1:
             for group in groups:
                 yield fn(group, start(group))
             return
@@ -255,7 +265,7 @@ class ClientExecutor:
         def submit() -> None:
             group = next(queue, None)
             if group is not None:
-                pending.append(self._pool.submit(fn, group, start(group)))  # type: ignore[union-attr]
+                pending.append(pool.submit(fn, group, start(group)))
         try:
             for _ in range(self.window):
                 submit()

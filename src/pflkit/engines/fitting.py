@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from ..algorithms.context import Fit, PerClient, StopRule
 from ..functional import Params
-from ..functional.training import NonFiniteLossError
+from ..functional.training import CarryLossFn, LossFn, Net, NonFiniteLossError
 
 
 class JobsAbandoned(Exception):
@@ -39,7 +40,7 @@ class FitTotals:
     history: list[list[float]] = field(default_factory=list)
 
     @classmethod
-    def zeros(cls, K: int, device: torch.device) -> "FitTotals":
+    def zeros(cls, K: int, device: torch.device) -> FitTotals:
         return cls(torch.zeros(K, device=device), torch.zeros(K, dtype=torch.long, device=device),
                    torch.full((K,), math.nan, device=device), torch.zeros(K, dtype=torch.long, device=device),
                    [[] for _ in range(K)])
@@ -106,6 +107,14 @@ def check_cancel(cancel: threading.Event | None, where: str) -> None:
     """Raise JobsAbandoned when the executor abandons the jobs in flight (a stopping run)."""
     if cancel is not None and cancel.is_set():
         raise JobsAbandoned(f"abandoned ({where}): the run is stopping")
+def loss_value(loss: LossFn | CarryLossFn, net: Net, params: Params, batch: Any, aux: Any,
+               carry: Sequence[str]) -> tuple[Tensor, Params]:
+    """``loss`` on one batch of the fit's data (a Batch, or a tuple of them with PairedBatches) as
+    (value, the carried tensors): with ``carry`` the loss returns both, else its value alone."""
+    out = loss(net, params, batch, aux)
+    if carry:
+        return cast(tuple[Tensor, Params], out)  # a CarryLossFn: which kind of loss fit got, only carry says
+    return cast(Tensor, out), {}
 
 
 def check_fit_arguments(loss: Any, step: Any, carry: Any, epoch_end: Any) -> None:

@@ -11,8 +11,8 @@ them (paired streams, split pairs). The draws come from :class:`~.schedule.Clien
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ class Rows:
 
 
 #: One step of one client: a batch, or several taken together.
-Step = Union[Rows, tuple[Rows, ...]]
+Step = Rows | tuple[Rows, ...]
 
 
 class ClientPlan:
@@ -144,7 +144,7 @@ class EpochTable:
 
     @classmethod
     def build(cls, epochs: list[list[Step]], to_rows: Callable[[int, Tensor], Tensor],
-              device: torch.device) -> "EpochTable":
+              device: torch.device) -> EpochTable:
         """The tables of K clients' epochs; ``to_rows(k, positions)`` maps client ``k``'s positions
         to rows of the flat source the batches are gathered from."""
         steps = torch.tensor([len(e) for e in epochs])
@@ -178,4 +178,4 @@ def _table(epochs: list[list[Rows]], to_rows: Callable[[int, Tensor], Tensor], S
                 lam[k, s] = r.lam
                 perm[k, s, :n] = torch.as_tensor(r.perm)
     to = (lambda t: t.to(device) if t is not None else None)  # noqa: E731
-    return Table(to(rows), to(mask), to(lam), to(perm))
+    return Table(rows.to(device), mask.to(device), to(lam), to(perm))

@@ -50,6 +50,6 @@ def unstack(batched: Any, k: int, template: Any = None) -> Any:
         sub = template if isinstance(template, dict) else {}
         return {key: unstack(value, k, sub.get(key)) for key, value in batched.items()}
     if isinstance(batched, list):
-        sub = template if isinstance(template, list) else [None] * len(batched)
-        return [unstack(value, k, t) for value, t in zip(batched, sub)]
+        items = template if isinstance(template, list) else [None] * len(batched)
+        return [unstack(value, k, t) for value, t in zip(batched, items)]
     return batched

@@ -7,9 +7,9 @@ from .evaluation import GlobalEvaluation
 from .results import FolderBusyError, MetricsWriter, ResultsFolder, folder_lock
 from .runner import Executor, RunInterrupted, SeedSetup, run_all
 from .session import Execute, RunSession
+from .setup import build_partitions, initial_model, initial_params, partition_dataset, partition_seed, resolve_device
 from .state_store import ClientStore, DiskStateStore, MemoryStateStore
 from .stopping import signals_deferred, stop_on_signals
-from .setup import build_partitions, initial_model, initial_params, partition_dataset, partition_seed, resolve_device
 
 __all__ = ["Checkpointer", "load_checkpoint", "save_checkpoint", "Callback", "RoundDriver", "RoundPlan", "RunState",
            "sample_clients", "GlobalEvaluation", "MetricsWriter", "ResultsFolder", "FolderBusyError", "folder_lock",

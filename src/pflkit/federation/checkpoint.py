@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..functional import to_device
 from ..algorithms import Algorithm
+from ..functional import to_device
 from .driver import RunState
 from .state_store import ClientStore, DiskStateStore, MemoryStateStore
 from .stopping import signals_deferred

@@ -18,9 +18,10 @@ clients of round r are those sampled for round r + 1 (spec: "only the joining cl
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -142,7 +143,7 @@ def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False
     }
 
 
-_REDUCE = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
+_REDUCE: dict[str, Callable[[np.ndarray], Any]] = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
 
 
 def training_metrics(round: int, results: Sequence[ClientResult], seconds: float,
@@ -184,7 +185,7 @@ def update_variance(updates: Sequence[torch.Tensor | None]) -> float | None:
     sum_k ||dw_k - mean dw||^2 (SosicFL Eq. 10); None where uploads carry no head."""
     if not updates or any(u is None for u in updates):
         return None
-    stacked = torch.stack(updates)  # type: ignore[arg-type]
+    stacked = torch.stack([u for u in updates if u is not None])  # (every one, checked above)
     return float(((stacked - stacked.mean(0)) ** 2).sum())
 
 
@@ -222,12 +223,13 @@ class OpenRound:
             self.state.clients[cid] = result.state
         upload = result.upload
         if upload is not None:
+            # the ignore: the engine split the upload per client, so its num_samples is a number (as SentUpload's)
             sent: SentUpload = {**upload, "client_id": cid}  # type: ignore[typeddict-item]
             head = self.driver.algorithm.head_update(self.state.server, sent)
             self.heads[cid] = None if head is None else head.detach().float().cpu()
             self.upload_sizes.append(message_size({k: v for k, v in upload.items() if k != "num_samples"}))
             self._take(sent)
-            upload = {"num_samples": upload["num_samples"]}  # type: ignore[assignment,typeddict-item]
+            upload = {"num_samples": upload["num_samples"]}  # type: ignore[assignment]  # kept: its size alone
         self.results.append(replace(result, state=None, upload=upload))
 
     def _take(self, upload: SentUpload) -> None:

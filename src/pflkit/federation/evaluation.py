@@ -7,15 +7,16 @@ import copy
 import math
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..functional import forward, prediction_logits
+from ..functional import Ensemble, forward, prediction_logits
 from ..functional.training import probability_matrix, probability_sums, template_kl
 
 
@@ -100,7 +101,8 @@ class AdaptabilityMetrics:
         self.gamma = gamma
 
     @torch.no_grad()
-    def __call__(self, setup: Any, client_id: int, params: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    def __call__(self, setup: Any, client_id: int,
+                 params: Mapping[str, torch.Tensor] | Ensemble) -> dict[str, Any]:
         test = setup.data.global_test
         if test is None:
             raise ValueError("metrics.adaptability needs the global test set (test_set = \"official\")")

@@ -3,11 +3,13 @@ and the access control of the Ray instances pflkit starts itself."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import secrets
 import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from ..config import ConfigError
 
@@ -68,8 +70,11 @@ def local_ray_access(address: str | None) -> Iterator[dict[str, Any]]:
 def _forget_ray_token() -> None:
     """Ray caches the token and mode it read; a later Ray session in this process reads them anew."""
     try:
-        from ray._raylet import AuthenticationTokenLoader, Config
-    except ImportError:  # another Ray release: nothing cached under these names
+        raylet = importlib.import_module("ray._raylet")
+    except ImportError:
         return
-    AuthenticationTokenLoader.instance().reset_cache()
-    Config.initialize("")
+    loader, config = getattr(raylet, "AuthenticationTokenLoader", None), getattr(raylet, "Config", None)
+    if loader is None or config is None:  # another Ray release: nothing cached under these names
+        return
+    loader.instance().reset_cache()
+    config.initialize("")

@@ -21,14 +21,15 @@ import os
 import socket
 import stat
 import tomllib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; folders are not guarded there
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the optional-module idiom
 
 import tomli_w
 
@@ -219,7 +220,7 @@ class ResultsFolder:
 
     def set_status(self, status: str, **extra: Any) -> None:
         """Rewrite run.json (the digest of the config the run started with is kept)."""
-        kept = {}
+        kept: dict[str, Any] = {}
         if "config_sha256" not in extra and (self.root / "run.json").is_file():
             try:
                 previous = self.status()

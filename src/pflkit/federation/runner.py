@@ -8,25 +8,26 @@ partition and accuracy plots, the summary and the run status.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from ..algorithms import Algorithm, ClientSummary
-from ..methods import REGISTRY, build_algorithm
 from ..config import BaseConfig
 from ..functional import Params
+from ..methods import REGISTRY, build_algorithm
 from ..models import Units
 from .checkpoint import Checkpointer, TraceWriter
 from .driver import Callback, Plateau, RoundDriver, RunState
-from .session import RunSession
 from .evaluation import GlobalEvaluation
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
+from .session import RunSession
 from .state_store import DiskStateStore
 from .stopping import reset_stop, stop_reason
 

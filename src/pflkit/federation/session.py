@@ -16,8 +16,9 @@ flight (``driver.OpenRound``). The Flower strategy plans the round Flower's loop
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 

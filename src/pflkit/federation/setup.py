@@ -79,7 +79,8 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
     folder's own client count replaces ``num_clients``, so that the saved config tells the truth)."""
     seeds = {partition_seed(config, s) for s in config.seeds}
     if config.dataset == "pfllib":
-        data = load_pfllib(config.data_dir, device=device)  # type: ignore[arg-type]
+        assert config.data_dir is not None  # (the config requires it for pfllib)
+        data = load_pfllib(config.data_dir, device=device)
         log.info("dataset pfllib: using the %d client splits of %s; partition, alpha, classes_per_client, "
                  "balanced, min_samples_per_client, train_fraction and partition_seed are ignored",
                  data.num_clients, config.data_dir)

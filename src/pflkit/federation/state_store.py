@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol, overload
 
 import torch
 
@@ -46,7 +46,11 @@ class ClientStore(Protocol):
 
     def __len__(self) -> int: ...
 
-    def get(self, client: int, default: State | None = None) -> State | None: ...
+    @overload
+    def get(self, client: int, /) -> State | None: ...
+
+    @overload
+    def get(self, client: int, default: State, /) -> State: ...
 
     def checkpoint_record(self) -> tuple[dict[int, State], dict[str, Any] | None]:
         """What a checkpoint holds of the clients: (states kept in the checkpoint file, a record of

@@ -14,6 +14,7 @@ sends again starts from the same state as the first time.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,18 @@ from flwr.clientapp import ClientApp
 
 from ..engines import ClientJob, run_client
 from . import serde
-from .node import (add_version, load_state, node_run, node_setup, save_state, state_before, state_file, state_key,
-                   versions_from_record, versions_to_record)
+from .node import (
+    add_version,
+    load_state,
+    node_run,
+    node_setup,
+    save_state,
+    state_before,
+    state_file,
+    state_key,
+    versions_from_record,
+    versions_to_record,
+)
 
 log = logging.getLogger("flwr")  # Flower's handler prints it in the SuperNode's log
 app = ClientApp()
@@ -32,7 +43,7 @@ app = ClientApp()
 
 @app.query()
 def query(message: Message, context: Context) -> Message:
-    meta = message.content["pflkit"]
+    meta: Mapping[str, Any] = message.content["pflkit"]  # the ConfigRecord the server wrote
     setup = node_setup(str(meta["config"]), context.node_config, int(meta["seed"]))
     counts = np.bincount(setup.client.train_y.cpu().numpy(), minlength=setup.data.num_classes)
     reply = ConfigRecord({"client-id": setup.client_id, "num-train": setup.client.num_train,
@@ -54,7 +65,7 @@ def evaluate(message: Message, context: Context) -> Message:
 
 
 def _client_round(message: Message, context: Context, train: bool) -> Message:
-    meta = message.content["pflkit"]
+    meta: Mapping[str, Any] = message.content["pflkit"]  # the ConfigRecord the server wrote
     name, seed, round = str(meta["algorithm"]), int(meta["seed"]), int(meta["round"])
     run = node_run(str(meta["config"]), context.node_config, name, seed)
     setup, algorithm = run.setup, run.round_setup.algorithm
@@ -85,6 +96,7 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     if result.evaluation is not None:
         metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})
     if train:
+        assert result.state is not None and result.upload is not None  # (a trained client's result)
         versions = add_version(versions, round, result.state)
         if shared is None:
             serde.put(context.state, key, versions_to_record(versions))

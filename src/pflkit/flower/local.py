@@ -9,9 +9,9 @@ from typing import Any
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
-from flwr.serverapp import Grid
 
 
 class LocalGrid(Grid):
@@ -32,7 +32,7 @@ class LocalGrid(Grid):
 
     @property
     def run(self) -> Run:
-        return self._run  # type: ignore[return-value]
+        return self._run  # type: ignore[return-value]  # Grid.run is a Run: set_run comes first
 
     def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
                        ttl: float | None = None) -> Message:

@@ -5,23 +5,24 @@ from __future__ import annotations
 import functools
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..algorithms import Algorithm, TrainSettings
-from ..methods import build_algorithm
 from ..config import BaseConfig, build_config
 from ..data import DataError, load_dataset, load_pfllib
 from ..data.federated import ClientData, FederatedData
 from ..engines.base import RoundSetup
 from ..federation.evaluation import local_model_metrics
-from ..functional import to_device
-from ..models import UnitModel
 from ..federation.setup import initial_params, partition_dataset, partition_seed, resolve_device
+from ..functional import to_device
+from ..methods import build_algorithm
+from ..models import UnitModel
 
 NUM_CLASSES = {"digits": 10, "mnist": 10, "synthetic": 10, "cifar10": 10, "cifar100": 100, "tiny_imagenet": 200,
                "agnews": 4}
@@ -80,7 +81,9 @@ def _shared_partition(config_text: str, data_dir: str | None, seed: int, device:
     config = config_from_text(config_text)
     pseed = partition_seed(config, seed)
     if config.dataset == "pfllib":
-        return load_pfllib(data_dir or config.data_dir, device=device)
+        folder = data_dir or config.data_dir
+        assert folder is not None  # (the config requires data_dir for pfllib)
+        return load_pfllib(folder, device=device)
     dataset = load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.partition.official)
     return partition_dataset(config, dataset, pseed, device)
 

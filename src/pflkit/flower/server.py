@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,16 @@ from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, resolved, to_dict
 from ..data import load_dataset
 from ..data.federated import official_split
-from ..federation import (GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, initial_params, partition_seed,
-                          resolve_device, run_all)
+from ..federation import (
+    GlobalEvaluation,
+    ResultsFolder,
+    RunSession,
+    SeedSetup,
+    initial_params,
+    partition_seed,
+    resolve_device,
+    run_all,
+)
 from ..reporting import RunReport, format_table
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
@@ -45,7 +54,7 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
     summaries = []
     info: dict[str, Any] = {}
     for reply in replies:
-        rec = reply.content["pflkit"]
+        rec: Mapping[str, Any] = reply.content["pflkit"]  # the ConfigRecord the client app wrote
         cid = int(rec["client-id"])
         if cid in nodes:
             raise RuntimeError(f"two SuperNodes claim partition-id {cid}")

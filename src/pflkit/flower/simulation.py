@@ -36,8 +36,8 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
     results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
     check_flower_config(config, simulation=True)
     try:
-        from flwr.simulation import run_simulation
         import ray  # noqa: F401  (flwr's Ray backend)
+        from flwr.simulation import run_simulation
     except ImportError:
         raise ConfigError("--on flower-simulation needs Flower's Ray backend: pip install 'pflkit[ray]'") from None
     prepare_ray(ray_address)
@@ -58,9 +58,9 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
         init_args["address"] = ray_address
     # Ray's SIGTERM handler outlives the simulation otherwise; a Ray started here takes a token
     with signal_handlers_kept(), local_ray_access(ray_address) as access:
-        run_simulation(server, client_app, num_supernodes=config.partition.num_clients,
-                       backend_config={"client_resources": client_resources(config),
-                                       "init_args": {**init_args, **access}})
+        backend_config: dict[str, dict[str, Any]] = {"client_resources": client_resources(config),
+                                                     "init_args": {**init_args, **access}}
+        run_simulation(server, client_app, num_supernodes=config.partition.num_clients, backend_config=backend_config)
     if errors:
         raise errors[0]
     if not summary:

@@ -4,15 +4,16 @@ Flower's ``Strategy.start`` drives the rounds; this strategy fills its hooks wit
 driver's plan and finish (``pflkit.federation.driver``): ``configure_train`` sends each planned
 client its own payload, ``aggregate_train`` hands the replies to the driver, which aggregates
 and records them; after the last round, or once a stop rule (the plateau rule) ends training,
-``configure_evaluate`` sends the final evaluation-only plan and Flower's remaining rounds send nothing. Rounds done before a restart (restored from the checkpoint) are skipped. The ``arrays``
+``configure_evaluate`` sends the final evaluation-only plan and Flower's remaining rounds send
+nothing. Rounds done before a restart (restored from the checkpoint) are skipped. The ``arrays``
 argument Flower passes around is not used: the server state lives in the run state.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -77,7 +78,9 @@ class PflkitStrategy(Strategy):
             return None, None  # nothing was sent this round
         self._finish(replies, train=True)
         arrays = ArrayRecord(torch_state_dict=self.driver.algorithm.global_params(self.state.server))
-        return arrays, MetricRecord({"train_loss": self.state.pending["train_loss"]})  # type: ignore[index]
+        pending = self.state.pending
+        assert pending is not None  # (the training stats of the round just finished)
+        return arrays, MetricRecord({"train_loss": pending["train_loss"]})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -113,7 +116,7 @@ class PflkitStrategy(Strategy):
                                "(a node is down or the timeout is too short)")
         results = []
         for reply in replies:
-            metrics = dict(reply.content["metrics"])
+            metrics: dict[str, Any] = dict(reply.content["metrics"])  # the MetricRecord the client app wrote
             client_id = int(metrics.pop("client-id"))
             evaluation = None
             if "eval.correct" in metrics:

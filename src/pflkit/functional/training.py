@@ -13,8 +13,9 @@ context carries a ``mask`` of real samples because clients smaller than a batch 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -50,6 +51,9 @@ class Net(Protocol):
 
 
 LossFn = Callable[[Net, Params, Batch, Any], Tensor]
+#: A loss that also updates tensors it carries from step to step (``fit(carry=...)``): it returns
+#: ``(value, {name: new value})``.
+CarryLossFn = Callable[[Net, Params, Batch, Any], tuple[Tensor, Params]]
 
 
 def forward(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, start: int = 0,
@@ -150,7 +154,7 @@ def one_hot(y: Tensor, num_classes: int, dtype: torch.dtype = torch.float32) -> 
 
 def squared_distance(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor:
     """Sum over the tensors of ``a`` of ||a_k - b_k||^2 (a differentiable scalar)."""
-    return sum(((a[k] - b[k]) ** 2).sum() for k in a)  # type: ignore[return-value]
+    return cast(Tensor, sum(((a[k] - b[k]) ** 2).sum() for k in a))  # (sum's start 0 is absorbed by a tensor)
 
 
 def proximal_loss(loss: LossFn, mu: float, anchor_key: str = "anchor") -> LossFn:
@@ -237,10 +241,11 @@ def clip_by_global_norm(grads: Sequence[Tensor], max_norm: float, batched: bool 
     """``grads`` scaled by min(1, max_norm / (||grads|| + 1e-6)), the norm over all of them
     (``batched``: one norm per client, the leading dimension)."""
     if batched:
-        squares = sum(g.pow(2).reshape(len(g), -1).sum(1) for g in grads)
+        squares = cast(Tensor, sum(g.pow(2).reshape(len(g), -1).sum(1) for g in grads))  # (grads: not empty)
         coef = (max_norm / (squares.sqrt() + 1e-6)).clamp(max=1.0)
         return [g * coef.view(-1, *([1] * (g.dim() - 1))) for g in grads]
-    coef = (max_norm / (sum(g.pow(2).sum() for g in grads).sqrt() + 1e-6)).clamp(max=1.0)
+    norm = cast(Tensor, sum(g.pow(2).sum() for g in grads)).sqrt()  # (grads: not empty)
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     return [g * coef for g in grads]
 
 
@@ -269,7 +274,7 @@ def prediction_logits(model: nn.Module, params: Mapping[str, Tensor] | Ensemble,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor,
+def evaluate(model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor, y: Tensor,
              batch_size: int = 1000) -> dict[str, float]:
     """Correct predictions, summed cross-entropy and sample count of ``params`` on (x, y)
     (evaluation mode: batch norm uses the running statistics in ``params``)."""
@@ -284,7 +289,7 @@ def evaluate(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tenso
 
 
 @torch.no_grad()
-def probability_sums(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, y: Tensor, num_classes: int,
+def probability_sums(model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor, y: Tensor, num_classes: int,
                      batch_size: int = 1000) -> Tensor:
     """[C, C]: row i sums the predicted probabilities (evaluation mode) over the samples of class i."""
     out = torch.zeros(num_classes, num_classes, device=x.device)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from .base import (UnitModel, Units, buffer_names, check_buffers, count_parameters, head_names, num_outputs,
-                   parameter_names, reference_layer_idx, top_unit_names)
+from .base import (
+    UnitModel,
+    Units,
+    buffer_names,
+    check_buffers,
+    count_parameters,
+    head_names,
+    num_outputs,
+    parameter_names,
+    reference_layer_idx,
+    top_unit_names,
+)
 from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, SimpleCNN
 from .mobile import MobileNetV2, SqueezeNet, load_pretrained
 from .resnet import ResNet18, ResNet18GN

@@ -12,7 +12,7 @@ Integer ``num_batches_tracked`` counters are not kept (pflkit's batch norm uses 
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -94,10 +94,10 @@ def parameter_names(units: Units) -> list[str]:
     return [n for _, members in units for n in members]
 
 
-def num_outputs(model: nn.Module) -> int:
+def num_outputs(model: UnitModel) -> int:
     """The model's number of outputs (classes): the first dimension of its last unit's first
     parameter (the head's weight)."""
-    units = model.units()  # type: ignore[operator]
+    units = model.units()
     return int(dict(model.named_parameters())[units[-1][1][0]].shape[0])
 
 

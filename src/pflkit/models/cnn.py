@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -12,7 +12,7 @@ from .base import UnitModel
 from .pooling import max_pool_2x2
 
 
-def _four_unit_forward(model: nn.Module, index: int, p: Mapping[str, torch.Tensor],
+def _four_unit_forward(model: FedAvgCNN | DigitsCNN, index: int, p: Mapping[str, torch.Tensor],
                        x: torch.Tensor) -> torch.Tensor:
     """conv1 -> pool, conv2 -> pool, fc1 (on the flattened maps), fc; ReLU after all but fc.
 

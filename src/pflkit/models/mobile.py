@@ -6,7 +6,7 @@ state dicts in torchvision's key layout load with ``load_pretrained``.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import nn

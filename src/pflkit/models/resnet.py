@@ -12,7 +12,8 @@ parameters plus the running means/variances, all floating tensors under torchvis
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -83,7 +84,7 @@ def add_stages(model: nn.Module, block: Callable[[int, int, int], nn.Module]) ->
 
 
 def stage_forward(model: nn.Module, index: int, x: torch.Tensor,
-                  run_block: Callable[[nn.Module, str, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                  run_block: Callable[[Any, str, torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Stage ``index`` (1-4) block by block; after stage 4 the global average pooling, so the head
     sees 512-d features."""
     layer = f"layer{index}"

@@ -27,8 +27,9 @@ registers them with pflkit's).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from types import FunctionType
-from typing import Any, Literal, Mapping, TypedDict
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 import torch
@@ -118,14 +119,14 @@ def closed_form_step(eta: float, num_classes: int) -> StepFn:
     """ALA's step for p = 1 on a linear head, on cached features, in closed form; written for one
     client and for a leading client dimension alike (``fit(vectorized=True)``: batched contexts
     call it without vmap)."""
-    def step(value_and_grad, weights, frozen, batch, aux):  # type: ignore[no-untyped-def]
+    def step(value_and_grad, weights, frozen, batch, aux):
         local, delta = aux["local"], aux["delta"]
         wn, bn = list(weights)
         scale = None if batch.mask is None else (batch.mask / batch.mask.sum(-1, keepdim=True))[..., None]
         target = (batch.y[..., None] == torch.arange(num_classes, device=batch.y.device)).to(batch.x.dtype)
         target = target.div_(batch.y.shape[-1]) if scale is None else target * scale
-        blended = [torch.addcmul(local[k], delta[k], weights[k]) for k in (wn, bn)]
-        loss, gw, gb = linear_head_step(batch.x, target, *blended, scale=scale)
+        weight, bias = (torch.addcmul(local[k], delta[k], weights[k]) for k in (wn, bn))
+        loss, gw, gb = linear_head_step(batch.x, target, weight, bias, scale=scale)
         grads = {wn: gw, bn: gb}
         return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
     return step
@@ -159,7 +160,7 @@ class AdaptiveLocalAggregation:
         self.units = units
         self.train = train
 
-    def init_state(self, downloaded: Params) -> State:
+    def init_state(self, downloaded: Params) -> ALAState:
         """Weights W initialised to ones over the top p of the downloaded units (spec §1.7)."""
         _, top = self.top_units(downloaded)
         # stored as a Python flag (a batched context stacks the flags, and every context splits them back)
@@ -213,7 +214,7 @@ class AdaptiveLocalAggregation:
         if closed:
             return closed_form_step(eta, num_classes)
 
-        def step(value_and_grad, weights, frozen, batch, aux):  # type: ignore[no-untyped-def]
+        def step(value_and_grad, weights, frozen, batch, aux):
             local, delta = aux["local"], aux["delta"]
 
             def blended_loss(blended: Params, frozen: Params, batch: Batch) -> torch.Tensor:
@@ -223,8 +224,8 @@ class AdaptiveLocalAggregation:
             return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
         return step
 
-    def __call__(self, received: Params, local: Params, state: State,
-                 ctx: ClientContext) -> tuple[Params, State, Metrics]:
+    def __call__(self, received: Params, local: Params, state: ALAState,
+                 ctx: ClientContext) -> tuple[Params, ALAState, Metrics]:
         """Return the initialised local model, the new ALA state and diagnostics."""
         lowest_top, top = self.top_units(received)
         if ctx.round < self.settings.start_round:  # not yet: the overwrite ALA replaces
@@ -265,8 +266,8 @@ class AdaptiveLocalAggregation:
         metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss,
                             **weight_statistics(weights, self.units, len(ctx.client_shape))}
         if fit.history is not None:  # per-epoch losses (the start phase's curve, paper Fig. 3)
-            metrics["ala_epoch_losses"] = fit.history  # type: ignore[assignment]
-        return {k: initialised[k] for k in local}, ALAState(weights=weights, started=started), metrics  # type: ignore
+            metrics["ala_epoch_losses"] = fit.history
+        return {k: initialised[k] for k in local}, ALAState(weights=weights, started=started), metrics
 
 
 class WithALA(Algorithm):
@@ -288,7 +289,7 @@ class WithALA(Algorithm):
         self.ala = ala
         for attribute in CLASS_SETTINGS:  # what engines and the config read off the method
             setattr(self, attribute, getattr(base, attribute))
-        self.name = display_name  # type: ignore[misc]
+        self.name = display_name  # type: ignore[misc]  # per instance: the wrapped method's name (a ClassVar)
         if type(base).local_init is not Algorithm.local_init:
             raise ValueError(f"{base.name} overrides local_init, so ALA has no receive step to replace; override "
                              "receive and after_receive instead")

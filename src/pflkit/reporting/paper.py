@@ -152,10 +152,10 @@ def _tables() -> dict[str, dict[str, Any]]:
                                   "params": _FEDALA_SWEEP_PARAMS.get(name, {})}}
     for table, columns in _SOSICFL_COLUMNS.items():
         for i, column in enumerate(columns):
-            values = {m: cells[i] for m, cells in _SOSICFL[table].items() if cells[i] is not None}
+            pairs = {m: cells[i] for m, cells in _SOSICFL[table].items() if cells[i] is not None}
             tables[f"{table}/{column}"] = {
                 "source": f"SosicFL Table {table[-1]}, {column} (global / local)",
-                "metrics": ("best_global_accuracy", "best_local_accuracy"), "values": values,
+                "metrics": ("best_global_accuracy", "best_local_accuracy"), "values": pairs,
                 "tta": {m: cells[i] for m, cells in _SOSICFL_T5[table].items() if cells[i] is not None},
                 "tta_source": f"SosicFL Table 5, {column} (global / local)"}
     return tables

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 
 def _save(fig: Any, path: Path, title: str = "") -> None:
@@ -107,13 +108,14 @@ def plot_simplex_clusters(points: np.ndarray, assignment: np.ndarray, centers: n
     colors = plt.get_cmap("tab10" if len(centers) <= 10 else "tab20")
     for c in range(len(centers)):
         region = _simplex_xy(np.asarray(pools[c])[:region_points])
-        ax.scatter(*region.T, s=3, color=colors(c % colors.N), alpha=0.15, linewidths=0)
+        ax.scatter(region[:, 0], region[:, 1], s=3, color=colors(c % colors.N), alpha=0.15, linewidths=0)
     xy = _simplex_xy(points)
     for c in range(len(centers)):
         members = np.asarray(assignment) == c
-        ax.scatter(*xy[members].T, s=28, color=colors(c % colors.N), edgecolors="black", linewidths=0.4,
+        ax.scatter(xy[members, 0], xy[members, 1], s=28, color=colors(c % colors.N), edgecolors="black", linewidths=0.4,
                    label=f"cluster {c} ({int(members.sum())} clients)")
-    ax.scatter(*_simplex_xy(centers).T, marker="*", s=220, color="gold", edgecolors="black", zorder=5,
+    centre_xy = _simplex_xy(centers)
+    ax.scatter(centre_xy[:, 0], centre_xy[:, 1], marker="*", s=220, color="gold", edgecolors="black", zorder=5,
                label="cluster centres")
     _simplex_frame(ax, dims)
     ax.set_title(title or "clients on the simplex")

@@ -4,8 +4,9 @@ results folders or engines, only numbers and paths."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -26,8 +27,9 @@ class RunReport:
         clusters and their subregions) where the state holds them."""
         if "simplex" in server:
             simplex = server["simplex"]
-            plot_simplex_clusters(*(np.asarray(simplex[k].cpu()) for k in ("points", "assignment", "centers", "pools")),
-                                  plots / f"simplex-{name}.png",
+            points, assignment, centers, pools = (np.asarray(simplex[k].cpu())
+                                                  for k in ("points", "assignment", "centers", "pools"))
+            plot_simplex_clusters(points, assignment, centers, pools, plots / f"simplex-{name}.png",
                                   f"{name}: clients' LDA points and cluster subregions (seed {seed})")
 
     def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],

@@ -15,7 +15,8 @@ Definitions (see docs/metrics.md):
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..config import BaseConfig
 from ..federation import ResultsFolder

@@ -11,8 +11,9 @@ the other cells go on. Ray is imported here only, when a sweep asks for it (``pf
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,10 +21,20 @@ from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, load_config, to_dict
 from ..data.federated import FederatedData
 from ..engines import Engine, RoundSetup, build_engine
+from ..federation import (
+    Callback,
+    GlobalEvaluation,
+    ResultsFolder,
+    RunSession,
+    SeedSetup,
+    build_partitions,
+    initial_params,
+    partition_seed,
+    resolve_device,
+    run_all,
+)
 from ..federation.evaluation import local_model_metrics
 from ..federation.session import on_engine
-from ..federation import (Callback, GlobalEvaluation, ResultsFolder, RunSession, SeedSetup, build_partitions,
-                          initial_params, partition_seed, resolve_device, run_all)
 from ..methods import build_algorithm
 from ..models import UnitModel
 from ..reporting import RunReport, format_table

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..methods import build_algorithm
 from ..algorithms.simplex import realise
 from ..algorithms.sosicfl import SosicFL
 from ..config import load_config
@@ -19,6 +18,7 @@ from ..federation import ResultsFolder, initial_params, partition_seed
 from ..federation.checkpoint import load_checkpoint
 from ..federation.setup import build_partitions, resolve_device
 from ..functional import forward
+from ..methods import build_algorithm
 from ..reporting import plot_simplex_clusters, plot_simplex_landscape
 
 

@@ -14,18 +14,27 @@ import itertools
 import json
 import tomllib
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from ..config import (BaseConfig, ConfigError, ExperimentConfig, canonical_path, load_config,
-                      parse_override, read_toml, resolved, to_dict)
+from ..config import (
+    BaseConfig,
+    ConfigError,
+    ExperimentConfig,
+    canonical_path,
+    load_config,
+    parse_override,
+    read_toml,
+    resolved,
+    to_dict,
+)
 from ..data import load_dataset
-from ..federation import (ResultsFolder, build_partitions, folder_lock, partition_dataset,
-                          partition_seed)
+from ..federation import ResultsFolder, build_partitions, folder_lock, partition_dataset, partition_seed
 from ..federation.driver import Callback
 from ..federation.results import EXECUTION_KEYS, atomic_write_text, differences
 from ..reporting import plot_sweep
@@ -59,7 +68,8 @@ def _target(item: str) -> tuple[str, ...]:
 def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[Axis]]:
     """Fixed overrides and sweep axes (list values of scalar keys, list of lists for list keys);
     an axis keeps the key as written (``lr`` or ``train.lr``)."""
-    fixed, axes = [], []
+    fixed: list[str] = []
+    axes: list[Axis] = []
     for item in overrides:
         path, value = parse_override(item)
         key = ".".join(path)
@@ -227,9 +237,10 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
                 raise ConfigError(f"sweep cell {folder} was run with another config (it differs in "
                                   f"{', '.join(changed[:5])}: the fixed overrides or the config file changed); choose "
                                   "another --out or delete that folder")
-        summaries = [{"values": dict(assignment), "folder": cell_name(assignment)} for assignment, _ in cells]
+        summaries: list[dict[str, Any]] = [{"values": dict(assignment), "folder": cell_name(assignment)}
+                                           for assignment, _ in cells]
         todo = []
-        for cell, (assignment, config) in zip(summaries, cells):
+        for cell, (_, config) in zip(summaries, cells):
             summary = finished_summary(ResultsFolder(parent / cell["folder"]))
             if summary is not None:
                 cell["summary"] = summary  # never rerun or overwritten

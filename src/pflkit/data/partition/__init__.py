@@ -14,9 +14,9 @@ every client its training and test indices (:class:`ClientSplit`). Its parts, on
 
 from __future__ import annotations
 
+from .holdout import stratified_test_split
 from .spec import PARTITION_METHODS, PARTITION_RNGS, ClientSplit, PartitionError, PartitionSpec, class_counts
 from .split import split_clients
-from .holdout import stratified_test_split
 
 __all__ = ["PARTITION_METHODS", "PARTITION_RNGS", "ClientSplit", "PartitionError", "PartitionSpec", "class_counts",
            "split_clients", "stratified_test_split"]

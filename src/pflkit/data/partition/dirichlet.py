@@ -12,8 +12,16 @@ import logging
 
 import numpy as np
 
-from .spec import (PartitionError, Rng, _check_labels, _check_num_clients, _Draw, _sorted, pfllib_least_samples,
-                   smallest_client)
+from .spec import (
+    PartitionError,
+    Rng,
+    _check_labels,
+    _check_num_clients,
+    _Draw,
+    _sorted,
+    pfllib_least_samples,
+    smallest_client,
+)
 
 __all__ = ["partition_dirichlet"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,16 +31,22 @@ __all__ = [
     "PARTITION_RNGS",
     "ClientSplit",
     "PartitionError",
+    "PartitionMethod",
+    "PartitionRng",
     "PartitionSpec",
     "Rng",
+    "TestSet",
     "class_counts",
     "largest_remainder",
     "pfllib_least_samples",
     "smallest_client",
 ]
 
-PARTITION_METHODS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "kfold", "label_dirichlet")
-PARTITION_RNGS: tuple[str, ...] = ("pflkit", "pfllib")
+PartitionMethod = Literal["iid", "dirichlet", "pathological", "kfold", "label_dirichlet"]
+PartitionRng = Literal["pflkit", "pfllib"]
+TestSet = Literal["client_split", "official"]
+PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
+PARTITION_RNGS: tuple[str, ...] = get_args(PartitionRng)
 Rng = np.random.Generator | np.random.RandomState
 
 
@@ -131,7 +137,7 @@ class PartitionSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    method: Literal[PARTITION_METHODS] = Field(  # type: ignore[valid-type]
+    method: PartitionMethod = Field(
         "dirichlet", description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
         "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
         "distributions with equal client sizes, SosicFL, spec §5.6)")
@@ -147,7 +153,7 @@ class PartitionSpec(BaseModel):
                               "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)")
     train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5; "
                                   "test_set = client_split; also sizes the default minimum of dirichlet/pathological)")
-    rng: Literal[PARTITION_RNGS] = Field(  # type: ignore[valid-type]
+    rng: PartitionRng = Field(
         "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
         "np.random.seed(partition seed) order, which reproduces PFLlib's generated split of the same pool")
     seed: int | None = Field(None, description="seed of the partition; default: each run seed")
@@ -156,7 +162,7 @@ class PartitionSpec(BaseModel):
     num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
     primary_fraction: float = Field(0.8, gt=0, le=1, description="kfold: share of a client's samples from its "
                                     "group's primary classes (the rest spread evenly over the others)")
-    test_set: Literal["client_split", "official"] = Field(
+    test_set: TestSet = Field(
         "client_split", description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
         "official: the official training split is partitioned, the official test split is the global test "
         "set and each client gets a local test set with its label proportions (spec §5.6)")

@@ -8,15 +8,27 @@ It draws the partition of ``spec.method`` from the partition seed's generator (:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .dirichlet import _dirichlet
+from .holdout import local_test_sets, split_train_test
 from .iid import partition_iid
 from .kfold import partition_kfold, partition_label_dirichlet
 from .pathological import _pathological
-from .spec import (ClientSplit, PartitionError, PartitionSpec, Rng, _check_labels,
-                   _check_num_clients, _Draw, _sorted, class_counts, smallest_client)
-from .holdout import local_test_sets, split_train_test
+from .spec import (
+    ClientSplit,
+    PartitionError,
+    PartitionSpec,
+    Rng,
+    _check_labels,
+    _check_num_clients,
+    _Draw,
+    _sorted,
+    class_counts,
+    smallest_client,
+)
 
 __all__ = ["split_clients"]
 
@@ -41,7 +53,7 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) ->
                           min_samples_per_client=spec.min_samples_per_client, balance_cap=spec.balance_cap,
                           max_retries=spec.max_retries, batch_size=batch_size,
                           train_fraction=spec.train_fraction, official=spec.official)
-    pathological = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
+    pathological: dict[str, Any] = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
                         batch_size=batch_size, train_fraction=spec.train_fraction,
                         convention=spec.rng)
     parts: list[list[int]] | list[np.ndarray]

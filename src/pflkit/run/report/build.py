@@ -3,8 +3,8 @@ or one run), written as ``<name>.md`` and ``<name>.html``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ...federation import ResultsFolder
 from .folders import cell_folders, one_setting

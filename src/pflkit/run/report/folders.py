@@ -4,12 +4,13 @@ finished, and a run's status however damaged its run.json."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from ...methods import REGISTRY, config_sections
 from ...federation import ResultsFolder
 from ...federation.results import EXECUTION_KEYS
+from ...methods import REGISTRY, config_sections
 from ...reporting import summarize
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ...config import load_config
 from ...data.partition import PartitionSpec
@@ -156,7 +157,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         if not runs:
             unfinished.append(f"{cell.name} ({status.get('status', '?')}, no round yet)")
     methods = list(dict.fromkeys(m for m, _ in histories))
-    cell = paper_cell(config.paper_table) if config.paper_table else None
+    paper_entry = paper_cell(config.paper_table) if config.paper_table else None
     plateau = (f"a run stops once its best {config.run.plateau_metric} has not improved by more than "
                f"{config.run.plateau_points} points over its last {config.run.plateau_evaluations} evaluations, "
                f"at most {config.train.rounds} rounds" if config.run.plateau_evaluations
@@ -182,7 +183,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         per_seed = [entry["seeds"][str(s)] for s in seeds]
         ran = [f"{m['rounds']}{'*' if histories[(method, s)][-1].get('stopped') else ''}"
                for m, s in zip(per_seed, seeds)]
-        published = (cell or {}).get("values", {}).get(method)
+        published = (paper_entry or {}).get("values", {}).get(method)
         paper = published[0] if published else None
         ours = entry.get("best_accuracy")
         multi = len(seeds) > 1
@@ -192,15 +193,15 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
                      "-" if paper is None else f"{paper:.2f}",
                      "-" if paper is None or ours is None else f"{100 * ours - paper:+.2f}",
                      f"{round_seconds(entry):.1f}", f"{sum(wall[(method, s)] for s in seeds) / 60:.1f}"])
-    for method, published in ((cell or {}).get("values") or {}).items():
+    for method, published in ((paper_entry or {}).get("values") or {}).items():
         if method not in methods:
             state = "unfinished (Not finished, below)" if method in started else "not run yet"
             rows.append([method, "-", state, *("-" for _ in extra), "-", "-", f"{published[0]:.2f}", "-",
                          "-", "-"])
-    caption = "results" + (f" beside {cell['source']}" if cell else "")
+    caption = "results" + (f" beside {paper_entry['source']}" if paper_entry else "")
     section.tables.append((caption + " (rounds run: * = stopped by the plateau rule)", header, rows))
     ours = {m: e["best_accuracy"] for m, e in entries.items() if e.get("best_accuracy") is not None}
-    published = {m: v[0] for m, v in ((cell or {}).get("values") or {}).items()}
+    published = {m: v[0] for m, v in ((paper_entry or {}).get("values") or {}).items()}
     agreement = ranking_table(ours, published)
     if agreement:
         section.tables.append(agreement)
@@ -212,9 +213,9 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         seeds = sorted({s for _, s in histories})
         tta = []
         for method, found in time_to_accuracy(histories, bases, seeds).items():
-            for key, value in found.items():
+            for tta_key, value in found.items():
                 improvement = value["improvement"]
-                tta.append([method, key[len("tta_"):], improvement if isinstance(improvement, str)
+                tta.append([method, tta_key[len("tta_"):], improvement if isinstance(improvement, str)
                             else f"x{improvement:.2f}", f"{value['reached_seeds']}/{len(value['seeds'])}"])
         if tta:
             section.tables.append(("time to accuracy (SosicFL §4.13): the round the base first reaches its best, "
