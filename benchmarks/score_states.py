@@ -22,7 +22,7 @@ import torch
 
 from pflkit.config import load_config
 from pflkit.federation.checkpoint import load_checkpoint
-from pflkit.federation.setup import build_partitions, initial_params, partition_seed
+from pflkit.federation.preparation import build_partitions, initial_params, partition_seed
 from pflkit.functional.training import evaluate
 
 

@@ -30,8 +30,8 @@ from .data.partition.spec import TestSet
 from .engines import Engine, RoundSetup, build_engine, default_workers
 from .federation.driver import Callback, RoundDriver
 from .federation.evaluation import GlobalEvaluation
-from .federation.session import Execute, RunSession, on_engine
-from .federation.setup import initial_model
+from .federation.preparation import initial_model
+from .federation.session import RunJobs, RunSession, on_engine
 from .federation.state_store import ClientStore
 from .functional import SGD, Batch, classification_loss, forward, net_of
 from .functional.training import autograd_value_and_grad
@@ -190,7 +190,7 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
     if data.global_test is not None:
         out["global_test_size"] = len(data.global_test[1])
     for name in settings.algorithms:
-        runs: dict[str, tuple[Execute, Engine, RunSession, list[dict[str, Any]]]] = {}
+        runs: dict[str, tuple[RunJobs, Engine, RunSession, list[dict[str, Any]]]] = {}
         for engine_name in settings.engines:
             model, init, alg = bench_model(data, name, settings.seed, device)
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)

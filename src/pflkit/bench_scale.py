@@ -37,7 +37,7 @@ from .data import PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .engines import ClientJob, ClientResult, RoundSetup, build_engine
 from .federation.checkpoint import Checkpointer
-from .federation.session import Execute, on_engine
+from .federation.session import RunJobs, on_engine
 from .federation.state_store import DiskStateStore
 
 
@@ -92,7 +92,7 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
             execute, engine, session, store, folder, rows = runs[key]
             jobs: list[int] = []
 
-            def counted(round_jobs: list[ClientJob], round: int, execute: Execute = execute,
+            def counted(round_jobs: list[ClientJob], round: int, execute: RunJobs = execute,
                         jobs: list[int] = jobs) -> Iterable[ClientResult]:
                 jobs.extend(job.client_id for job in round_jobs)
                 return execute(round_jobs, round)

@@ -189,7 +189,7 @@ def bench(data_dir: str | None, clients: str, engines: str, algos: str, rounds: 
     if min(counts) < 1:
         raise click.BadParameter(f"client counts must be at least 1, got {clients!r}", param_hint="--clients")
     try:  # before minutes of work: the device exists and the report can be written
-        from .federation.setup import resolve_device
+        from .federation.preparation import resolve_device
 
         resolve_device(device)
         check_writable_file(out)

@@ -4,15 +4,22 @@ driver, the set-up of a config, the experiment loop, results folders and checkpo
 from .checkpoint import Checkpointer, load_checkpoint, save_checkpoint
 from .driver import Callback, RoundDriver, RoundPlan, RunState, sample_clients
 from .evaluation import GlobalEvaluation
+from .preparation import (
+           build_partitions,
+           initial_model,
+           initial_params,
+           partition_dataset,
+           partition_seed,
+           resolve_device,
+)
 from .results import FolderBusyError, MetricsWriter, ResultsFolder, folder_lock
-from .runner import Executor, RunInterrupted, SeedSetup, run_all
-from .session import Execute, RunSession
-from .setup import build_partitions, initial_model, initial_params, partition_dataset, partition_seed, resolve_device
+from .runner import Backend, RunInterrupted, SeedStart, run_all
+from .session import RunJobs, RunSession
 from .state_store import ClientStore, DiskStateStore, MemoryStateStore
 from .stopping import signals_deferred, stop_on_signals
 
 __all__ = ["Checkpointer", "load_checkpoint", "save_checkpoint", "Callback", "RoundDriver", "RoundPlan", "RunState",
            "sample_clients", "GlobalEvaluation", "MetricsWriter", "ResultsFolder", "FolderBusyError", "folder_lock",
-           "Executor", "RunInterrupted", "SeedSetup", "run_all", "stop_on_signals", "signals_deferred",
+           "Backend", "RunInterrupted", "SeedStart", "run_all", "stop_on_signals", "signals_deferred",
            "build_partitions", "initial_params", "initial_model", "partition_dataset", "partition_seed",
-           "resolve_device", "Execute", "RunSession", "ClientStore", "DiskStateStore", "MemoryStateStore"]
+           "resolve_device", "RunJobs", "RunSession", "ClientStore", "DiskStateStore", "MemoryStateStore"]

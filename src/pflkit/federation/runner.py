@@ -1,6 +1,6 @@
-"""The experiment loop, once for every executor: every seed x algorithm into one results folder.
+"""The experiment loop, once for every backend: every seed x algorithm into one results folder.
 
-An :class:`Executor` says how one seed is set up (its Theta^0, the clients' summaries, the
+A :class:`Backend` (the simulator, or Flower) says how one seed is set up (its Theta^0, the clients' summaries, the
 partition) and how the rounds of one run execute (the simulator's engines, or Flower). The loop
 around them is here: checkpoints (a run restarts from its last one), metrics, progress, the
 partition and accuracy plots, the summary and the run status.
@@ -33,7 +33,7 @@ from .stopping import reset_stop, stop_reason
 
 
 @dataclass
-class SeedSetup:
+class SeedStart:
     """What the runs of one seed start from."""
 
     init: Params
@@ -60,13 +60,13 @@ def tta_bases(algorithms: Sequence[str]) -> dict[str, str]:
     return out
 
 
-class Executor(Protocol):
+class Backend(Protocol):
     """Runs the rounds of one (algorithm, seed): the simulator's engines or a Flower grid."""
 
     keeps_client_states: bool  # False: client states live with the clients (Flower nodes)
     device: torch.device
 
-    def setup_seed(self, seed: int) -> SeedSetup: ...
+    def setup_seed(self, seed: int) -> SeedStart: ...
 
     def run(self, session: RunSession) -> None:
         """Run the session's remaining rounds (its callbacks see every record) until it is done."""
@@ -106,7 +106,7 @@ def plateau_rule(config: BaseConfig, algorithm: Algorithm) -> Plateau | None:
     return Plateau(run.plateau_evaluations, run.plateau_points, metric, not_before=algorithm.schedule_rounds())
 
 
-def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor, setup: SeedSetup, name: str,
+def open_session(config: BaseConfig, results: ResultsFolder, backend: Backend, setup: SeedStart, name: str,
                  algorithm: Algorithm, seed: int) -> RunSession:
     """The run (``name``, ``seed``) of ``config``: continued from its checkpoint in ``results``
     where one exists, its clients in the configured store (on Flower: with the nodes)."""
@@ -115,17 +115,17 @@ def open_session(config: BaseConfig, results: ResultsFolder, executor: Executor,
                          global_evaluation=setup.global_evaluation, local_test=config.partition.official,
                          evaluate_all=config.run.eval_all_clients)
     store = None
-    if config.run.state_store == "disk" and executor.keeps_client_states:
-        store = client_store(config, results, name, algorithm, setup.init, seed, executor.device)
+    if config.run.state_store == "disk" and backend.keeps_client_states:
+        store = client_store(config, results, name, algorithm, setup.init, seed, backend.device)
     session = RunSession.open(driver, setup.init, setup.summaries, checkpoint=results.checkpoint_path(name, seed),
-                              store=store, client_states=executor.keeps_client_states, device=executor.device)
+                              store=store, client_states=backend.keeps_client_states, device=backend.device)
     results.check_checkpoint(session.state, name, seed)
     if session.state.config_sha256 is None:  # a new run (or one checkpointed by an older release)
         session.state.config_sha256 = results.config_sha256()
     return session
 
 
-def outputs(config: BaseConfig, results: ResultsFolder, executor: Executor, name: str, algorithm: Algorithm,
+def outputs(config: BaseConfig, results: ResultsFolder, backend: Backend, name: str, algorithm: Algorithm,
             seed: int, bar: Any) -> list[Callback]:
     """What watches a run's records: its checkpoints, metrics.jsonl, the progress bar, the
     configured traces and trackers, and the plateau rule that may end it."""
@@ -134,15 +134,15 @@ def outputs(config: BaseConfig, results: ResultsFolder, executor: Executor, name
     rule = plateau_rule(config, algorithm)
     if rule is not None:
         callbacks.append(rule)
-    if config.trace.clients and executor.keeps_client_states:
+    if config.trace.clients and backend.keeps_client_states:
         callbacks.append(TraceWriter(results.root / "trace", algorithm, config.trace.clients))
     if config.run.tracker == "tensorboard":
         callbacks.append(TensorBoardTracker(results.root / "tensorboard"))
     return callbacks
 
 
-class Report(Protocol):
-    """The figures and the summary of a run (``reporting.RunReport``; federation draws nothing)."""
+class Summarizer(Protocol):
+    """The figures and the summary of a run (``reporting.RunSummarizer``; federation draws nothing)."""
 
     def partition(self, counts: np.ndarray, path: Path, title: str) -> None: ...
 
@@ -154,10 +154,10 @@ class Report(Protocol):
                official: bool) -> dict[str, Any]: ...
 
 
-def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, report: Report, *,
+def run_all(config: BaseConfig, results: ResultsFolder, backend: Backend, summarizer: Summarizer, *,
             progress: bool = True, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
     """Every algorithm x seed of ``config`` (continuing from the folder's checkpoints); returns
-    the summary (made and drawn by ``report``), written last with the status ``complete``
+    the summary (made and drawn by ``summarizer``), written last with the status ``complete``
     (``failed`` with the error, or ``interrupted`` with the resume command, otherwise)."""
     reset_stop()
     try:
@@ -165,28 +165,28 @@ def run_all(config: BaseConfig, results: ResultsFolder, executor: Executor, repo
         extras: dict[str, dict[str, Any]] = {}  # what a method reports once per run (Algorithm.summary_metrics)
         plotted: set[int] = set()
         for seed in config.seeds:
-            setup = executor.setup_seed(seed)
+            setup = backend.setup_seed(seed)
             if setup.partition_seed not in plotted:
                 plotted.add(setup.partition_seed)
                 results.write_partition(setup.partition_seed, setup.partition)
-                report.partition(setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png",
+                summarizer.partition(setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png",
                                  setup.partition_title)
             for name in config.algorithms:
                 algorithm = build_algorithm(name, config.algorithm_sections(), config.train, setup.units)
                 extras[name] = algorithm.summary_metrics(setup.init)
-                session = open_session(config, results, executor, setup, name, algorithm, seed)
+                session = open_session(config, results, backend, setup, name, algorithm, seed)
                 if not session.done:
                     bar = tqdm(total=config.train.rounds, initial=session.state.rounds_done,
                                desc=f"{name} seed {seed}", disable=not progress, leave=True, dynamic_ncols=True)
                     with bar if progress else nullcontext():
-                        session.callbacks = [*outputs(config, results, executor, name, algorithm, seed, bar),
+                        session.callbacks = [*outputs(config, results, backend, name, algorithm, seed, bar),
                                              *callbacks]
-                        executor.run(session)
+                        backend.run(session)
                 state = session.state
                 histories[(name, seed)] = state.history
                 if seed == config.seeds[0]:
-                    report.server_state(name, seed, state.server, results.plots)
-        summary = report.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
+                    summarizer.server_state(name, seed, state.server, results.plots)
+        summary = summarizer.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
                                 results.plots, f"{config.dataset}, {config.partition.method}, "
                                 f"{config.partition.num_clients} clients", official=config.partition.official)
         for name, values in extras.items():

@@ -29,10 +29,10 @@ from .checkpoint import load_checkpoint
 from .driver import Callback, RoundDriver, RoundPlan, RunState, StopRule
 from .state_store import ClientStore
 
-Execute = Callable[[list[ClientJob], int], Iterable[ClientResult]]
+RunJobs = Callable[[list[ClientJob], int], Iterable[ClientResult]]
 
 
-def on_engine(engine: Engine, setup: RoundSetup) -> Execute:
+def on_engine(engine: Engine, setup: RoundSetup) -> RunJobs:
     """``execute`` for a session whose rounds run on ``engine`` (the simulator, the benchmarks):
     its results streamed."""
     return lambda jobs, round: engine.stream(setup, jobs, round)
@@ -90,7 +90,7 @@ class RunSession:
         """Hand a round's results to the driver and its record to every callback."""
         return self._recorded(self.driver.finish(self.state, plan, results))
 
-    def step(self, execute: Execute) -> dict[str, Any] | None:
+    def step(self, execute: RunJobs) -> dict[str, Any] | None:
         """Run the next round (its evaluation-only clients too) with ``execute``, taking each result
         as it comes; its record, or None when the run is done."""
         plan = self.next_plan()
@@ -108,7 +108,7 @@ class RunSession:
             callback.on_record(self.state, record)
         return record
 
-    def run(self, execute: Execute) -> RunState:
+    def run(self, execute: RunJobs) -> RunState:
         """Every remaining round, the final evaluation included."""
         while self.step(execute) is not None:
             pass

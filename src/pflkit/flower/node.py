@@ -19,7 +19,7 @@ from ..data import DataError, load_dataset, load_pfllib
 from ..data.federated import ClientData, FederatedData
 from ..engines.base import RoundSetup
 from ..federation.evaluation import local_model_metrics
-from ..federation.setup import initial_params, partition_dataset, partition_seed, resolve_device
+from ..federation.preparation import initial_params, partition_dataset, partition_seed, resolve_device
 from ..functional import to_device
 from ..methods import build_algorithm
 from ..models import UnitModel

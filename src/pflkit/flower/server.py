@@ -1,4 +1,4 @@
-"""Run a pflkit experiment on Flower: the shared experiment loop with a Flower executor."""
+"""Run a pflkit experiment on Flower: the shared experiment loop with a Flower backend."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from ..federation import (
     GlobalEvaluation,
     ResultsFolder,
     RunSession,
-    SeedSetup,
+    SeedStart,
     initial_params,
     partition_seed,
     resolve_device,
     run_all,
 )
-from ..reporting import RunReport, format_table
+from ..reporting import RunSummarizer, format_table
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
 
@@ -83,8 +83,8 @@ def check_flower_config(config: BaseConfig, simulation: bool = False) -> None:
                           "set state_store = \"memory\"")
 
 
-class FlowerExecutor:
-    """Executor: each seed's clients are discovered on the grid; rounds run through Flower's
+class FlowerBackend:
+    """Backend: each seed's clients are discovered on the grid; rounds run through Flower's
     ``Strategy.start`` with the pflkit strategy. Client states stay on the nodes."""
 
     keeps_client_states = False
@@ -104,7 +104,7 @@ class FlowerExecutor:
         self._nodes: dict[int, dict[int, int]] = {}
         self._init: dict[int, Any] = {}
 
-    def setup_seed(self, seed: int) -> SeedSetup:
+    def setup_seed(self, seed: int) -> SeedStart:
         nodes, summaries, info = discover(self.grid, self.config, self.config_text, seed, self.wait_seconds)
         model, init = initial_params(self.config, (info["input_shape"], info["num_classes"], info["vocab_size"]),
                                      seed, self.device)
@@ -112,7 +112,7 @@ class FlowerExecutor:
         record = {"dataset": self.config.dataset, "num_clients": len(summaries), "num_classes": info["num_classes"],
                   "source": "the SuperNodes' training label counts",
                   "train_class_counts": [s.label_counts.tolist() for s in summaries]}
-        return SeedSetup(init, model.units(), summaries, partition_seed(self.config, seed), record,
+        return SeedStart(init, model.units(), summaries, partition_seed(self.config, seed), record,
                          f"{self.config.dataset}: training labels per client on Flower (seed {seed})",
                          self._global_evaluation(model, summaries, info["num_classes"]))
 
@@ -150,9 +150,9 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
     results = ResultsFolder(out)
     state_dir = results.root / "states" / "flower" if simulation and config.run.state_store == "disk" else None
     config_dict = to_dict(config)
-    backend = "flower-simulation" if simulation else "flower"
+    kind = "flower-simulation" if simulation else "flower"
     with results.locked():
-        if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path)), backend):
+        if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path)), kind):
             if simulation and config.run.state_store == "memory" and any(results.root.glob("checkpoints/*.pt")):
                 raise ConfigError(
                     f"{results.root} was run on Flower's Simulation Engine with state_store = \"memory\": its "
@@ -162,8 +162,8 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
             log.info("continuing the unfinished run in %s from its checkpoints", results.root)
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")
-        executor = FlowerExecutor(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
-                                  wait_seconds, state_dir)
-        summary = run_all(config, results, executor, RunReport(), progress=False)
+        backend = FlowerBackend(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
+                                wait_seconds, state_dir)
+        summary = run_all(config, results, backend, RunSummarizer(), progress=False)
     log.info("\n%s\nresults: %s", format_table(summary), results.root)
     return summary

@@ -1,7 +1,7 @@
 """The simulator: run a whole experiment on this machine with one of the engines.
 
 ``run_experiment`` partitions the data, checks that every algorithm fits the model, and hands
-the experiment loop (``pflkit.federation.runner``) an executor that runs each round's client jobs
+the experiment loop (``pflkit.federation.runner``) a backend (``Simulator``) that runs each round's client jobs
 on the configured engine.
 """
 
@@ -26,7 +26,7 @@ from ..federation import (
     GlobalEvaluation,
     ResultsFolder,
     RunSession,
-    SeedSetup,
+    SeedStart,
     build_partitions,
     initial_params,
     partition_seed,
@@ -37,14 +37,14 @@ from ..federation.evaluation import local_model_metrics
 from ..federation.session import on_engine
 from ..methods import build_algorithm
 from ..models import UnitModel
-from ..reporting import RunReport, format_table
+from ..reporting import RunSummarizer, format_table
 from ..reporting.paper import paper_cell
 
 log = logging.getLogger(__name__)
 
 
 class Simulator:
-    """Executor: the rounds run in this process on ``engine`` over in-memory partitions."""
+    """Backend: the rounds run in this process on ``engine`` over in-memory partitions."""
 
     keeps_client_states = True
 
@@ -56,7 +56,7 @@ class Simulator:
         self.device = device
         self._seeds: dict[int, tuple[FederatedData, UnitModel]] = {}
 
-    def setup_seed(self, seed: int) -> SeedSetup:
+    def setup_seed(self, seed: int) -> SeedStart:
         pseed = partition_seed(self.config, seed)
         data = self.partitions[pseed]
         model, init = initial_params(self.config, data, seed, self.device)
@@ -68,7 +68,7 @@ class Simulator:
         evaluation = None if test is None else GlobalEvaluation(
             model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
             self.config.train.eval_batch_size, workers=getattr(self.engine, "workers", 1))
-        return SeedSetup(init, model.units(), summaries, pseed, data.partition_record(),
+        return SeedStart(init, model.units(), summaries, pseed, data.partition_record(),
                          f"{self.config.dataset}: {kind} partition, {self.config.partition.num_clients} clients "
                          f"(seed {pseed})", evaluation)
 
@@ -109,7 +109,7 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
             results.create(to_dict(config))
         engine = build_engine(config.run.engine, workers=config.run.workers, device=device.type)
         try:
-            summary = run_all(config, results, Simulator(config, partitions, engine, device), RunReport(),
+            summary = run_all(config, results, Simulator(config, partitions, engine, device), RunSummarizer(),
                               progress=progress,
                               callbacks=callbacks)
         finally:

@@ -16,7 +16,7 @@ from ..config import load_config
 from ..data.federated import FederatedData
 from ..federation import ResultsFolder, initial_params, partition_seed
 from ..federation.checkpoint import load_checkpoint
-from ..federation.setup import build_partitions, resolve_device
+from ..federation.preparation import build_partitions, resolve_device
 from ..functional import forward
 from ..methods import build_algorithm
 from ..reporting import plot_simplex_clusters, plot_simplex_landscape

@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from ..config import load_config
 from ..federation import ResultsFolder, initial_params, partition_seed
-from ..federation.setup import build_partitions, resolve_device
+from ..federation.preparation import build_partitions, resolve_device
 from ..functional import forward
 from ..reporting.plots import plot_trajectory
 

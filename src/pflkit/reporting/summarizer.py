@@ -14,7 +14,7 @@ from .plots import plot_accuracy, plot_partition, plot_simplex_clusters
 from .summary import summarize, time_to_accuracy
 
 
-class RunReport:
+class RunSummarizer:
     """The figures and summary of one run (the simulator's and Flower's alike)."""
 
     def partition(self, counts: np.ndarray, path: Path, title: str) -> None:
