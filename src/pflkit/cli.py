@@ -100,7 +100,8 @@ def run(args: tuple[str, ...], out: Path | None, resume: Path | None, quiet: boo
     from .run.experiment import new_results_folder, resume_experiment, run_experiment
 
     try:
-        with stop_on_signals():
+        # Flower's Simulation Engine keeps the main thread: the ServerApp's thread raises the stop itself
+        with stop_on_signals(cooperative=on == "flower-simulation"):
             if resume is not None:
                 if args or out:
                     raise click.UsageError("--resume takes no CONFIG, overrides or --out: the folder's config is used")

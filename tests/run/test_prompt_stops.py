@@ -70,3 +70,42 @@ def test_a_second_ctrl_c_while_stopping_aborts_at_once(monkeypatch, capsys):
     stopping._request_stop(signal.SIGINT, None)  # the second, while the run stops
     assert exits == [130] and "aborted" in capsys.readouterr().err
     stopping.reset_stop()
+
+
+RAY_RUNS = {
+    # clients of seconds each on Flower's Simulation Engine, and a Ray sweep of two such cells
+    "flower-simulation": ["run", *SLOW[:-2], "engine=loop", "--on", "flower-simulation"],
+    "ray-sweep": ["sweep", *SLOW[:-2], "lr=[0.05,0.1]", "--executor", "ray"],
+}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("how", list(RAY_RUNS))
+def test_a_signal_stops_ray_runs_within_seconds_and_leaves_no_ray_process(tmp_path, how, sig):
+    pytest.importorskip("ray")
+    from pflkit.federation.reaper import MARKER, marked_processes
+
+    out = tmp_path / "out"
+    marker = f"test-{os.getpid()}-{how}-{int(sig)}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", MARKER: marker}
+    proc = subprocess.Popen([*PFLKIT, *RAY_RUNS[how], "--out", str(out), "--quiet"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not any(p.read_text().count("\n") >= 1 for p in out.rglob("metrics.jsonl")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(1.0)  # into the next round
+    sent = time.perf_counter()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    took = time.perf_counter() - sent
+    assert proc.returncode == 130, err[-3000:]
+    assert took < 10, f"stopped {took:.1f} s after the signal"
+    assert "Traceback" not in err and "continue with" in err, err[-3000:]
+    if how == "flower-simulation":
+        assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    deadline = time.time() + 30
+    while (left := [p for p in marked_processes(marker) if p != proc.pid]) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes of the stopped run still running: {left}"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pflkit.config import ConfigError
+from pflkit.federation.reaper import marked_processes, reaped
 from pflkit.run.sweep import run_sweep
 from tests.support.runs import free_port, records
 
@@ -39,19 +40,36 @@ def ray_cli(*args: str, env: dict[str, str]) -> None:
 
 @pytest.fixture
 def cluster():
-    """A Ray head and a second Ray node on 127.0.0.1, stopped at the end whatever happens."""
-    env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    """A Ray head and a second Ray node on 127.0.0.1, ended at the end whatever happens: its own
+    processes only (`ray stop` would end every Ray instance on the machine), and by a watchdog if
+    the test run itself is killed (pflkit.federation.reaper)."""
     temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths have a length limit
     address = f"127.0.0.1:{free_port()}"
-    try:
-        ray_cli("start", "--head", "--node-ip-address=127.0.0.1", f"--port={address.split(':')[1]}", "--num-cpus=1",
-                "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats", env=env)
-        ray_cli("start", f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                "--disable-usage-stats", env=env)
-        yield address
-    finally:
-        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
-        shutil.rmtree(temp, ignore_errors=True)
+    with reaped() as marker:  # the nodes inherit the marker from this environment
+        env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+        try:
+            ray_cli("start", "--head", "--node-ip-address=127.0.0.1", f"--port={address.split(':')[1]}",
+                    "--num-cpus=1", "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats", env=env)
+            ray_cli("start", f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+                    "--disable-usage-stats", env=env)
+            yield address
+        finally:
+            end_processes(marker)
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def end_processes(marker: str) -> None:
+    """SIGTERM, then SIGKILL, every process marked ``marker`` but this one."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [pid for pid in marked_processes(marker) if pid != os.getpid()]
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.time() + 10
+        while any(pid in marked_processes(marker) for pid in pids) and time.time() < deadline:
+            time.sleep(0.2)
 
 
 def kill_a_running_cell(parent: Path, killed: list[tuple[str, int]], stop: threading.Event) -> None:

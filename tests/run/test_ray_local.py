@@ -68,3 +68,46 @@ def test_a_local_ray_sweep_runs_with_its_token(tmp_path):
     record = run_sweep(None, ["dataset=synthetic", "num_clients=3", "rounds=1", 'algorithms=["fedavg"]',
                               "lr=[0.05,0.1]"], tmp_path / "s", progress=False, echo=lambda s: None, executor="ray")
     assert all("summary" in cell for cell in record["cells"]), record["cells"]
+
+
+KILLED_DRIVER = """
+import os, time
+from pflkit.federation.network import local_ray_access
+from pflkit.run.cluster import connect
+
+with local_ray_access(None) as init_args:
+    ray, _ = connect(None, 1, 0, init_args)
+
+    @ray.remote
+    def wait():
+        time.sleep(600)
+
+    busy = wait.remote()
+    time.sleep(2)
+    print("READY", os.environ["PFLKIT_REAP"], flush=True)
+    time.sleep(600)
+"""
+
+
+def test_no_ray_process_outlives_a_killed_driver():
+    """kill -9 of the process that started Ray: its GCS, raylet and workers end within seconds."""
+    import signal
+    import time
+
+    from pflkit.federation.reaper import marked_processes
+
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("READY"), line + proc.stderr.read()[-2000:]
+        marker = line.split()[1]
+        started = [pid for pid in marked_processes(marker) if pid != proc.pid]
+        assert len(started) >= 3, started  # the GCS, the raylet and a worker at least
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.time() + 30
+    while (left := marked_processes(marker)) and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left, f"Ray processes still running after their driver died: {left}"

@@ -16,10 +16,10 @@ from .results import FolderBusyError, MetricsWriter, ResultsFolder, folder_lock
 from .runner import Backend, RunInterrupted, SeedStart, run_all
 from .session import RunJobs, RunSession
 from .state_store import ClientStore, DiskStateStore, MemoryStateStore
-from .stopping import signals_deferred, stop_on_signals
+from .stopping import check_stop, signals_deferred, stop_on_signals
 
 __all__ = ["Checkpointer", "load_checkpoint", "save_checkpoint", "Callback", "RoundDriver", "RoundPlan", "RunState",
            "sample_clients", "GlobalEvaluation", "MetricsWriter", "ResultsFolder", "FolderBusyError", "folder_lock",
-           "Backend", "RunInterrupted", "SeedStart", "run_all", "stop_on_signals", "signals_deferred",
+           "Backend", "RunInterrupted", "SeedStart", "run_all", "check_stop", "stop_on_signals", "signals_deferred",
            "build_partitions", "initial_params", "initial_model", "partition_dataset", "partition_seed",
            "resolve_device", "RunJobs", "RunSession", "ClientStore", "DiskStateStore", "MemoryStateStore"]

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..config import ConfigError
+from .reaper import reaped
 
 
 def reachable(address: str, timeout: float = 5.0) -> None:
@@ -45,8 +46,9 @@ def local_ray_access(address: str | None) -> Iterator[dict[str, Any]]:
     requires a fresh random token (Ray's token authentication; its processes inherit it from this
     one's environment) and advertises 127.0.0.1: Ray binds its gRPC servers to every interface,
     and a Ray instance without authentication runs code for anyone who reaches it. Yields extra
-    ``ray.init`` arguments. A cluster given by ``address`` keeps its own settings (see
-    docs/deploy.md), as does a caller who set RAY_AUTH_MODE."""
+    ``ray.init`` arguments. The instance's processes end with this process, however it ends
+    (``reaper``). A cluster given by ``address`` keeps its own settings (see docs/deploy.md), as does
+    a caller who set RAY_AUTH_MODE."""
     if address is not None or os.environ.get("RAY_AUTH_MODE"):
         yield {}
         return
@@ -56,8 +58,9 @@ def local_ray_access(address: str | None) -> Iterator[dict[str, Any]]:
     os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     _forget_ray_token()  # read anew by this process's Ray too
     try:
-        # "local": a new instance of its own, never one a `ray start` left running on this machine
-        yield {"address": "local", "_node_ip_address": "127.0.0.1"}
+        with reaped():  # its processes end with this one, even on kill -9
+            # "local": a new instance of its own, never one a `ray start` left running on this machine
+            yield {"address": "local", "_node_ip_address": "127.0.0.1"}
     finally:
         for name, value in saved.items():
             if value is None:
@@ -78,3 +81,26 @@ def _forget_ray_token() -> None:
         return
     loader.instance().reset_cache()
     config.initialize("")
+
+
+@contextmanager
+def ray_keeps_signal_handlers() -> Iterator[None]:
+    """While the block runs, ``ray.init`` leaves this process's SIGTERM handler alone. Ray's own
+    handler exits at once (and its native logging then aborts the process, exit 134), so a
+    scheduler's SIGTERM would skip the stop that marks the folder interrupted. Where pflkit calls
+    ``ray.init`` itself it restores its handler after the call; Flower's Simulation Engine calls it
+    inside, hence this (Ray's private hook; other Ray releases: no change)."""
+    try:
+        utils: Any = importlib.import_module("ray._private.utils")  # (private: untyped)
+    except ImportError:
+        yield
+        return
+    original = getattr(utils, "set_sigterm_handler", None)
+    if original is None:
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original

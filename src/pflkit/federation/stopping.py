@@ -19,6 +19,7 @@ class _StopState:
     reason: str | None = None  # why the last stop was requested (reset by each run)
     deferring: int = 0  # depth of the signals_deferred blocks
     pending: str | None = None  # a stop that arrived inside such a block
+    cooperative: bool = False  # record the stop only: the loop that runs elsewhere asks stop_reason()
 
 
 _state = _StopState()
@@ -44,10 +45,19 @@ def _request_stop(signum: int, frame: Any) -> None:
     sys.stderr.write(f"\n{_state.reason}: stopping (the clients in flight are abandoned; "
                      "Ctrl-C again aborts at once)...\n")
     sys.stderr.flush()
+    if _state.cooperative:
+        return
     if _state.deferring:
         _state.pending = _state.reason
         return
     raise KeyboardInterrupt(_state.reason)
+
+
+def check_stop() -> None:
+    """Raise the stop a signal asked for (KeyboardInterrupt with its reason), where the run's loop
+    is not on the main thread (Flower's ServerApp thread): called between its steps."""
+    if _state.reason is not None:
+        raise KeyboardInterrupt(_state.reason)
 
 
 def _main_thread() -> bool:
@@ -55,19 +65,23 @@ def _main_thread() -> bool:
 
 
 @contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals(cooperative: bool = False) -> Iterator[None]:
     """While the block runs, Ctrl-C and SIGTERM (a scheduler's kill, ``timeout``) stop a run the
     same way: a KeyboardInterrupt whose reason :func:`stop_reason` keeps, so a signal that lands
     inside a library call that turns the KeyboardInterrupt into another error is still known as a
-    stop. The previous handlers come back afterwards. Main thread only (elsewhere: no change)."""
+    stop. ``cooperative``: the run's loop is on another thread (Flower's Simulation Engine keeps
+    the main one): the signal is recorded only, and that loop raises it (:func:`check_stop`).
+    The previous handlers come back afterwards. Main thread only (elsewhere: no change)."""
     if not _main_thread():
         yield
         return
     reset_stop()
+    _state.cooperative = cooperative
     previous = {sig: signal.signal(sig, _request_stop) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
+        _state.cooperative = False
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -11,6 +11,8 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 
+from ..federation.stopping import check_stop
+
 log = logging.getLogger("flwr")
 
 
@@ -19,7 +21,8 @@ class ResilientGrid(Grid):
     down, e.g. being restarted), until the node is back or ``wait_seconds`` have passed.
 
     Only undelivered messages are re-sent, so a node never processes a round twice. A node
-    authenticated by its key keeps its node id across restarts; other errors pass through.
+    authenticated by its key keeps its node id across restarts; other errors pass through. While
+    it waits for replies, a stop asked for by a signal ends the wait (``check_stop``).
     """
 
     def __init__(self, grid: Grid, wait_seconds: float = 120.0, poll_seconds: float = 2.0) -> None:
@@ -47,13 +50,28 @@ class ResilientGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         return self.grid.pull_messages(message_ids)
 
+    def _send_and_receive(self, messages: list[Message], timeout: float | None) -> list[Message]:
+        """Push ``messages`` and pull their replies until all came or ``timeout`` passed, checking
+        between polls whether a signal asked the run to stop (a round in flight is then abandoned)."""
+        ids = set(self.grid.push_messages(messages))
+        replies: list[Message] = []
+        end = None if timeout is None else time.time() + timeout
+        while ids and (end is None or time.time() < end):
+            check_stop()
+            for reply in self.grid.pull_messages(list(ids)):
+                ids.discard(reply.metadata.reply_to_message_id)
+                replies.append(reply)
+            if ids:
+                time.sleep(0.1)
+        return replies
+
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         pending = {m.metadata.dst_node_id: m for m in messages}
         replies: list[Message] = []
         deadline = time.time() + self.wait_seconds
         while pending:
             sent = list(pending.values())
-            got = list(self.grid.send_and_receive(sent, timeout=timeout))
+            got = self._send_and_receive(sent, timeout)
             node_of = {m.metadata.message_id: node for node, m in pending.items()}  # ids are set on push
             retry = {}
             for reply in got:

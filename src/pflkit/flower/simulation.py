@@ -19,7 +19,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..config import BaseConfig, ConfigError
-from ..federation.network import local_ray_access, prepare_ray
+from ..federation.network import local_ray_access, prepare_ray, ray_keeps_signal_handlers
 from ..federation.stopping import signal_handlers_kept
 from .client_app import app as client_app
 from .server import check_flower_config, run_on_flower
@@ -51,13 +51,15 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
             summary.update(run_on_flower(config, grid, out, timeout=timeout, wait_seconds=120.0, simulation=True))
         except BaseException as exc:  # Flower logs and swallows the ServerApp's errors: keep it for the caller
             errors.append(exc)
+            if isinstance(exc, KeyboardInterrupt):  # a stop (the folder says so): end the ServerApp quietly
+                return
             raise
 
     init_args: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR"}
     if ray_address:
         init_args["address"] = ray_address
     # Ray's SIGTERM handler outlives the simulation otherwise; a Ray started here takes a token
-    with signal_handlers_kept(), local_ray_access(ray_address) as access:
+    with signal_handlers_kept(), ray_keeps_signal_handlers(), local_ray_access(ray_address) as access:
         backend_config: dict[str, dict[str, Any]] = {"client_resources": client_resources(config),
                                                      "init_args": {**init_args, **access}}
         run_simulation(server, client_app, num_supernodes=config.partition.num_clients, backend_config=backend_config)

@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import Strategy
 from ..engines.base import ClientJob, ClientResult
 from ..federation.driver import RoundDriver, RoundPlan, RunState
 from ..federation.session import RunSession
+from ..federation.stopping import check_stop
 from . import serde
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class PflkitStrategy(Strategy):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
+        check_stop()
         if server_round <= self.state.rounds_done:  # done before a restart (restored from the checkpoint)
             return []
         if self.state.done or self.session.training_over():  # a stop rule ended training: Flower's rounds idle

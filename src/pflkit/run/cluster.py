@@ -51,8 +51,9 @@ def connect(address: str | None, cpus: float, gpus: float, init_args: Mapping[st
     started = not ray.is_initialized()
     if started:
         try:
-            ray.init(**{"address": address, "include_dashboard": False, "logging_level": "ERROR",
-                        "log_to_driver": False, **init_args})
+            with signal_handlers_kept():  # Ray's SIGTERM handler would exit without the stop's bookkeeping
+                ray.init(**{"address": address, "include_dashboard": False, "logging_level": "ERROR",
+                            "log_to_driver": False, **init_args})
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"the Ray cluster at {address}" if address else "a local Ray instance"
             raise ConfigError(f"cannot connect to {where}: {str(exc).splitlines()[0]}") from None
@@ -89,7 +90,7 @@ def _run_cells(cells: Sequence[tuple[str, Mapping[str, Any], Path]], address: st
         bar = tqdm(total=len(cells), desc="sweep (ray)", disable=not progress, dynamic_ncols=True)
         failed = 0
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a stop is seen within a second
             for ref in done:
                 name = pending.pop(ref)
                 try:
