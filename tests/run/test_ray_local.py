@@ -62,12 +62,24 @@ def test_a_ray_started_by_pflkit_refuses_requests_without_its_token():
     assert {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")} == before
 
 
-def test_a_local_ray_sweep_runs_with_its_token(tmp_path):
-    from pflkit.run.sweep import run_sweep
+def test_a_local_ray_sweep_runs_with_its_token_and_a_method_from_outside_pflkit(tmp_path, monkeypatch):
+    """The cells run as Ray tasks in fresh worker processes, which import the outside method by its
+    dotted path as every node does (the module on their PYTHONPATH)."""
+    import shutil
 
-    record = run_sweep(None, ["dataset=synthetic", "num_clients=3", "rounds=1", 'algorithms=["fedavg"]',
-                              "lr=[0.05,0.1]"], tmp_path / "s", progress=False, echo=lambda s: None, executor="ray")
+    from pflkit.run.sweep import run_sweep
+    from tests.support.paths import REPO
+
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    shutil.copy(REPO / "docs" / "examples" / "mylab_methods.py", lab / "mylab_methods.py")
+    monkeypatch.syspath_prepend(str(lab))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(lab), os.environ.get("PYTHONPATH")])))
+    record = run_sweep(None, ["dataset=synthetic", "num_clients=3", "rounds=1", "fedala.max_start_epochs=2",
+                              'algorithms=["fedavg", "mylab_methods:FedPer+ala"]', "lr=[0.05,0.1]"], tmp_path / "s",
+                       progress=False, echo=lambda s: None, executor="ray")
     assert all("summary" in cell for cell in record["cells"]), record["cells"]
+    assert all("mylab_methods:FedPer+ala" in cell["summary"] for cell in record["cells"])
 
 
 KILLED_DRIVER = """
