@@ -1,4 +1,4 @@
-"""How far tests/test_golden.py's numbers move under a changed reduction order and under small
+"""How far tests/run/test_golden.py's numbers move under a changed reduction order and under small
 changes of the maths: the measurement behind its tolerances.
 
     python benchmarks/golden_spread.py
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "run"))
 from pflkit.config import load_config
 from pflkit.federation import ResultsFolder
 from pflkit.run.experiment import run_experiment
