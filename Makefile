@@ -1,5 +1,5 @@
 # One-command entry points. `make demo` runs the main job offline; `make test` runs the static checks
-# (`make lint`: ruff and mypy, configured in pyproject.toml), then the tests.
+# (`make lint`: ruff's lint and format check, and mypy, configured in pyproject.toml), then the tests.
 # Both create .venv and install pflkit with constraints.txt (torch 2.13.0, the CPU build here);
 # elsewhere, `pip install -e .` accepts any recent torch.
 PYTHON ?= python3
@@ -20,6 +20,7 @@ demo: install
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
 test: lint

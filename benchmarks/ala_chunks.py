@@ -28,8 +28,9 @@ from pflkit.engines import ParallelEngine, RoundSetup
 from pflkit.federation.session import RunSession
 
 
-def receive_seconds(setup: RoundSetup, new_session: Callable[[], RunSession], engine: ParallelEngine,
-                    threads: int) -> list[float]:
+def receive_seconds(
+    setup: RoundSetup, new_session: Callable[[], RunSession], engine: ParallelEngine, threads: int
+) -> list[float]:
     """Seconds of the batched ``receive`` in rounds 1 and 2 (full rounds run between them) of a
     session from ``new_session``."""
     torch.set_num_threads(threads)
@@ -59,18 +60,22 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     n = args.clients
-    data = FederatedData.build(load_dataset("mnist", args.data_dir),
-                               PartitionSpec(method="label_dirichlet", num_clients=n, alpha=0.1), 1)
+    data = FederatedData.build(
+        load_dataset("mnist", args.data_dir), PartitionSpec(method="label_dirichlet", num_clients=n, alpha=0.1), 1
+    )
     model, init, alg = bench_model(data, "fedala", 0, torch.device("cpu"))
     setup = RoundSetup(alg, data, model, model.units(), BENCH_TRAIN, 0)
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
 
     def new_session() -> RunSession:  # two training rounds, timed; no final pass
         return bench_session(alg, init, summaries, num_clients=n, rounds=2, final_pass=False)
+
     settings = {f"one chunk, {args.workers} threads (old)": (ParallelEngine(1, receive_chunk=n), args.workers)}
     for size in (int(c) for c in args.chunks.split(",")):
         settings[f"chunks of {size}, 1 thread, {args.workers} workers"] = (
-            ParallelEngine(args.workers, receive_chunk=size), 1)
+            ParallelEngine(args.workers, receive_chunk=size),
+            1,
+        )
     times: dict[str, list[list[float]]] = {name: [] for name in settings}
     for repeat in range(args.repeats):
         names = list(settings) if repeat % 2 == 0 else list(reversed(settings))
@@ -79,9 +84,15 @@ def main() -> None:
             times[name].append(receive_seconds(setup, new_session, engine, threads))
     old = next(iter(times))
     medians = {name: [statistics.median(r[t] for r in rows) for t in (0, 1)] for name, rows in times.items()}
-    out = {name: {"round1_start_phase_seconds": m[0], "round2_steady_seconds": m[1],
-                  "round1_vs_old": m[0] / medians[old][0], "round2_vs_old": m[1] / medians[old][1]}
-           for name, m in medians.items()}
+    out = {
+        name: {
+            "round1_start_phase_seconds": m[0],
+            "round2_steady_seconds": m[1],
+            "round1_vs_old": m[0] / medians[old][0],
+            "round2_vs_old": m[1] / medians[old][1],
+        }
+        for name, m in medians.items()
+    }
     print(json.dumps({"clients": n, "workers": args.workers, "repeats": args.repeats, "settings": out}, indent=1))
     for engine, _ in settings.values():
         engine.close()

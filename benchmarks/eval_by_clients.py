@@ -25,12 +25,12 @@ def main(samples: int = 17_500, repeats: int = 3) -> None:
         per = samples // clients
         start = time.perf_counter()
         for i in range(clients):
-            evaluate(model, params, x[i * per:(i + 1) * per], y[i * per:(i + 1) * per], 1000)
+            evaluate(model, params, x[i * per : (i + 1) * per], y[i * per : (i + 1) * per], 1000)
         return time.perf_counter() - start
 
     times: dict[int, list[float]] = {k: [] for k in (1, 100, 1000, 10000)}
     for rep in range(repeats):
-        for k in (list(times) if rep % 2 == 0 else list(reversed(times))):
+        for k in list(times) if rep % 2 == 0 else list(reversed(times)):
             times[k].append(run(k))
     for k, v in times.items():
         print(f"{k:>6} clients: {statistics.median(v):.2f} s for {samples} test samples")

@@ -17,16 +17,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "run"))
+from test_golden import CHECKSUMS, OVERRIDES, RECORDS
+
 from pflkit.config import load_config
 from pflkit.federation import ResultsFolder
 from pflkit.run.experiment import run_experiment
 
-from test_golden import CHECKSUMS, OVERRIDES, RECORDS
-
 VARIANTS = {
-    "as frozen": [], "threads=2": ["threads=2"], "engine=vmap": ["engine=vmap"],
-    "engine=parallel workers=2": ["engine=parallel", "workers=2"], "lr 0.05 -> 0.0501": ["lr=0.0501"],
-    "momentum 0 -> 0.001": ["momentum=0.001"], "fedala.eta 1.0 -> 0.99": ["fedala.eta=0.99"],
+    "as frozen": [],
+    "threads=2": ["threads=2"],
+    "engine=vmap": ["engine=vmap"],
+    "engine=parallel workers=2": ["engine=parallel", "workers=2"],
+    "lr 0.05 -> 0.0501": ["lr=0.0501"],
+    "momentum 0 -> 0.001": ["momentum=0.001"],
+    "fedala.eta 1.0 -> 0.99": ["fedala.eta=0.99"],
 }
 
 
@@ -48,8 +52,11 @@ def deviations(extra: list[str]) -> dict[str, float]:
                 loss = max(loss, abs(r["train_loss"] - train_loss) / train_loss)
         for name, (server_sum, client_sums) in CHECKSUMS.items():
             checkpoint = torch.load(Path(folder) / "checkpoints" / f"{name}-seed0.pt", weights_only=True)
-            sums = max(sums, abs(total(checkpoint["server"]["global"]) - server_sum) / abs(server_sum),
-                       *(abs(total(checkpoint["clients"][i]["model"]) - s) / abs(s) for i, s in enumerate(client_sums)))
+            sums = max(
+                sums,
+                abs(total(checkpoint["server"]["global"]) - server_sum) / abs(server_sum),
+                *(abs(total(checkpoint["clients"][i]["model"]) - s) / abs(s) for i, s in enumerate(client_sums)),
+            )
     return {"losses_rel": loss, "checksums_rel": sums, "accuracy_abs": accuracy}
 
 

@@ -42,8 +42,10 @@ WORK = {
     "fedavgc": (2.0, "1 fine-tuning epoch + 1 epoch"),
     "fedproxc": (2.0, "1 fine-tuning epoch + 1 epoch"),
     "perfedavg": (2.0, "each step trains on two batches (B, B')"),
-    "fedrep": (1.0 + FORWARD + 5 * 0.1, "1 body epoch + 1 forward for the features + 5 head-only epochs "
-                                         "(~0.1 each on cached features)"),
+    "fedrep": (
+        1.0 + FORWARD + 5 * 0.1,
+        "1 body epoch + 1 forward for the features + 5 head-only epochs (~0.1 each on cached features)",
+    ),
     "pfedme": (5.0, "K = 5 inner steps per batch"),
     "ditto": (3.0, "1 global epoch + 2 personal epochs"),
     "fedamp": (1.0, "1 epoch"),
@@ -67,8 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     methods = args.methods.split(",")
     rounds = driver_rounds(args.rounds, final_pass=False)  # the config's rounds are the driver's
-    config = load_config(str(CONFIG), [f"data_dir={args.data_dir}", f"rounds={rounds}", "seeds=[0]",
-                                       f"algorithms={json.dumps(methods)}", f"workers={args.workers}"])
+    config = load_config(
+        str(CONFIG),
+        [
+            f"data_dir={args.data_dir}",
+            f"rounds={rounds}",
+            "seeds=[0]",
+            f"algorithms={json.dumps(methods)}",
+            f"workers={args.workers}",
+        ],
+    )
     device = torch.device("cpu")
     config, partitions = build_partitions(config, device)
     data = next(iter(partitions.values()))
@@ -79,12 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         model, init = initial_params(config, data, 0, device)
         alg = build_algorithm(name, config.algorithm_sections(), config.train, model.units())
         setup = RoundSetup(alg, data, model, model.units(), config.train, 0)
-        session = bench_session(alg, init, summaries, num_clients=data.num_clients, rounds=args.rounds,
-                                final_pass=False)
+        session = bench_session(
+            alg, init, summaries, num_clients=data.num_clients, rounds=args.rounds, final_pass=False
+        )
         runs[name] = (session, on_engine(engine, setup), [])
     try:
         for t in range(1, args.rounds + 1):
-            for name in (methods if t % 2 else methods[::-1]):
+            for name in methods if t % 2 else methods[::-1]:
                 session, execute, rows = runs[name]
                 start = time.perf_counter()
                 session.step(execute)
@@ -98,11 +109,15 @@ def main(argv: list[str] | None = None) -> int:
         steady = rows[2:]
         seconds = statistics.median(r["wall"] for r in steady)
         work, why = WORK.get(name.split("+")[0], (float("nan"), "?"))
-        entry = {"round_seconds": [r["wall"] for r in rows], "steady_seconds": seconds,
-                 "init_seconds": statistics.median(r.get("init_seconds", 0.0) for r in steady),
-                 "train_seconds": statistics.median(r.get("train_seconds", 0.0) for r in steady),
-                 "eval_seconds": statistics.median(r.get("eval_seconds", 0.0) for r in steady),
-                 "inherent_work": work, "work": why}
+        entry = {
+            "round_seconds": [r["wall"] for r in rows],
+            "steady_seconds": seconds,
+            "init_seconds": statistics.median(r.get("init_seconds", 0.0) for r in steady),
+            "train_seconds": statistics.median(r.get("train_seconds", 0.0) for r in steady),
+            "eval_seconds": statistics.median(r.get("eval_seconds", 0.0) for r in steady),
+            "inherent_work": work,
+            "work": why,
+        }
         if base:
             entry["cost_vs_fedavg"] = seconds / base
             entry["cost_vs_inherent"] = seconds / (base * work)
@@ -110,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=2))
     print(f"{'method':<14} {'s/round':>8} {'x FedAvg':>9} {'inherent':>9} {'x inherent':>11}  work")
     for name, e in report["methods"].items():
-        print(f"{name:<14} {e['steady_seconds']:>8.1f} {e.get('cost_vs_fedavg', float('nan')):>8.2f}x "
-              f"{e['inherent_work']:>8.2f}x {e.get('cost_vs_inherent', float('nan')):>10.2f}x  {e['work']}")
+        print(
+            f"{name:<14} {e['steady_seconds']:>8.1f} {e.get('cost_vs_fedavg', float('nan')):>8.2f}x "
+            f"{e['inherent_work']:>8.2f}x {e.get('cost_vs_inherent', float('nan')):>10.2f}x  {e['work']}"
+        )
     return 0
 
 

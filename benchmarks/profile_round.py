@@ -46,22 +46,31 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     n = args.clients
-    data = FederatedData.build(load_dataset("mnist", args.data_dir),
-                               PartitionSpec(method="label_dirichlet", num_clients=n, alpha=0.1), 1)
+    data = FederatedData.build(
+        load_dataset("mnist", args.data_dir), PartitionSpec(method="label_dirichlet", num_clients=n, alpha=0.1), 1
+    )
     model, init, alg = bench_model(data, args.algorithm, 0, torch.device("cpu"))
     setup = RoundSetup(alg, data, model, model.units(), BENCH_TRAIN, 0)
     engine = build_engine("loop")
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     tmp = Path(tempfile.mkdtemp(prefix="pflkit-profile-"))
     timer = Timer()
-    session = bench_session(alg, init, summaries, num_clients=n, rounds=args.round, final_pass=False,
-                            callbacks=[timer, Checkpointer(tmp / "checkpoint.pt", 1), timer],
-                            store=DiskStateStore(tmp / "states", n, lambda i: alg.init_client(init, i), cache=n))
+    session = bench_session(
+        alg,
+        init,
+        summaries,
+        num_clients=n,
+        rounds=args.round,
+        final_pass=False,
+        callbacks=[timer, Checkpointer(tmp / "checkpoint.pt", 1), timer],
+        store=DiskStateStore(tmp / "states", n, lambda i: alg.init_client(init, i), cache=n),
+    )
 
     def execute(jobs: list, round: int) -> list:
         results = engine.run(setup, jobs, round)
         timer.marks.append(time.perf_counter())
         return results
+
     for _ in range(1, args.round):
         session.step(execute)
     profile = cProfile.Profile()
@@ -71,9 +80,11 @@ def main() -> None:
     profile.disable()
     t0, t1, t2, t3 = timer.marks  # start, clients done, driver done, checkpoint written
     p = session.state.pending
-    print(f"{n} clients, {args.algorithm}: round {t3 - t0:.2f} s = clients {t1 - t0:.2f} s (init "
-          f"{p.get('init_seconds', 0):.2f}, eval {p.get('eval_seconds', 0):.2f}, train {p.get('train_seconds', 0):.2f})"
-          f" + driver {t2 - t1:.2f} s + checkpoint {t3 - t2:.2f} s")
+    print(
+        f"{n} clients, {args.algorithm}: round {t3 - t0:.2f} s = clients {t1 - t0:.2f} s (init "
+        f"{p.get('init_seconds', 0):.2f}, eval {p.get('eval_seconds', 0):.2f}, train {p.get('train_seconds', 0):.2f})"
+        f" + driver {t2 - t1:.2f} s + checkpoint {t3 - t2:.2f} s"
+    )
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(15)
     print(out.getvalue())

@@ -43,9 +43,22 @@ def main() -> None:
         for r in range(args.repeats):
             out["local"].append(timed(Path(tmp) / f"local{r}"))
             temp = tempfile.mkdtemp(prefix="ray", dir="/tmp")
-            subprocess.run([str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", "--port=6391", "--num-cpus=1",
-                            "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
-                           env=env, check=True, capture_output=True)
+            subprocess.run(
+                [
+                    str(RAY),
+                    "start",
+                    "--head",
+                    "--node-ip-address=127.0.0.1",
+                    "--port=6391",
+                    "--num-cpus=1",
+                    "--include-dashboard=false",
+                    f"--temp-dir={temp}",
+                    "--disable-usage-stats",
+                ],
+                env=env,
+                check=True,
+                capture_output=True,
+            )
             try:
                 out["ray, 1-CPU head"].append(timed(Path(tmp) / f"head{r}", executor="ray", address="127.0.0.1:6391"))
             finally:
@@ -53,8 +66,10 @@ def main() -> None:
                 shutil.rmtree(temp, ignore_errors=True)
             out["ray, every core"].append(timed(Path(tmp) / f"all{r}", executor="ray"))
     base = statistics.median(out["local"])
-    report = {k: {"seconds": v, "median": statistics.median(v), "vs_local": statistics.median(v) / base}
-              for k, v in out.items()}
+    report = {
+        k: {"seconds": v, "median": statistics.median(v), "vs_local": statistics.median(v) / base}
+        for k, v in out.items()
+    }
     print(json.dumps({"cells": 4, "grid": GRID, "cpus": os.cpu_count(), "runs": report}, indent=1))
 
 

@@ -28,8 +28,11 @@ from pflkit.functional.training import evaluate
 
 def full_sets(state: dict[str, Any], names: set[str]) -> dict[str, dict[str, torch.Tensor]]:
     """The entries of ``state`` that are complete parameter sets of the model (every name in ``names``)."""
-    return {key: value for key, value in state.items()
-            if isinstance(value, dict) and names <= set(value) and all(torch.is_tensor(value[n]) for n in names)}
+    return {
+        key: value
+        for key, value in state.items()
+        if isinstance(value, dict) and names <= set(value) and all(torch.is_tensor(value[n]) for n in names)
+    }
 
 
 def score_states(folder: Path, algorithm: str, seed: int) -> dict[str, Any]:
@@ -55,9 +58,11 @@ def score_states(folder: Path, algorithm: str, seed: int) -> dict[str, Any]:
             tally = counts.setdefault(label, [0, 0])
             tally[0] += result["correct"]
             tally[1] += result["num_samples"]
-    return {"rounds_done": state.rounds_done,
-            "accuracy": {label: correct / total for label, (correct, total) in counts.items()},
-            "test_samples": next(iter(counts.values()))[1] if counts else 0}
+    return {
+        "rounds_done": state.rounds_done,
+        "accuracy": {label: correct / total for label, (correct, total) in counts.items()},
+        "test_samples": next(iter(counts.values()))[1] if counts else 0,
+    }
 
 
 def main() -> None:

@@ -30,16 +30,27 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     logging.getLogger("pflkit").setLevel(logging.ERROR)  # the coincident-centre warnings are the point here
-    config = load_config("configs/sosicfl_mnist.toml", [f"data_dir='{args.data_dir}'", "num_folds=5",
-                                                        "sosicfl.num_clusters=5", "sosicfl.rho=0.4"])
+    config = load_config(
+        "configs/sosicfl_mnist.toml",
+        [f"data_dir='{args.data_dir}'", "num_folds=5", "sosicfl.num_clusters=5", "sosicfl.rho=0.4"],
+    )
     dataset = load_dataset("mnist", args.data_dir, official_test=True)
     for seed in range(args.seeds):
         data = partition_dataset(config, dataset, partition_seed(config, seed), torch.device("cpu"))
         counts = np.stack([data.train_label_counts(i) for i in range(data.num_clients)]).astype(float)
         row = []
         for endpoints in (3, 4, 5, 6):
-            plan = prepare_simplex(counts, num_endpoints=endpoints, num_clusters=5, rho=0.4, metric="l1",
-                                   algo="kmeans", n_init=10, pool_size=100, seed=seed)
+            plan = prepare_simplex(
+                counts,
+                num_endpoints=endpoints,
+                num_clusters=5,
+                rho=0.4,
+                metric="l1",
+                algo="kmeans",
+                n_init=10,
+                pool_size=100,
+                seed=seed,
+            )
             row.append(f"M+1={endpoints}: {len({tuple(c) for c in np.round(plan.centers, 3)})}")
         print(f"seed {seed}: distinct centres  " + "  ".join(row), flush=True)
 

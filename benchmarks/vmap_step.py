@@ -58,8 +58,10 @@ def main() -> None:
     device, k = torch.device(args.device), args.clients
     model = build_model("fedavg_cnn", (1, 28, 28), 10).to(device)
     start = {n: t.detach() for n, t in model.named_parameters()}
-    stacked = {n: t.unsqueeze(0).repeat(k, *([1] * t.dim())) + 0.01 * torch.randn(k, *t.shape, device=device)
-               for n, t in start.items()}
+    stacked = {
+        n: t.unsqueeze(0).repeat(k, *([1] * t.dim())) + 0.01 * torch.randn(k, *t.shape, device=device)
+        for n, t in start.items()
+    }
     x = torch.randn(k, args.batch, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (k, args.batch), device=device)
 

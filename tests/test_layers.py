@@ -30,11 +30,11 @@ _BELOW_APPS = _BELOW_FEDERATION | {"federation", "reporting"}
 # under src/pflkit must have an entry (a new module fails test_every_unit_has_an_allowed_entry), and
 # docs/design.md's table of layers must say the same (test_design_md_states_these_layers).
 ALLOWED: dict[str, set[str]] = {
-    ROOT: set(),                    # the root package imports nothing of pflkit (everyone may import it)
+    ROOT: set(),  # the root package imports nothing of pflkit (everyone may import it)
     # leaves
-    "functional": set(),            # parameter dicts, seeded streams, losses, SGD
+    "functional": set(),  # parameter dicts, seeded streams, losses, SGD
     "models": set(),
-    "reporting": set(),             # summaries, plots, the papers' tables: knows no other layer
+    "reporting": set(),  # summaries, plots, the papers' tables: knows no other layer
     "data": {"functional"},
     "algorithms": {"functional", "models", "data"},
     # siblings above algorithms: engines do not know ALA, ALA does not know engines
@@ -56,6 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     # the scripts under benchmarks/ (outside the package): the library as a user sees it
     BENCHMARKS: _BELOW_APPS | {"run", "bench", "bench_scale"},
 }
+
 
 def units(src: Path = SRC) -> set[str]:
     """The root package, every subpackage and every top-level module of ``src``."""
@@ -95,7 +96,7 @@ def imported_units(source: str, module: str, is_package: bool, known: set[str]) 
                 base = package.split(".")
                 if node.level - 1 >= len(base):
                     raise ValueError(f"{module}:{node.lineno}: relative import beyond the top-level package")
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 resolved = ".".join(base + ([node.module] if node.module else []))
             else:
                 resolved = node.module or ""
@@ -128,8 +129,7 @@ def edges(src: Path = SRC) -> dict[tuple[str, str], list[str]]:
                 out.setdefault((own, unit), []).append(f"{path.relative_to(src).as_posix()}:{line}")
     if src == SRC:
         for path in sorted(BENCHMARK_DIR.glob("*.py")):
-            for line, unit in imported_units(path.read_text(encoding="utf-8"), f"benchmarks.{path.stem}", False,
-                                             known):
+            for line, unit in imported_units(path.read_text(encoding="utf-8"), f"benchmarks.{path.stem}", False, known):
                 out.setdefault((BENCHMARKS, unit), []).append(f"benchmarks/{path.name}:{line}")
     return out
 
@@ -166,10 +166,12 @@ def test_the_layering_is_acyclic():
                 visit(below, [*stack, unit])
             done.add(unit)
             order.append(unit)
+
     for unit in sorted(ALLOWED):
         visit(unit, [])
-    assert ALLOWED["federation"].isdisjoint({"run", "flower", "cli", "bench", "bench_scale", "reporting",
-                                             "personalize"})
+    assert ALLOWED["federation"].isdisjoint(
+        {"run", "flower", "cli", "bench", "bench_scale", "reporting", "personalize"}
+    )
     assert ALLOWED["config"].isdisjoint({"reporting", "personalize", "engines", "federation"})
     assert "run" not in ALLOWED["flower"] and "flower" not in ALLOWED["run"]
     assert "personalize" not in ALLOWED["engines"] and "engines" not in ALLOWED["personalize"]
@@ -205,15 +207,26 @@ def lazy():
 """
 
 
-@pytest.mark.parametrize("module, is_package", [("pflkit.federation.sub.mod", False),
-                                                ("pflkit.federation.sub", True)])
+@pytest.mark.parametrize("module, is_package", [("pflkit.federation.sub.mod", False), ("pflkit.federation.sub", True)])
 def test_the_checker_resolves_every_import_form(module, is_package):
     known = units()
     # the module's package is pflkit.federation.sub: `.` is it, `..` is pflkit.federation, `...` is pflkit
     got = imported_units(SYNTHETIC, module, is_package, known)
-    assert got == [(2, "run"), (3, ROOT), (4, "reporting"), (5, "cli"), (5, ROOT), (6, "flower"),
-                   (7, "federation"), (8, "federation"), (9, "federation"), (10, "data"), (11, "federation"),
-                   (12, "federation"), (15, "federation")]
+    assert got == [
+        (2, "run"),
+        (3, ROOT),
+        (4, "reporting"),
+        (5, "cli"),
+        (5, ROOT),
+        (6, "flower"),
+        (7, "federation"),
+        (8, "federation"),
+        (9, "federation"),
+        (10, "data"),
+        (11, "federation"),
+        (12, "federation"),
+        (15, "federation"),
+    ]
 
 
 def test_the_checker_reports_forbidden_edges_of_every_form(tmp_path):
@@ -231,20 +244,23 @@ def test_the_checker_reports_forbidden_edges_of_every_form(tmp_path):
     (fed / "c.py").write_text("from pflkit import flower\n")
     (fed / "d.py").write_text("from .. import cli\n")
     (fed / "e.py").write_text("from ..bench_scale import y\n")
-    (fed / "f.py").write_text("def g():\n    from ..engines import z\n    from . import a\n"
-                              "    from .. import __version__\n")
+    (fed / "f.py").write_text(
+        "def g():\n    from ..engines import z\n    from . import a\n    from .. import __version__\n"
+    )
     (fed / "sub").mkdir()
     (fed / "sub" / "__init__.py").write_text("from ...reporting import summarize\n")
     (tmp_path / "config.py").write_text("from . import run\n")
     found = edges(tmp_path)
-    assert found == {("federation", "reporting"): ["federation/a.py:1", "federation/sub/__init__.py:1"],
-                     ("federation", "run"): ["federation/b.py:1"],
-                     ("federation", "flower"): ["federation/c.py:1"],
-                     ("federation", "cli"): ["federation/d.py:1"],
-                     ("federation", "bench_scale"): ["federation/e.py:1"],
-                     ("federation", "engines"): ["federation/f.py:2"],
-                     ("federation", ROOT): ["federation/f.py:4"],
-                     ("config", "run"): ["config.py:1"]}
+    assert found == {
+        ("federation", "reporting"): ["federation/a.py:1", "federation/sub/__init__.py:1"],
+        ("federation", "run"): ["federation/b.py:1"],
+        ("federation", "flower"): ["federation/c.py:1"],
+        ("federation", "cli"): ["federation/d.py:1"],
+        ("federation", "bench_scale"): ["federation/e.py:1"],
+        ("federation", "engines"): ["federation/f.py:2"],
+        ("federation", ROOT): ["federation/f.py:4"],
+        ("config", "run"): ["config.py:1"],
+    }
     assert violations(found, ALLOWED) == [
         "config imports pflkit.run: config.py:1",
         "federation imports pflkit.bench_scale: federation/e.py:1",
@@ -290,12 +306,14 @@ def test_the_core_never_imports_ray():
     import sys
 
     # a finder that refuses ray makes the test fail where Ray is installed and where it is not
-    code = ("import sys\n"
-            "class NoRay:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'ray' or name.startswith('ray.'):\n"
-            "            raise ImportError('the core imported ' + name)\n"
-            "sys.meta_path.insert(0, NoRay())\n"
-            "import pflkit.cli, pflkit.run.sweep, pflkit.run.cluster, pflkit.flower.server, pflkit.flower.simulation\n"
-            "import pflkit.bench, pflkit.bench_scale, pflkit.methods\n")
+    code = (
+        "import sys\n"
+        "class NoRay:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ImportError('the core imported ' + name)\n"
+        "sys.meta_path.insert(0, NoRay())\n"
+        "import pflkit.cli, pflkit.run.sweep, pflkit.run.cluster, pflkit.flower.server, pflkit.flower.simulation\n"
+        "import pflkit.bench, pflkit.bench_scale, pflkit.methods\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

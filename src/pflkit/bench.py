@@ -84,22 +84,26 @@ def single_model_limits(x: torch.Tensor, y: torch.Tensor, threads: int) -> dict[
         def run() -> int:
             trained = {k: v.clone() for k, v in params.items()}
             for i in range(steps):
-                grads, _ = step(trained, Batch(x[i * batch:(i + 1) * batch], y[i * batch:(i + 1) * batch]))
+                grads, _ = step(trained, Batch(x[i * batch : (i + 1) * batch], y[i * batch : (i + 1) * batch]))
                 opt.update_(trained, grads, {})
             _sync(x.device)
             return batch * steps
+
         return run
 
     @torch.no_grad()
     def infer() -> int:
         for i in range(4):
-            F.cross_entropy(forward(model, params, x[i * 1000:(i + 1) * 1000]), y[i * 1000:(i + 1) * 1000])
+            F.cross_entropy(forward(model, params, x[i * 1000 : (i + 1) * 1000]), y[i * 1000 : (i + 1) * 1000])
         _sync(x.device)
         return 4000
 
     train(10, 5)()
-    out = {"train_batch10": _median_rate(train(10, 100)), "train_batch500": _median_rate(train(500, 4)),
-           "inference_batch1000": _median_rate(infer)}
+    out = {
+        "train_batch10": _median_rate(train(10, 100)),
+        "train_batch500": _median_rate(train(500, 4)),
+        "inference_batch1000": _median_rate(infer),
+    }
     torch.set_num_threads(previous)
     return out
 
@@ -116,8 +120,9 @@ def _peak_memory_mb(device: torch.device) -> dict[str, float]:
     return out
 
 
-def bench_data(dataset: Dataset, num_clients: int, test_set: TestSet,
-               device: torch.device) -> tuple[FederatedData, float, int]:
+def bench_data(
+    dataset: Dataset, num_clients: int, test_set: TestSet, device: torch.device
+) -> tuple[FederatedData, float, int]:
     """The benchmark partition of ``dataset`` over ``num_clients``: Dir(0.1) with PFLlib's minimum
     of 40 samples where feasible; (data, alpha, minimum) as used.
 
@@ -126,8 +131,9 @@ def bench_data(dataset: Dataset, num_clients: int, test_set: TestSet,
     min_samples, alpha = min(40, len(dataset) // num_clients // 2), 0.1
     while True:
         try:
-            spec = PartitionSpec(num_clients=num_clients, alpha=alpha, min_samples_per_client=min_samples,
-                                 test_set=test_set)
+            spec = PartitionSpec(
+                num_clients=num_clients, alpha=alpha, min_samples_per_client=min_samples, test_set=test_set
+            )
             return FederatedData.build(dataset, spec, 1, device=device), alpha, min_samples
         except PartitionError:
             if min_samples > 2:
@@ -142,13 +148,17 @@ def bench_data(dataset: Dataset, num_clients: int, test_set: TestSet,
 BENCH_TRAIN = TrainSettings(batch_size=10, local_epochs=1, lr=0.1, rounds=1)  # rounds: as recorded so far
 
 
-def bench_model(data: FederatedData, algorithm: str, seed: int,
-                device: torch.device) -> tuple[UnitModel, dict[str, torch.Tensor], Algorithm]:
+def bench_model(
+    data: FederatedData, algorithm: str, seed: int, device: torch.device
+) -> tuple[UnitModel, dict[str, torch.Tensor], Algorithm]:
     """The benchmark's FedAvgCNN, its seeded Theta^0 (as every run makes it) and ``algorithm``
     with default settings."""
     model, init = initial_model("fedavg_cnn", data, seed, device)
-    return model, init, build_algorithm(algorithm, load_config(None, []).algorithm_sections(), BENCH_TRAIN,
-                                        model.units())
+    return (
+        model,
+        init,
+        build_algorithm(algorithm, load_config(None, []).algorithm_sections(), BENCH_TRAIN, model.units()),
+    )
 
 
 def driver_rounds(rounds: int, final_pass: bool) -> int:
@@ -158,10 +168,20 @@ def driver_rounds(rounds: int, final_pass: bool) -> int:
     return rounds if final_pass else rounds + 1
 
 
-def bench_session(algorithm: Algorithm, init: dict[str, torch.Tensor], summaries: list[ClientSummary], *,
-                  num_clients: int, rounds: int, final_pass: bool, seed: int = 0, join_ratio: float = 1.0,
-                  global_evaluation: GlobalEvaluation | None = None, store: ClientStore | None = None,
-                  callbacks: Sequence[Callback] = ()) -> RunSession:
+def bench_session(
+    algorithm: Algorithm,
+    init: dict[str, torch.Tensor],
+    summaries: list[ClientSummary],
+    *,
+    num_clients: int,
+    rounds: int,
+    final_pass: bool,
+    seed: int = 0,
+    join_ratio: float = 1.0,
+    global_evaluation: GlobalEvaluation | None = None,
+    store: ClientStore | None = None,
+    callbacks: Sequence[Callback] = (),
+) -> RunSession:
     """The one way a benchmark (``pflkit bench``, ``bench --scale``, ``benchmarks/*.py``) opens a
     run: a fresh session of ``algorithm`` from ``init``, every round evaluated, that the benchmark
     steps ``rounds`` times (``session.step``, or ``next_plan`` and ``finish``) and times.
@@ -173,20 +193,34 @@ def bench_session(algorithm: Algorithm, init: dict[str, torch.Tensor], summaries
     schedule is the same: every round is evaluated). True: the driver's last training round is
     ``rounds`` and one more step runs the final pass, as a real run does. ``store`` and
     ``callbacks`` go to :meth:`RunSession.open` (the disk store, a checkpoint every round)."""
-    driver = RoundDriver(algorithm, num_clients=num_clients, seed=seed, rounds=driver_rounds(rounds, final_pass),
-                         join_ratio=join_ratio, eval_every=1, global_evaluation=global_evaluation)
+    driver = RoundDriver(
+        algorithm,
+        num_clients=num_clients,
+        seed=seed,
+        rounds=driver_rounds(rounds, final_pass),
+        join_ratio=join_ratio,
+        eval_every=1,
+        global_evaluation=global_evaluation,
+    )
     return RunSession.open(driver, init, summaries, store=store, callbacks=callbacks)
 
 
-def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
-                    device: torch.device) -> dict[str, Any]:
+def bench_partition(
+    dataset: Dataset, num_clients: int, settings: BenchSettings, device: torch.device
+) -> dict[str, Any]:
     """Alternate the engines round by round for each algorithm on one partition."""
     data, alpha, min_samples = bench_data(dataset, num_clients, settings.test_set, device)
     train = BENCH_TRAIN
     summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     train_samples = sum(c.num_train for c in data.clients)
-    out: dict[str, Any] = {"num_clients": num_clients, "train_samples": train_samples, "alpha": alpha,
-                           "min_samples_per_client": min_samples, "test_set": settings.test_set, "algorithms": {}}
+    out: dict[str, Any] = {
+        "num_clients": num_clients,
+        "train_samples": train_samples,
+        "alpha": alpha,
+        "min_samples_per_client": min_samples,
+        "test_set": settings.test_set,
+        "algorithms": {},
+    }
     if data.global_test is not None:
         out["global_test_size"] = len(data.global_test[1])
     for name in settings.algorithms:
@@ -196,11 +230,28 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
             test = data.global_test
-            evaluation = None if test is None else GlobalEvaluation(
-                model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
-                train.eval_batch_size, workers=getattr(engine, "workers", 1))
-            session = bench_session(alg, init, summaries, num_clients=data.num_clients, rounds=settings.rounds,
-                                    final_pass=False, seed=settings.seed, global_evaluation=evaluation)
+            evaluation = (
+                None
+                if test is None
+                else GlobalEvaluation(
+                    model,
+                    *test,
+                    data.num_classes,
+                    np.stack([data.prior(i) for i in range(data.num_clients)]),
+                    train.eval_batch_size,
+                    workers=getattr(engine, "workers", 1),
+                )
+            )
+            session = bench_session(
+                alg,
+                init,
+                summaries,
+                num_clients=data.num_clients,
+                rounds=settings.rounds,
+                final_pass=False,
+                seed=settings.seed,
+                global_evaluation=evaluation,
+            )
             runs[engine_name] = (on_engine(engine, setup), engine, session, [])
         for t in range(1, settings.rounds + 1):
             order = settings.engines if t % 2 else list(reversed(settings.engines))
@@ -211,16 +262,18 @@ def bench_partition(dataset: Dataset, num_clients: int, settings: BenchSettings,
                 # a training round (final_pass=False): it has a record and its training stats
                 assert record is not None and session.state.pending is not None
                 # the global evaluation of round t-1's state runs inside training round t
-                rows.append({**session.state.pending,
-                             **{k: v for k, v in record.items() if k == "global_eval_seconds"}})
+                rows.append(
+                    {**session.state.pending, **{k: v for k, v in record.items() if k == "global_eval_seconds"}}
+                )
         per_engine = {}
         for engine_name, (_execute, engine, session, rows) in runs.items():
             state = session.state
             engine.close()
             steady = rows[2:] if len(rows) > 2 else rows[1:]
             seconds = statistics.median(r["seconds"] for r in steady)
-            client_compute = [r.get("init_seconds", 0) + r.get("train_seconds", 0) + r.get("eval_seconds", 0)
-                              for r in steady]
+            client_compute = [
+                r.get("init_seconds", 0) + r.get("train_seconds", 0) + r.get("eval_seconds", 0) for r in steady
+            ]
             parallelism = getattr(engine, "workers", 1)
             train_busy = statistics.median(r.get("train_seconds", 0) for r in steady) / parallelism
             entry = {
@@ -270,17 +323,25 @@ def run_bench(settings: BenchSettings, echo: Callable[[str], None] = print) -> d
     xs, ys = dataset.x[:4000].to(device), dataset.y[:4000].to(device)
     report: dict[str, Any] = {
         "settings": {**settings.__dict__, "workers": workers, "dataset": dataset.name},
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "torch": torch.__version__, "cpus": default_workers()},
-        "limits_before": {"1_thread": single_model_limits(xs, ys, 1),
-                          f"{workers}_threads": single_model_limits(xs, ys, workers)},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "torch": torch.__version__,
+            "cpus": default_workers(),
+        },
+        "limits_before": {
+            "1_thread": single_model_limits(xs, ys, 1),
+            f"{workers}_threads": single_model_limits(xs, ys, workers),
+        },
         "partitions": [],
     }
     for n in settings.clients:
         echo(f"benchmarking {n} clients ...")
         report["partitions"].append(bench_partition(dataset, n, settings, device))
-    report["limits_after"] = {"1_thread": single_model_limits(xs, ys, 1),
-                              f"{workers}_threads": single_model_limits(xs, ys, workers)}
+    report["limits_after"] = {
+        "1_thread": single_model_limits(xs, ys, 1),
+        f"{workers}_threads": single_model_limits(xs, ys, workers),
+    }
     return report
 
 
@@ -288,11 +349,15 @@ def format_report(report: dict[str, Any]) -> str:
     workers = report["settings"]["workers"]
     limit = np.median([report[k][f"{workers}_threads"]["train_batch500"] for k in ("limits_before", "limits_after")])
     limit10 = np.median([report[k]["1_thread"]["train_batch10"] for k in ("limits_before", "limits_after")])
-    lines = [f"single model, same run: batch-10 training {limit10:.0f} samples/s (1 thread); "
-             f"batch-500 training {limit:.0f} samples/s ({workers} threads) = the large-batch limit"]
-    header = f"{'clients':>7}  {'algorithm':<9} {'engine':<9} {'s/round':>8} {'speedup':>8} " \
-             f"{'round smp/s':>11} {'% of limit':>10} {'training smp/s':>14} {'% of limit':>10} " \
-             f"{'init share':>10} {'start round':>11}"
+    lines = [
+        f"single model, same run: batch-10 training {limit10:.0f} samples/s (1 thread); "
+        f"batch-500 training {limit:.0f} samples/s ({workers} threads) = the large-batch limit"
+    ]
+    header = (
+        f"{'clients':>7}  {'algorithm':<9} {'engine':<9} {'s/round':>8} {'speedup':>8} "
+        f"{'round smp/s':>11} {'% of limit':>10} {'training smp/s':>14} {'% of limit':>10} "
+        f"{'init share':>10} {'start round':>11}"
+    )
     lines += [header, "-" * len(header)]
     for part in report["partitions"]:
         for alg, engines in part["algorithms"].items():
@@ -302,16 +367,22 @@ def format_report(report: dict[str, Any]) -> str:
                 fedavg = part["algorithms"].get("fedavg", {}).get(eng, {}).get("median_round_seconds")
                 start_txt = f"{start / fedavg:.2f} rnd" if start and fedavg else "-"
                 training = e.get("training_samples_per_second") or float("nan")
-                lines.append(f"{part['num_clients']:>7}  {alg:<9} {eng:<9} {e['median_round_seconds']:>8.2f} "
-                             f"{speed:>7.2f}x {e['train_samples_per_second']:>11.0f} "
-                             f"{100 * e['train_samples_per_second'] / limit:>9.0f}% {training:>14.0f} "
-                             f"{100 * training / limit:>9.0f}% {100 * e['init_share']:>9.1f}% {start_txt:>11}")
+                lines.append(
+                    f"{part['num_clients']:>7}  {alg:<9} {eng:<9} {e['median_round_seconds']:>8.2f} "
+                    f"{speed:>7.2f}x {e['train_samples_per_second']:>11.0f} "
+                    f"{100 * e['train_samples_per_second'] / limit:>9.0f}% {training:>14.0f} "
+                    f"{100 * training / limit:>9.0f}% {100 * e['init_share']:>9.1f}% {start_txt:>11}"
+                )
                 if "global_eval_share" in e:
-                    lines.append(f"{'':>7}  global-model evaluation on the {part['global_test_size']} official test "
-                                 f"samples: {e['global_eval_seconds']:.2f} s, {100 * e['global_eval_share']:.1f}% "
-                                 "of the round (median)")
-        lines.append(f"{'':>7}  Dir({part['alpha']:g}), min {part['min_samples_per_client']} samples/client, "
-                     f"{part['train_samples']} training samples; peak RSS {part['peak_rss_mb']:.0f} MB")
+                    lines.append(
+                        f"{'':>7}  global-model evaluation on the {part['global_test_size']} official test "
+                        f"samples: {e['global_eval_seconds']:.2f} s, {100 * e['global_eval_share']:.1f}% "
+                        "of the round (median)"
+                    )
+        lines.append(
+            f"{'':>7}  Dir({part['alpha']:g}), min {part['min_samples_per_client']} samples/client, "
+            f"{part['train_samples']} training samples; peak RSS {part['peak_rss_mb']:.0f} MB"
+        )
     return "\n".join(lines)
 
 

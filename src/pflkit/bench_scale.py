@@ -66,6 +66,7 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
 
     def limit() -> float:
         return single_model_limits(xs, ys, 1)["train_batch10"] if settings.measure_limits else float("nan")
+
     limit_before = limit()
     spec = PartitionSpec(method="label_dirichlet", num_clients=num_clients, alpha=0.1)
     data = FederatedData.build(dataset, spec, 1, device=device)
@@ -78,35 +79,62 @@ def scale_cell(settings: ScaleSettings, num_clients: int, state_dir: Path) -> di
         for engine_name in settings.engines:
             model, init, alg = bench_model(data, name, settings.seed, device)
             folder = state_dir / f"{name}-{engine_name}"
-            store = DiskStateStore(folder / "states", num_clients, functools.partial(alg.init_client, init),
-                                   cache=min(64, max(1, int(join * num_clients))), device=device)
+            store = DiskStateStore(
+                folder / "states",
+                num_clients,
+                functools.partial(alg.init_client, init),
+                cache=min(64, max(1, int(join * num_clients))),
+                device=device,
+            )
             engine = build_engine(engine_name, workers=settings.workers, device=device.type)
-            session = bench_session(alg, init, summaries, num_clients=num_clients, rounds=settings.rounds,
-                                    final_pass=False, seed=settings.seed, join_ratio=join, store=store,
-                                    callbacks=[Checkpointer(folder / "checkpoint.pt", every=1)])
+            session = bench_session(
+                alg,
+                init,
+                summaries,
+                num_clients=num_clients,
+                rounds=settings.rounds,
+                final_pass=False,
+                seed=settings.seed,
+                join_ratio=join,
+                store=store,
+                callbacks=[Checkpointer(folder / "checkpoint.pt", every=1)],
+            )
             setup = RoundSetup(alg, data, model, model.units(), train, settings.seed)
             runs[(name, engine_name)] = (on_engine(engine, setup), engine, session, store, folder, [])
     order = list(runs)
     for t in range(1, settings.rounds + 1):
-        for key in (order if t % 2 else list(reversed(order))):
+        for key in order if t % 2 else list(reversed(order)):
             execute, engine, session, store, folder, rows = runs[key]
             jobs: list[int] = []
 
-            def counted(round_jobs: list[ClientJob], round: int, execute: RunJobs = execute,
-                        jobs: list[int] = jobs) -> Iterable[ClientResult]:
+            def counted(
+                round_jobs: list[ClientJob], round: int, execute: RunJobs = execute, jobs: list[int] = jobs
+            ) -> Iterable[ClientResult]:
                 jobs.extend(job.client_id for job in round_jobs)
                 return execute(round_jobs, round)
+
             t0 = time.perf_counter()
             session.step(counted)  # the round, then its checkpoint
             _sync(device)
-            rows.append({**session.state.pending, "seconds_with_checkpoint": time.perf_counter() - t0,
-                         "samples": sum(data.clients[j].num_train for j in jobs), "participants": len(jobs)})
+            rows.append(
+                {
+                    **session.state.pending,
+                    "seconds_with_checkpoint": time.perf_counter() - t0,
+                    "samples": sum(data.clients[j].num_train for j in jobs),
+                    "participants": len(jobs),
+                }
+            )
     limit_after = limit()
     rate = (limit_before + limit_after) / 2
-    out: dict[str, Any] = {"num_clients": num_clients, "join_ratio": join,
-                           "samples_per_client": data.clients[0].num_train,
-                           "train_samples": sum(c.num_train for c in data.clients),
-                           "limit_batch10_before": limit_before, "limit_batch10_after": limit_after, "runs": {}}
+    out: dict[str, Any] = {
+        "num_clients": num_clients,
+        "join_ratio": join,
+        "samples_per_client": data.clients[0].num_train,
+        "train_samples": sum(c.num_train for c in data.clients),
+        "limit_batch10_before": limit_before,
+        "limit_batch10_after": limit_after,
+        "runs": {},
+    }
     for (name, engine_name), (_execute, engine, _session, store, folder, rows) in runs.items():
         engine.close()
         steady = rows[2:] if name != "fedavg" and len(rows) > 2 else rows[1:] or rows
@@ -137,12 +165,17 @@ def run_scale_bench(settings: ScaleSettings, echo: Callable[[str], None] = print
     with tempfile.TemporaryDirectory(prefix="pflkit-scale-", dir=settings.state_dir) as tmp:
         for n in settings.clients:
             echo(f"scale: {n} clients ...")
-            code = ("import json, sys; from pathlib import Path; from pflkit.bench_scale import ScaleSettings, "
-                    "scale_cell; s = ScaleSettings(**json.loads(sys.argv[1])); "
-                    "print(json.dumps(scale_cell(s, int(sys.argv[2]), Path(sys.argv[3]))))")
+            code = (
+                "import json, sys; from pathlib import Path; from pflkit.bench_scale import ScaleSettings, "
+                "scale_cell; s = ScaleSettings(**json.loads(sys.argv[1])); "
+                "print(json.dumps(scale_cell(s, int(sys.argv[2]), Path(sys.argv[3]))))"
+            )
             cell_dir = Path(tmp) / f"clients{n}"
-            proc = subprocess.run([sys.executable, "-c", code, json.dumps(asdict(settings)), str(n), str(cell_dir)],
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-c", code, json.dumps(asdict(settings)), str(n), str(cell_dir)],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
                 raise RuntimeError(f"scale benchmark with {n} clients failed:\n{proc.stderr[-3000:]}")
             report["cells"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -159,16 +192,20 @@ def run_scale_bench(settings: ScaleSettings, echo: Callable[[str], None] = print
 
 def format_scale_report(report: dict[str, Any]) -> str:
     first = report["cells"][0]["num_clients"]
-    header = (f"{'clients':>7} {'run':<16} {'clients/rnd':>11} {'samples/rnd':>11} {'s/round':>8} "
-              f"{'s/1k smp':>8} {f'x vs {first}':>9} {'normalized':>10} {'ms/client':>9} {'state MB':>9} "
-              f"{'peak RSS MB':>11}")
+    header = (
+        f"{'clients':>7} {'run':<16} {'clients/rnd':>11} {'samples/rnd':>11} {'s/round':>8} "
+        f"{'s/1k smp':>8} {f'x vs {first}':>9} {'normalized':>10} {'ms/client':>9} {'state MB':>9} "
+        f"{'peak RSS MB':>11}"
+    )
     lines = [header, "-" * len(header)]
     for cell in report["cells"]:
         for key, run in cell["runs"].items():
-            lines.append(f"{cell['num_clients']:>7} {key:<16} {run['participants']:>11} "
-                         f"{run['samples_per_round']:>11.0f} "
-                         f"{run['median_round_seconds']:>8.2f} {run['seconds_per_1k_samples']:>8.3f} "
-                         f"{run['cost_per_sample_vs_first']:>8.2f}x {run['normalized_vs_first']:>9.2f}x "
-                         f"{run['per_client_overhead_ms']:>9.1f} {run['state_bytes_on_disk'] / 1e6:>9.1f} "
-                         f"{cell['peak_rss_mb']:>11.0f}")
+            lines.append(
+                f"{cell['num_clients']:>7} {key:<16} {run['participants']:>11} "
+                f"{run['samples_per_round']:>11.0f} "
+                f"{run['median_round_seconds']:>8.2f} {run['seconds_per_1k_samples']:>8.3f} "
+                f"{run['cost_per_sample_vs_first']:>8.2f}x {run['normalized_vs_first']:>9.2f}x "
+                f"{run['per_client_overhead_ms']:>9.1f} {run['state_bytes_on_disk'] / 1e6:>9.1f} "
+                f"{cell['peak_rss_mb']:>11.0f}"
+            )
     return "\n".join(lines)

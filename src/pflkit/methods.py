@@ -53,5 +53,15 @@ def build_algorithm(name: str, sections: Mapping[str, Settings], train: TrainSet
     return REGISTRY.build(name, sections, train, units)
 
 
-__all__ = ["ENTRY_POINT_GROUP", "REGISTRY", "Registry", "Resolved", "available", "build_algorithm", "config_sections",
-           "method_class", "parse_name", "resolve"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "REGISTRY",
+    "Registry",
+    "Resolved",
+    "available",
+    "build_algorithm",
+    "config_sections",
+    "method_class",
+    "parse_name",
+    "resolve",
+]

@@ -30,13 +30,23 @@ def test_fedamp_and_apple_refuse_partial_participation():
 # ---------------------------------------------------------------- rounds through run_client
 
 
-ROUND_METHODS = ["local", "fedavgc", "fedproxc", "fedamp", "fedfomo", "apple", "fedavgc+ala", "fedproxc+ala",
-                 "fedamp+ala"]
+ROUND_METHODS = [
+    "local",
+    "fedavgc",
+    "fedproxc",
+    "fedamp",
+    "fedfomo",
+    "apple",
+    "fedavgc+ala",
+    "fedproxc+ala",
+    "fedamp+ala",
+]
 
 
 @pytest.mark.parametrize("name", ROUND_METHODS)
 def test_two_rounds_through_run_client_change_what_each_method_trains(name):
     from pflkit.data.federated import FederatedData
+
     ctx = tiny_context(n_train=30)
     other = tiny_context(n_train=20, seed=1)
     other.data.client_id = 1
@@ -44,8 +54,10 @@ def test_two_rounds_through_run_client_change_what_each_method_trains(name):
     alg = build(name, ctx, "fedala.max_start_epochs=3")
     init = params_of(ctx, 1)
     setup = RoundSetup(alg, data, ctx.model, ctx.units, ctx.train, seed=0)
-    server = alg.prepare(alg.init_server(init), [ClientSummary(i, c.num_train, data.train_label_counts(i))
-                                                for i, c in enumerate(data.clients)])
+    server = alg.prepare(
+        alg.init_server(init),
+        [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)],
+    )
     states = {i: alg.init_client(init, i) for i in range(2)}
     for t in (1, 2):
         results = [run_client(setup, ClientJob(i, alg.downlink(server, i, t), states[i], True), t) for i in range(2)]
@@ -132,15 +144,18 @@ def test_nan_loss_names_the_method_and_stage():
         build("fedavgc", ctx).local_init({"global": init}, {"model": init}, ctx)
 
 
-@pytest.mark.parametrize("name,overrides,stage", [
-    ("perfedavg", [], "local training"),
-    ("perfedavg", ["perfedavg.hessian_free=true"], "local training"),
-    ("pfedme", [], "personalised inner steps"),
-    ("fedphp", [], "knowledge transfer"),
-    ("fedphp", ["fedphp.kt='kd'"], "knowledge transfer"),
-    ("partialfed", [], "model batches"),
-    ("partialfed", ["partialfed.model_batches=0"], "strategy training"),
-])
+@pytest.mark.parametrize(
+    "name,overrides,stage",
+    [
+        ("perfedavg", [], "local training"),
+        ("perfedavg", ["perfedavg.hessian_free=true"], "local training"),
+        ("pfedme", [], "personalised inner steps"),
+        ("fedphp", [], "knowledge transfer"),
+        ("fedphp", ["fedphp.kt='kd'"], "knowledge transfer"),
+        ("partialfed", [], "model batches"),
+        ("partialfed", ["partialfed.model_batches=0"], "strategy training"),
+    ],
+)
 def test_nan_loss_raises_naming_the_stage(name, overrides, stage):
     ctx = tiny_context(n_train=10)
     ctx.data.train_x[3] = float("nan")
@@ -171,6 +186,9 @@ def test_batch_norm_statistics_stay_local_unless_asked_and_the_server_averages_t
     key = "bn1.running_mean"
     a = {**params, key: torch.ones(64)}
     b = {**params, key: torch.zeros(64)}
-    merged = alg.aggregate(alg.init_server(params), [{"params": a, "num_samples": 1, "client_id": 0},
-                                                     {"params": b, "num_samples": 3, "client_id": 1}], 1)
+    merged = alg.aggregate(
+        alg.init_server(params),
+        [{"params": a, "num_samples": 1, "client_id": 0}, {"params": b, "num_samples": 3, "client_id": 1}],
+        1,
+    )
     torch.testing.assert_close(merged["global"][key], torch.full((64,), 0.25))

@@ -48,8 +48,9 @@ def assert_close_records(a: list[dict], b: list[dict], rel: float) -> None:
 def test_an_outside_method_runs_on_every_engine_and_under_ala(mylab, tmp_path):
     runs = {}
     for engine in ("loop", "parallel", "vmap"):
-        config = load_config(None, FAST + [f"algorithms={json.dumps(METHODS)}", f"engine={engine}",
-                                           "fedper.head_units=1"])
+        config = load_config(
+            None, FAST + [f"algorithms={json.dumps(METHODS)}", f"engine={engine}", "fedper.head_units=1"]
+        )
         run_experiment(config, tmp_path / engine, progress=False, echo=lambda s: None)
         runs[engine] = records(tmp_path / engine)
     assert {r["algorithm"] for r in runs["loop"]} == set(METHODS)
@@ -57,8 +58,10 @@ def test_an_outside_method_runs_on_every_engine_and_under_ala(mylab, tmp_path):
         assert_close_records(runs[engine], runs["loop"], rel=1e-4)
     # FedPer keeps its head: after training, the clients' heads differ and their bodies came from one model
     checkpoint = torch.load(tmp_path / "loop" / "checkpoints" / "mylab_methods:FedPer-seed0.pt", weights_only=True)
-    heads = [c["model"]["head.weight"] if "head.weight" in c["model"] else list(c["model"].values())[-2]
-             for c in checkpoint["clients"].values()]
+    heads = [
+        c["model"]["head.weight"] if "head.weight" in c["model"] else list(c["model"].values())[-2]
+        for c in checkpoint["clients"].values()
+    ]
     assert not torch.equal(heads[0], heads[1])
     # +ala learned weights on the top body unit (the head is personal, so not downloaded)
     summary = json.loads((tmp_path / "loop" / "summary.json").read_text())
@@ -69,8 +72,13 @@ def test_an_outside_method_runs_on_every_engine_and_under_ala(mylab, tmp_path):
 def test_an_outside_method_runs_in_a_sweep(mylab, tmp_path):
     from pflkit.run.sweep import run_sweep
 
-    record = run_sweep(None, FAST + ['algorithms=["mylab_methods:FedPer"]', "fedper.head_units=[1,2]"],
-                       tmp_path / "sweep", progress=False, echo=lambda s: None)
+    record = run_sweep(
+        None,
+        FAST + ['algorithms=["mylab_methods:FedPer"]', "fedper.head_units=[1,2]"],
+        tmp_path / "sweep",
+        progress=False,
+        echo=lambda s: None,
+    )
     assert sorted(c["folder"] for c in record["cells"]) == ["fedper.head_units=1", "fedper.head_units=2"]
     best = [c["summary"]["mylab_methods:FedPer"]["best_accuracy"] for c in record["cells"]]
     assert best[0] != best[1]  # the section's setting reached the method
@@ -99,33 +107,40 @@ def test_an_installed_entry_point_names_a_method(mylab, monkeypatch):
     config = load_config(None, FAST + ['algorithms=["fedper_ep", "fedper_ep+ala"]', "fedper.head_units=2"])
     assert config.fedper.head_units == 2
     assert "fedper_ep" in REGISTRY.available()
-    alg = build_algorithm("fedper_ep+ala", config.algorithm_sections(), config.train,
-                          [("body", ["w"]), ("head", ["h"])])
+    alg = build_algorithm(
+        "fedper_ep+ala", config.algorithm_sections(), config.train, [("body", ["w"]), ("head", ["h"])]
+    )
     assert alg.name == "fedper_ep+ala" and alg.base.settings.head_units == 2
 
 
 @pytest.mark.parametrize("first", ["pflkit.algorithms", "pflkit.personalize", "pflkit.config", "pflkit.methods"])
 def test_the_registry_needs_no_import_order(first):
     """Whatever was imported before, pflkit.methods resolves every name, ``fedala`` included."""
-    code = (f"import {first}; from pflkit.methods import build_algorithm, available; "
-            "from pflkit.algorithms import TrainSettings; "
-            "a = build_algorithm('fedala', {}, TrainSettings(), [('conv', ['c.w']), ('fc', ['f.w', 'f.b'])]); "
-            "assert type(a).__name__ == 'WithALA' and 'fedprox+ala' in available(), a; "
-            "print(len(available()))")
+    code = (
+        f"import {first}; from pflkit.methods import build_algorithm, available; "
+        "from pflkit.algorithms import TrainSettings; "
+        "a = build_algorithm('fedala', {}, TrainSettings(), [('conv', ['c.w']), ('fc', ['f.w', 'f.b'])]); "
+        "assert type(a).__name__ == 'WithALA' and 'fedprox+ala' in available(), a; "
+        "print(len(available()))"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert int(out) == len(REGISTRY.available())
 
 
-@pytest.mark.parametrize("name, message", [
-    ("nowhere_module:Thing", "module 'nowhere_module' cannot be imported"),
-    ("mylab_bad:Missing", "has no 'Missing'"),
-    ("mylab_bad:NotAMethod", "is not a subclass of pflkit.algorithms.Algorithm"),
-    ("mylab_bad:Nameless", "needs a class attribute name"),
-    ("mylab_bad:Clash", "already a section of pflkit's methods"),
-    ("mylab_bad", "unknown algorithm 'mylab_bad'"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("nowhere_module:Thing", "module 'nowhere_module' cannot be imported"),
+        ("mylab_bad:Missing", "has no 'Missing'"),
+        ("mylab_bad:NotAMethod", "is not a subclass of pflkit.algorithms.Algorithm"),
+        ("mylab_bad:Nameless", "needs a class attribute name"),
+        ("mylab_bad:Clash", "already a section of pflkit's methods"),
+        ("mylab_bad", "unknown algorithm 'mylab_bad'"),
+    ],
+)
 def test_bad_method_references_are_named(tmp_path, monkeypatch, name, message):
-    (tmp_path / "mylab_bad.py").write_text(textwrap.dedent("""
+    (tmp_path / "mylab_bad.py").write_text(
+        textwrap.dedent("""
         from pflkit.algorithms import Algorithm
 
 
@@ -139,7 +154,8 @@ def test_bad_method_references_are_named(tmp_path, monkeypatch, name, message):
 
         class Clash(Algorithm):
             name = "fedprox"
-        """))
+        """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "mylab_bad", raising=False)
     with pytest.raises(ConfigError, match=message):
@@ -177,6 +193,7 @@ def test_every_hook_ala_does_not_change_is_the_bases():
         def method(self, *args, **kwargs):
             called.append(hook)
             return sentinel
+
         return method
 
     # ala_target is read when ALA is set up (below); every other hook is called through the wrapper

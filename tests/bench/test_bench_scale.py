@@ -15,8 +15,16 @@ from pflkit.cli import main
 @pytest.mark.integration
 @pytest.mark.slow
 def test_scale_bench_reports_cost_memory_and_state_bytes(tmp_path) -> None:
-    settings = ScaleSettings(clients=[4, 8], engines=["parallel", "loop"], algorithms=["fedala"], rounds=3,
-                             participants=4, samples=800, measure_limits=False, state_dir=str(tmp_path))
+    settings = ScaleSettings(
+        clients=[4, 8],
+        engines=["parallel", "loop"],
+        algorithms=["fedala"],
+        rounds=3,
+        participants=4,
+        samples=800,
+        measure_limits=False,
+        state_dir=str(tmp_path),
+    )
     report = run_scale_bench(settings, echo=lambda s: None)
     assert [cell["num_clients"] for cell in report["cells"]] == settings.clients  # one cell per size, in order
     small, large = report["cells"]
@@ -36,13 +44,16 @@ def test_scale_bench_reports_cost_memory_and_state_bytes(tmp_path) -> None:
             assert run["median_round_seconds"] == statistics.median(seconds[2:])
             assert run["participants"] == 4 and run["samples_per_round"] == 4 * cell["samples_per_client"]
             assert run["seconds_per_1k_samples"] == pytest.approx(
-                1000 * run["median_round_seconds"] / run["samples_per_round"], rel=1e-12)
+                1000 * run["median_round_seconds"] / run["samples_per_round"], rel=1e-12
+            )
             # the cost ratios are against the first cell's run of the same key, recomputed from the timings
             assert run["cost_per_sample_vs_first"] == pytest.approx(
-                run["seconds_per_1k_samples"] / ref["seconds_per_1k_samples"], rel=1e-12)
+                run["seconds_per_1k_samples"] / ref["seconds_per_1k_samples"], rel=1e-12
+            )
             expected = ref["median_round_seconds"] * run["samples_per_round"] / ref["samples_per_round"]
             assert run["per_client_overhead_ms"] == pytest.approx(
-                1000 * (run["median_round_seconds"] - expected) / run["participants"], rel=1e-9, abs=1e-9)
+                1000 * (run["median_round_seconds"] - expected) / run["participants"], rel=1e-9, abs=1e-9
+            )
             # no single-model rates were measured: the normalized figures are NaN, not made-up numbers
             assert math.isnan(run["normalized_round"]) and math.isnan(run["normalized_vs_first"])
             # every trained client has exactly one state file after the round's checkpoint (older versions

@@ -35,8 +35,14 @@ def test_digits_demo_config_is_the_default_experiment():
     assert {**to_dict(shipped), "model": None} == {**to_dict(default), "model": None}
 
 
-SHAPES = {"digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10), "cifar10": ((3, 32, 32), 10),
-          "cifar100": ((3, 32, 32), 100), "tiny_imagenet": ((3, 64, 64), 200), "agnews": ((200,), 4)}
+SHAPES = {
+    "digits": ((1, 8, 8), 10),
+    "mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "tiny_imagenet": ((3, 64, 64), 200),
+    "agnews": ((200,), 4),
+}
 
 
 @pytest.mark.parametrize("path", sorted(CONFIGS.rglob("*.toml")), ids=lambda p: p.name)
@@ -119,8 +125,14 @@ FEDACD_METHODS = {"fedavg", "fedprox", "fednova", "fedrod", "creff", "fedntd", "
 def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
     cfg = load_config(path, ["data_dir='/x'"])
     p, t = cfg.partition, cfg.train
-    assert (p.test_set, t.batch_size, t.lr, t.momentum, t.rounds, p.balance_cap) == \
-        ("official", 64, 0.01, 0.9, 200, False)
+    assert (p.test_set, t.batch_size, t.lr, t.momentum, t.rounds, p.balance_cap) == (
+        "official",
+        64,
+        0.01,
+        0.9,
+        200,
+        False,
+    )
     assert cfg.partition.min_samples_per_client == 0 and len(cfg.seeds) == 5 and set(cfg.algorithms) <= FEDACD_METHODS
     assert cfg.model == ("resnet18_gn" if cfg.dataset == "tiny_imagenet" else "conv2cifar")  # FedNH's lineage
     assert cfg.fednh.scale == (20.0 if cfg.dataset == "tiny_imagenet" else 1.0)  # FedNH's ResNetModNH / its CNN
@@ -134,10 +146,12 @@ def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
 
 
 # spec §4.12 (paper Appendix A): model -> (rounds, join ratio, batch, epochs, lr, momentum, FedProx mu)
-SOSICFL_SETTINGS = {"simple_cnn": (500, 0.3, 50, 5, 0.02, 0.5, 0.01),
-                    "squeezenet1_1": (500, 0.1, 32, 1, 0.001, 0.9, 0.1),
-                    "mobilenet_v2": (500, 0.1, 64, 5, 0.01, 0.9, 0.1),
-                    "resnet18": (200, 0.1, 32, 5, 0.01, 0.9, 0.001)}
+SOSICFL_SETTINGS = {
+    "simple_cnn": (500, 0.3, 50, 5, 0.02, 0.5, 0.01),
+    "squeezenet1_1": (500, 0.1, 32, 1, 0.001, 0.9, 0.1),
+    "mobilenet_v2": (500, 0.1, 64, 5, 0.01, 0.9, 0.1),
+    "resnet18": (200, 0.1, 32, 5, 0.01, 0.9, 0.001),
+}
 
 
 @pytest.mark.parametrize("path", sorted((CONFIGS / "paper").glob("sosicfl-*.toml")), ids=lambda p: p.stem)
@@ -146,8 +160,13 @@ def test_sosicfl_configs_have_the_papers_setting_and_name_their_table(path):
     mu = cfg.fedprox.mu if "fedprox" in cfg.algorithms else SOSICFL_SETTINGS[cfg.model][-1]  # no FedProx, no [fedprox]
     p, t, r = cfg.partition, cfg.train, cfg.run
     assert (t.rounds, r.join_ratio, t.batch_size, t.local_epochs, t.lr, t.momentum, mu) == SOSICFL_SETTINGS[cfg.model]
-    assert (p.test_set, p.num_clients, r.eval_every, r.eval_all_clients, len(cfg.seeds)) == \
-        ("official", 100, 10, True, 5)
+    assert (p.test_set, p.num_clients, r.eval_every, r.eval_all_clients, len(cfg.seeds)) == (
+        "official",
+        100,
+        10,
+        True,
+        5,
+    )
     assert p.method in ("kfold", "label_dirichlet")
     if "fig7" not in path.name:
         expected = {(2, "kfold"): (2, 0.6), (5, "kfold"): (5, 0.4)}.get((p.num_folds, p.method), (10, 0.4))
@@ -162,8 +181,18 @@ def test_sosicfl_configs_have_the_papers_setting_and_name_their_table(path):
 
 def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
     with caplog.at_level("WARNING", logger="pflkit.config"):
-        load_config(None, ["partition=iid", "classes_per_client=3", "fedala.p=3", 'algorithms=["fedavg"]',
-                           "num_folds=3", 'test_set="client_split"', "train_fraction=0.5"])
+        load_config(
+            None,
+            [
+                "partition=iid",
+                "classes_per_client=3",
+                "fedala.p=3",
+                'algorithms=["fedavg"]',
+                "num_folds=3",
+                'test_set="client_split"',
+                "train_fraction=0.5",
+            ],
+        )
     text = caplog.text
     assert "classes_per_client = 3 is not used: only partition = pathological reads it" in text
     assert "num_folds = 3 is not used: only partition = kfold reads it" in text
@@ -171,8 +200,16 @@ def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
     assert "train_fraction" not in text  # client_split reads it
     caplog.clear()
     with caplog.at_level("WARNING", logger="pflkit.config"):
-        load_config(None, ["partition=pathological", "classes_per_client=3", "fedala.p=2", "sosicfl.num_endpoints=4",
-                           'algorithms=["fedprox+ala", "sosicfl_all"]'])
+        load_config(
+            None,
+            [
+                "partition=pathological",
+                "classes_per_client=3",
+                "fedala.p=2",
+                "sosicfl.num_endpoints=4",
+                'algorithms=["fedprox+ala", "sosicfl_all"]',
+            ],
+        )
     assert "not used" not in caplog.text  # +ala reads [fedala]; sosicfl_all reads [sosicfl]
     caplog.clear()
     with caplog.at_level("WARNING", logger="pflkit.config"):  # a file's sections for methods not run now
@@ -180,8 +217,10 @@ def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
     assert "not used" not in caplog.text
     # read in less obvious places: PFLlib's iid is its pathological rule; the official split still sizes
     # PFLlib's default minimum of a Dirichlet partition with train_fraction
-    for read in (["partition=iid", 'partition_rng="pfllib"', "balanced=true"],
-                 ['test_set="official"', "partition=dirichlet", "train_fraction=0.9"]):
+    for read in (
+        ["partition=iid", 'partition_rng="pfllib"', "balanced=true"],
+        ['test_set="official"', "partition=dirichlet", "train_fraction=0.9"],
+    ):
         caplog.clear()
         with caplog.at_level("WARNING", logger="pflkit.config"):
             load_config(None, read)
@@ -222,11 +261,22 @@ def test_no_shipped_config_sets_a_key_it_does_not_use(caplog):
 
 
 # ---- sections and their flat aliases ------------------------------------------------------------
-FLAT = {"lr": 0.05, "rounds": 5, "partition": "pathological", "partition_rng": "pfllib", "partition_seed": 1,
-        "num_clients": 10, "classes_per_client": 2, "join_ratio": 0.5, "engine": "loop"}
-NESTED = {"partition": {"method": "pathological", "rng": "pfllib", "seed": 1, "num_clients": 10,
-                        "classes_per_client": 2},
-          "train": {"lr": 0.05, "rounds": 5}, "run": {"join_ratio": 0.5, "engine": "loop"}}
+FLAT = {
+    "lr": 0.05,
+    "rounds": 5,
+    "partition": "pathological",
+    "partition_rng": "pfllib",
+    "partition_seed": 1,
+    "num_clients": 10,
+    "classes_per_client": 2,
+    "join_ratio": 0.5,
+    "engine": "loop",
+}
+NESTED = {
+    "partition": {"method": "pathological", "rng": "pfllib", "seed": 1, "num_clients": 10, "classes_per_client": 2},
+    "train": {"lr": 0.05, "rounds": 5},
+    "run": {"join_ratio": 0.5, "engine": "loop"},
+}
 
 
 def test_every_flat_key_names_a_field_of_its_section():
@@ -242,10 +292,18 @@ def test_flat_and_sectioned_spellings_give_equal_configs(tmp_path):
 
     flat, nested = build_config(FLAT), build_config(NESTED)
     assert flat == nested and to_dict(flat) == to_dict(nested)
-    assert (nested.train.lr, nested.partition.method, nested.partition.rng, nested.partition.seed) == \
-        (0.05, "pathological", "pfllib", 1)
-    assert (nested.partition.num_clients, nested.run.join_ratio, nested.run.engine, nested.train.rounds) == \
-        (10, 0.5, "loop", 5)
+    assert (nested.train.lr, nested.partition.method, nested.partition.rng, nested.partition.seed) == (
+        0.05,
+        "pathological",
+        "pfllib",
+        1,
+    )
+    assert (nested.partition.num_clients, nested.run.join_ratio, nested.run.engine, nested.train.rounds) == (
+        10,
+        0.5,
+        "loop",
+        5,
+    )
     mixed = {"lr": 0.05, "rounds": 5, "partition": NESTED["partition"], "run": NESTED["run"]}
     assert build_config(mixed) == nested
     for name, table in (("flat", FLAT), ("nested", NESTED)):  # and as files
@@ -278,29 +336,35 @@ def test_a_setting_given_both_ways_is_refused_naming_both(tmp_path):
         load_config(path)
 
 
-@pytest.mark.parametrize("overrides, file, line", [
-    (["lr=-1"], "", "  lr: must be > 0.0 (got -1)"),
-    (["train.lr=-1"], "", "  train.lr: must be > 0.0 (got -1)"),
-    ([], "lr = -1\n", "  lr: must be > 0.0 (got -1)"),
-    ([], "[train]\nlr = -1\n", "  train.lr: must be > 0.0 (got -1)"),
-    (["train.lr=-1"], "lr = 0.1\n", "  train.lr: must be > 0.0 (got -1)"),  # the override's spelling
-    (["lr=-1"], "[train]\nlr = 0.1\n", "  lr: must be > 0.0 (got -1)"),
-    (["partition=random"], "", "  partition: must be one of 'iid', 'dirichlet'"),
-    (["partition.method=random"], "", "  partition.method: must be one of 'iid', 'dirichlet'"),
-    (["partition_rng=numpy"], "", "  partition_rng: must be one of 'pflkit' or 'pfllib' (got 'numpy')"),
-    (["join_ratio=1.5"], "", "  join_ratio: must be <= 1.0 (got 1.5)"),
-    ([], "[run]\njoin_ratio = 1.5\n", "  run.join_ratio: must be <= 1.0 (got 1.5)"),
-    (["device=tpu"], "", "  device: device must be cpu, cuda, cuda:N or auto"),
-    (["num_client=3"], "", "  num_client: unknown key (did you mean 'num_clients'?)"),
-    (["partition.num_client=3"], "", "  partition.num_client: unknown key (did you mean 'num_clients'?)"),
-    (["lrr=0.1"], "", "  lrr: unknown key (did you mean 'lr'?)"),
-    (["train.lrr=0.1"], "", "  train.lrr: unknown key (did you mean 'lr'?)"),
-    (['algorithms=["fedamp"]', "join_ratio=0.5"], "", "join_ratio must be 1, got 0.5"),
-    (['algorithms=["fedamp"]', "run.join_ratio=0.5"], "", "run.join_ratio must be 1, got 0.5"),
-    (["metrics.adaptability=true"], "", 'it needs test_set = "official"'),  # not written: its flat key
-    (["metrics.adaptability=true", "partition.test_set='client_split'"], "",
-     'it needs partition.test_set = "official"'),
-])
+@pytest.mark.parametrize(
+    "overrides, file, line",
+    [
+        (["lr=-1"], "", "  lr: must be > 0.0 (got -1)"),
+        (["train.lr=-1"], "", "  train.lr: must be > 0.0 (got -1)"),
+        ([], "lr = -1\n", "  lr: must be > 0.0 (got -1)"),
+        ([], "[train]\nlr = -1\n", "  train.lr: must be > 0.0 (got -1)"),
+        (["train.lr=-1"], "lr = 0.1\n", "  train.lr: must be > 0.0 (got -1)"),  # the override's spelling
+        (["lr=-1"], "[train]\nlr = 0.1\n", "  lr: must be > 0.0 (got -1)"),
+        (["partition=random"], "", "  partition: must be one of 'iid', 'dirichlet'"),
+        (["partition.method=random"], "", "  partition.method: must be one of 'iid', 'dirichlet'"),
+        (["partition_rng=numpy"], "", "  partition_rng: must be one of 'pflkit' or 'pfllib' (got 'numpy')"),
+        (["join_ratio=1.5"], "", "  join_ratio: must be <= 1.0 (got 1.5)"),
+        ([], "[run]\njoin_ratio = 1.5\n", "  run.join_ratio: must be <= 1.0 (got 1.5)"),
+        (["device=tpu"], "", "  device: device must be cpu, cuda, cuda:N or auto"),
+        (["num_client=3"], "", "  num_client: unknown key (did you mean 'num_clients'?)"),
+        (["partition.num_client=3"], "", "  partition.num_client: unknown key (did you mean 'num_clients'?)"),
+        (["lrr=0.1"], "", "  lrr: unknown key (did you mean 'lr'?)"),
+        (["train.lrr=0.1"], "", "  train.lrr: unknown key (did you mean 'lr'?)"),
+        (['algorithms=["fedamp"]', "join_ratio=0.5"], "", "join_ratio must be 1, got 0.5"),
+        (['algorithms=["fedamp"]', "run.join_ratio=0.5"], "", "run.join_ratio must be 1, got 0.5"),
+        (["metrics.adaptability=true"], "", 'it needs test_set = "official"'),  # not written: its flat key
+        (
+            ["metrics.adaptability=true", "partition.test_set='client_split'"],
+            "",
+            'it needs partition.test_set = "official"',
+        ),
+    ],
+)
 def test_errors_name_the_key_as_written(tmp_path, overrides, file, line):
     path = None
     if file:
@@ -327,8 +391,12 @@ def test_a_sweep_grid_over_a_flat_key_sweeps_its_setting():
 
     fixed, axes, cells = plan_sweep(None, ["rounds=1", "lr=[0.1,0.2]", "partition=['iid','dirichlet']"])
     assert fixed == ["rounds=1"] and [a.key for a in axes] == ["lr", "partition"]
-    assert [(c.train.lr, c.partition.method) for _, c in cells] == \
-        [(0.1, "iid"), (0.1, "dirichlet"), (0.2, "iid"), (0.2, "dirichlet")]
+    assert [(c.train.lr, c.partition.method) for _, c in cells] == [
+        (0.1, "iid"),
+        (0.1, "dirichlet"),
+        (0.2, "iid"),
+        (0.2, "dirichlet"),
+    ]
     assert {c.train.rounds for _, c in cells} == {1}
     assert [c.train.lr for _, c in plan_sweep(None, ["train.lr=[0.1,0.2]"])[2]] == [0.1, 0.2]
     with pytest.raises(ConfigError, match=r"sweep over train\.lr is given twice \(as lr and train\.lr\)"):
@@ -338,8 +406,17 @@ def test_a_sweep_grid_over_a_flat_key_sweeps_its_setting():
 def test_to_dict_writes_the_sectioned_form_and_reloads_to_the_same_config(tmp_path):
     from pflkit.config import FLAT_KEYS, build_config
 
-    cfg = load_config(None, ["lr=0.05", "partition=pathological", "partition_seed=2", "join_ratio=0.5",
-                             'algorithms=["fedavg","fedala"]', "fedala.p=2"])
+    cfg = load_config(
+        None,
+        [
+            "lr=0.05",
+            "partition=pathological",
+            "partition_seed=2",
+            "join_ratio=0.5",
+            'algorithms=["fedavg","fedala"]',
+            "fedala.p=2",
+        ],
+    )
     table = to_dict(cfg)
     assert not set(table) & (set(FLAT_KEYS) - {"partition"})
     assert table["train"]["lr"] == 0.05 and table["partition"]["method"] == "pathological"

@@ -120,9 +120,7 @@ def test_idx_corrupt_gzip(tmp_path: Path, damage: str) -> None:
         read_idx(path)
 
 
-@pytest.mark.parametrize(
-    "header", [bytes.fromhex("0100 0801 00000001"), bytes.fromhex("0000 0701 00000001")]
-)
+@pytest.mark.parametrize("header", [bytes.fromhex("0100 0801 00000001"), bytes.fromhex("0000 0701 00000001")])
 def test_idx_bad_magic_or_type(tmp_path: Path, header: bytes) -> None:
     (tmp_path / "bad").write_bytes(header + b"\0")
     with pytest.raises(DataError, match="bad"):
@@ -137,9 +135,7 @@ def test_idx_missing_file(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- MNIST loader
 
 
-def _write_mnist(
-    root: Path, n_train: int = 30, n_test: int = 10, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
+def _write_mnist(root: Path, n_train: int = 30, n_test: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Write small MNIST files (mixed plain/gz); return all images and labels, train first."""
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, size=(n_train + n_test, 28, 28), dtype=np.uint8)
@@ -218,8 +214,9 @@ def test_mnist_real_files() -> None:
     assert float(ds.x.min()) == -1.0 and float(ds.x.max()) == 1.0
 
 
-def test_download_mnist_tries_mirrors_verifies_and_skips_present_files(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_mnist_tries_mirrors_verifies_and_skips_present_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from pflkit.data import sources
     from pflkit.data.fetch import md5sum
 
@@ -382,8 +379,9 @@ def test_dirichlet_without_minimum_leaves_no_client_empty() -> None:
     # empty (MNIST's official split: client 12 of partition seed 0); such draws are redrawn.
     labels = np.repeat(np.arange(10), 600)
     for seed in range(5):
-        parts = partition_dirichlet(labels, 20, 0.05, np.random.default_rng(seed), balance_cap=False,
-                                    min_samples_per_client=0)
+        parts = partition_dirichlet(
+            labels, 20, 0.05, np.random.default_rng(seed), balance_cap=False, min_samples_per_client=0
+        )
         assert min(len(p) for p in parts) >= 1
         assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
 
@@ -519,8 +517,10 @@ def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
         for seed in range(10):  # the cap really is on by default ...
             assert max(len(p) for p in _split(mnist_like, method, seed)) < 350 + 700
         # (2 samples: the fewest a client can split into training and test data)
-        uncapped = [max(len(p) for p in _split(mnist_like, method, seed, balance_cap=False, min_samples_per_client=2))
-                    for seed in range(10)]
+        uncapped = [
+            max(len(p) for p in _split(mnist_like, method, seed, balance_cap=False, min_samples_per_client=2))
+            for seed in range(10)
+        ]
         assert max(uncapped) >= 350 + 700  # ... and balance_cap=False reaches the partitioner
         _, counts100 = _dispatched(mnist_like, method, min_samples_per_client=100, seed=0)
         assert counts100.sum(1).min() >= 100
@@ -539,8 +539,10 @@ def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
             _split(mnist_like, method, 0, classes_per_client=11)
     elif method == "kfold":  # 2 folds: clients 0-9 lean on classes 0-4, clients 10-19 on classes 5-9
         assert np.all(sizes == 350)
-        for group, primary, other in ((slice(0, 10), slice(0, 5), slice(5, 10)),
-                                      (slice(10, 20), slice(5, 10), slice(0, 5))):
+        for group, primary, other in (
+            (slice(0, 10), slice(0, 5), slice(5, 10)),
+            (slice(10, 20), slice(5, 10), slice(0, 5)),
+        ):
             g = counts[group]
             assert np.all(g == g[0])  # identical label distributions within a group
             assert np.all(g[:, primary] == 56) and np.all(g[:, other] == 14)  # 80% of 350 over 5 classes

@@ -61,12 +61,15 @@ def write_cifar10(root: Path, rows: int = 4, seed: int = 0) -> tuple[np.ndarray,
     for name in CIFAR10_BATCHES:
         data = rng.integers(0, 256, size=(rows, 3072), dtype=np.uint8)
         y = [int(v) for v in rng.integers(0, 10, size=rows)]
-        _pickle(folder / name, {b"batch_label": name.encode(), b"labels": y, b"data": data,
-                                b"filenames": [b"f.png"] * rows})
+        _pickle(
+            folder / name, {b"batch_label": name.encode(), b"labels": y, b"data": data, b"filenames": [b"f.png"] * rows}
+        )
         datas.append(data)
         labels += y
-    _pickle(folder / "batches.meta", {b"label_names": [f"c{i}".encode() for i in range(10)],
-                                      b"num_vis": 3072, b"num_cases_per_batch": rows})
+    _pickle(
+        folder / "batches.meta",
+        {b"label_names": [f"c{i}".encode() for i in range(10)], b"num_vis": 3072, b"num_cases_per_batch": rows},
+    )
     return np.concatenate(datas), np.asarray(labels)
 
 
@@ -294,8 +297,25 @@ def test_tiny_imagenet_corrupt_jpeg_wrong_size_and_missing_parts(tmp_path: Path)
 
 def test_basic_english_matches_torchtext_rules() -> None:
     text = 'Hello, World! It\'s a "test" (really): yes; no. <br />End?'
-    assert basic_english(text) == ["hello", ",", "world", "!", "it", "'", "s", "a", "test", "(", "really", ")",
-                                   "yes", "no", ".", "end", "?"]
+    assert basic_english(text) == [
+        "hello",
+        ",",
+        "world",
+        "!",
+        "it",
+        "'",
+        "s",
+        "a",
+        "test",
+        "(",
+        "really",
+        ")",
+        "yes",
+        "no",
+        ".",
+        "end",
+        "?",
+    ]
     assert basic_english("  Wall St.\tBears\nClaw Back   ") == ["wall", "st", ".", "bears", "claw", "back"]
     assert basic_english("U.S. #39;s $5.2bn") == ["u", ".", "s", ".", "#39", "s", "$5", ".", "2bn"]
     assert basic_english("") == []
@@ -303,8 +323,20 @@ def test_basic_english_matches_torchtext_rules() -> None:
 
 def _regex_basic_english(text: str) -> list[str]:
     """torchtext's rules as twelve sequential regex substitutions (the reference for the fast version)."""
-    rules = [(r"'", " '  "), (r'"', ""), (r"\.", " . "), (r"<br \/>", " "), (r",", " , "), (r"\(", " ( "),
-             (r"\)", " ) "), (r"\!", " ! "), (r"\?", " ? "), (r"\;", " "), (r"\:", " "), (r"\s+", " ")]
+    rules = [
+        (r"'", " '  "),
+        (r'"', ""),
+        (r"\.", " . "),
+        (r"<br \/>", " "),
+        (r",", " , "),
+        (r"\(", " ( "),
+        (r"\)", " ) "),
+        (r"\!", " ! "),
+        (r"\?", " ? "),
+        (r"\;", " "),
+        (r"\:", " "),
+        (r"\s+", " "),
+    ]
     text = text.lower()
     for pattern, replacement in rules:
         text = re.sub(pattern, replacement, text)
@@ -350,16 +382,19 @@ def test_agnews_loads_token_ids_labels_and_vocab(tmp_path: Path) -> None:
     ds = load_dataset("agnews", tmp_path)
     assert ds.x.dtype == torch.int64 and ds.x.shape == (4, 200) and ds.input_shape == (200,)
     assert ds.y.tolist() == [2, 0, 3, 1] and ds.num_classes == 4
-    texts = ["Wall St. Bears Claw Back Reuters - Short-sellers, Wall Street's dwindling band.",
-             'Title with "quotes" Text, with, commas', 'Multi\nline Second "part" here',
-             "Sports: win! The team (finally) won; fans cheer"]
+    texts = [
+        "Wall St. Bears Claw Back Reuters - Short-sellers, Wall Street's dwindling band.",
+        'Title with "quotes" Text, with, commas',
+        'Multi\nline Second "part" here',
+        "Sports: win! The team (finally) won; fans cheer",
+    ]
     tokens = [basic_english(t) for t in texts]
     vocab = build_vocab(tokens)
     assert ds.vocab_size == len(vocab)
     assert tokens[1] == ["title", "with", "quotes", "text", ",", "with", ",", "commas"]
     for row, toks in zip(ds.x, tokens):
         assert row[: len(toks)].tolist() == [vocab[t] for t in toks]
-        assert torch.all(row[len(toks):] == 0)
+        assert torch.all(row[len(toks) :] == 0)
     assert vocab[","] == 1  # the most frequent token (4 times)
 
 
@@ -371,12 +406,15 @@ def test_agnews_truncates_to_200(tmp_path: Path) -> None:
     assert ds.x.shape == (4, 200) and bool(torch.all(ds.x[3] > 0))
 
 
-@pytest.mark.parametrize("content, message", [
-    ('"1","only two"\n', "row 1: expected 3 fields"),
-    ('"1","a","b"\n"5","a","b"\n', "row 2: class index must be 1..4"),
-    ('"x","a","b"\n', "class index"),
-    ("", "holds no rows"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('"1","only two"\n', "row 1: expected 3 fields"),
+        ('"1","a","b"\n"5","a","b"\n', "row 2: class index must be 1..4"),
+        ('"x","a","b"\n', "class index"),
+        ("", "holds no rows"),
+    ],
+)
 def test_agnews_malformed_rows_name_the_file(tmp_path: Path, content: str, message: str) -> None:
     write_agnews(tmp_path)
     (tmp_path / "train.csv").write_text(content)
@@ -424,11 +462,19 @@ def test_federated_data_carries_vocab_size(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- PFLlib folders
 
 
-def write_pfllib(root: Path, kind: str = "image", clients: int = 3, num_classes: int | None = 10,
-                 naming: str = "pfllib") -> Path:
+def write_pfllib(
+    root: Path, kind: str = "image", clients: int = 3, num_classes: int | None = 10, naming: str = "pfllib"
+) -> Path:
     rng = np.random.default_rng(2)
-    config = {"num_clients": clients, "non_iid": True, "balance": False, "partition": "dir", "alpha": 0.1,
-              "batch_size": 10, "Size of samples for labels in clients": []}
+    config = {
+        "num_clients": clients,
+        "non_iid": True,
+        "balance": False,
+        "partition": "dir",
+        "alpha": 0.1,
+        "batch_size": 10,
+        "Size of samples for labels in clients": [],
+    }
     if num_classes is not None:
         config["num_classes"] = num_classes
     root.mkdir(parents=True)
@@ -536,12 +582,12 @@ def test_config_file_datasets_need_data_dir_and_pick_models() -> None:
     for name in ("cifar10", "cifar100", "tiny_imagenet", "agnews", "pfllib"):
         with pytest.raises(ConfigError, match=f"dataset '{name}' needs data_dir"):
             build_config({"dataset": name})
-    expected = {"cifar10": "fedavg_cnn", "cifar100": "fedavg_cnn", "tiny_imagenet": "fedavg_cnn",
-                "agnews": "fasttext"}
+    expected = {"cifar10": "fedavg_cnn", "cifar100": "fedavg_cnn", "tiny_imagenet": "fedavg_cnn", "agnews": "fasttext"}
     for name, model in expected.items():
         assert build_config({"dataset": name, "data_dir": "/x"}).resolved_model == model
-    assert build_config({"dataset": "pfllib", "data_dir": "/x", "model": "digits_cnn"}).model_for((200,)) == \
-        "digits_cnn"
+    assert (
+        build_config({"dataset": "pfllib", "data_dir": "/x", "model": "digits_cnn"}).model_for((200,)) == "digits_cnn"
+    )
 
 
 def test_fetch_verifies_and_writes_atomically(tmp_path: Path) -> None:
@@ -579,9 +625,21 @@ def test_download_unknown_names_fail_clearly(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_fedavg_runs_one_round_on_tiny_cifar(tmp_path: Path) -> None:
     write_cifar10(tmp_path / "cifar", rows=8)
-    config = build_config({"dataset": "cifar10", "data_dir": str(tmp_path / "cifar"), "num_clients": 2,
-                           "partition": "iid", "rounds": 1, "algorithms": ["fedavg"], "seeds": [0],
-                           "engine": "loop", "threads": 1, "batch_size": 8, "lr": 0.01})
+    config = build_config(
+        {
+            "dataset": "cifar10",
+            "data_dir": str(tmp_path / "cifar"),
+            "num_clients": 2,
+            "partition": "iid",
+            "rounds": 1,
+            "algorithms": ["fedavg"],
+            "seeds": [0],
+            "engine": "loop",
+            "threads": 1,
+            "batch_size": 8,
+            "lr": 0.01,
+        }
+    )
     summary = run_experiment(config, tmp_path / "out", progress=False, echo=lambda _: None)
     assert set(summary) == {"fedavg"} and 0 <= summary["fedavg"]["final_accuracy"] <= 1
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "complete"
@@ -591,16 +649,32 @@ def test_fedavg_runs_one_round_on_tiny_cifar(tmp_path: Path) -> None:
 def test_pfllib_folder_and_agnews_run_end_to_end(tmp_path: Path) -> None:
     from pflkit.models import MODELS
 
-    common = {"num_clients": 2, "partition": "iid", "rounds": 1, "algorithms": ["fedavg"], "seeds": [0],
-              "engine": "loop", "threads": 1, "batch_size": 4}
+    common = {
+        "num_clients": 2,
+        "partition": "iid",
+        "rounds": 1,
+        "algorithms": ["fedavg"],
+        "seeds": [0],
+        "engine": "loop",
+        "threads": 1,
+        "batch_size": 4,
+    }
     root = write_pfllib(tmp_path / "pfl")
-    run_experiment(build_config({"dataset": "pfllib", "data_dir": str(root), **common}), tmp_path / "o1",
-                   progress=False, echo=lambda _: None)
+    run_experiment(
+        build_config({"dataset": "pfllib", "data_dir": str(root), **common}),
+        tmp_path / "o1",
+        progress=False,
+        echo=lambda _: None,
+    )
     assert "num_clients = 3" in (tmp_path / "o1" / "config.toml").read_text()  # the folder's count, adopted
     if "fasttext" not in MODELS:
         pytest.skip("the fasttext model is not registered")
     ag = write_agnews(tmp_path / "ag")
     (ag / "train.csv").write_text(TRAIN_CSV * 5)
-    summary = run_experiment(build_config({"dataset": "agnews", "data_dir": str(ag), **common}), tmp_path / "o2",
-                             progress=False, echo=lambda _: None)
+    summary = run_experiment(
+        build_config({"dataset": "agnews", "data_dir": str(ag), **common}),
+        tmp_path / "o2",
+        progress=False,
+        echo=lambda _: None,
+    )
     assert 0 <= summary["fedavg"]["final_accuracy"] <= 1

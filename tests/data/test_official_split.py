@@ -22,8 +22,9 @@ def pool(n_train: int = 600, n_test: int = 200, classes: int = 5) -> Dataset:
 
 def test_official_protocol_partitions_the_training_split_and_draws_local_test_sets():
     data = pool()
-    fed = FederatedData.build(data, PartitionSpec(num_clients=6, alpha=0.3, test_set="official",
-                                                  min_samples_per_client=10), seed=1)
+    fed = FederatedData.build(
+        data, PartitionSpec(num_clients=6, alpha=0.3, test_set="official", min_samples_per_client=10), seed=1
+    )
     train_rows = np.concatenate([c.train_rows.numpy() for c in fed.clients])
     assert sorted(train_rows.tolist()) == list(range(600))  # the whole training split, disjoint
     assert torch.equal(fed.global_test_rows, torch.arange(600, 800))  # the official test split

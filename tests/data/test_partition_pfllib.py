@@ -20,8 +20,9 @@ from tests.support.paths import SHARED_MNIST
 BATCH, TRAIN_RATIO = 10, 0.75
 
 
-def pfllib_reference(labels: np.ndarray, num_clients: int, partition: str, alpha: float, class_per_client: int,
-                     balance: bool, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def pfllib_reference(
+    labels: np.ndarray, num_clients: int, partition: str, alpha: float, class_per_client: int, balance: bool, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     state = np.random.get_state()
     np.random.seed(seed)
     try:
@@ -35,7 +36,7 @@ def pfllib_reference(labels: np.ndarray, num_clients: int, partition: str, alpha
                 chosen = [i for i in range(num_clients) if left[i] > 0]
                 if not chosen:
                     break
-                chosen = chosen[:int(np.ceil(num_clients / num_classes * class_per_client))]
+                chosen = chosen[: int(np.ceil(num_clients / num_classes * class_per_client))]
                 per = len(by_class[c]) / len(chosen)
                 if balance:
                     sizes = [int(per)] * (len(chosen) - 1)
@@ -44,7 +45,7 @@ def pfllib_reference(labels: np.ndarray, num_clients: int, partition: str, alpha
                 sizes.append(len(by_class[c]) - sum(sizes))
                 start = 0
                 for i, size in zip(chosen, sizes):
-                    piece = by_class[c][start:start + size]
+                    piece = by_class[c][start : start + size]
                     client_idx[i] = piece if i not in client_idx else np.append(client_idx[i], piece, axis=0)
                     start += size
                     left[i] -= 1
@@ -154,7 +155,6 @@ FEDALA_TEST_COUNTS = [
     [241, 0, 0, 0, 0, 3, 1073, 0, 0, 0],
     [78, 0, 1, 1, 1446, 0, 0, 0, 0, 0],
 ]
-
 
 
 @pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="needs ../shared/datasets/mnist")

@@ -20,8 +20,7 @@ def test_fit_step_is_plain_gradient_descent_with_proximal_term():
     batch = [(ctx.data.train_x, ctx.data.train_y)]
     new = ctx.fit(p0, proximal_loss(classification_loss, 0.3), aux={"anchor": anchor}).params
     leaves = {k: v.clone().requires_grad_(True) for k, v in p0.items()}
-    loss = torch.nn.functional.cross_entropy(torch.func.functional_call(ctx.model, leaves, (batch[0][0],)),
-                                             batch[0][1])
+    loss = torch.nn.functional.cross_entropy(torch.func.functional_call(ctx.model, leaves, (batch[0][0],)), batch[0][1])
     grads = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values()))))
     for k in p0:
         expected = p0[k] - 0.5 * (grads[k] + 0.3 * (p0[k] - anchor[k]))
@@ -51,8 +50,16 @@ def test_lr_decay_trains_round_r_at_lr_times_decay_to_the_r_minus_1():
     assert TrainSettings(lr=0.1).at_round(7).lr == 0.1
     glob = params_of(base, 2)
     for engine_context in ("single", "batched"):
-        ctx = SingleClientContext(client_id=0, round=3, seed=0, data=base.data, model=base.model, units=base.units,
-                                  train=train, algorithm="test")
+        ctx = SingleClientContext(
+            client_id=0,
+            round=3,
+            seed=0,
+            data=base.data,
+            model=base.model,
+            units=base.units,
+            train=train,
+            algorithm="test",
+        )
         assert ctx.train.lr == 0.025
         alg = build("fedavg", ctx)
         if engine_context == "single":

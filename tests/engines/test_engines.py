@@ -9,7 +9,7 @@ import torch
 from pflkit.algorithms import TrainSettings
 from pflkit.config import load_config
 from pflkit.engines import ClientExecutor, LoopEngine, ParallelEngine, VmapEngine, build_engine
-from pflkit.engines.batched import batching_blocker
+from pflkit.engines.executor import batching_blocker
 from pflkit.methods import available, build_algorithm
 from pflkit.models import build_model
 from tests.support.builders import make_data, run_rounds
@@ -72,8 +72,13 @@ def test_vmap_engine_matches_loop_for_every_batched_algorithm(name, monkeypatch)
     reference = run_rounds(name, LoopEngine(), data)
     chunks = []
     real = ClientExecutor._run_group
-    monkeypatch.setattr(ClientExecutor, "_run_group", lambda self, setup, jobs, round, ctx, received:
-                        chunks.append(len(jobs)) or real(self, setup, jobs, round, ctx, received))
+    monkeypatch.setattr(
+        ClientExecutor,
+        "_run_group",
+        lambda self, setup, jobs, round, ctx, received: (
+            chunks.append(len(jobs)) or real(self, setup, jobs, round, ctx, received)
+        ),
+    )
     for chunk in (2, 64):
         chunks.clear()
         batched = run_rounds(name, VmapEngine(chunk_size=chunk), data)
@@ -85,8 +90,11 @@ def test_vmap_engine_matches_loop_for_every_batched_algorithm(name, monkeypatch)
 def test_vmap_engine_matches_loop_for_feddecorrs_well_conditioned_form():
     data = make_data([30, 45, 12, 60, 7])
     paper = ["feddecorr.form='paper'"]
-    assert_close_runs(run_rounds("feddecorr", LoopEngine(), data, overrides=paper),
-                      run_rounds("feddecorr", VmapEngine(chunk_size=2), data, overrides=paper), atol=1e-5)
+    assert_close_runs(
+        run_rounds("feddecorr", LoopEngine(), data, overrides=paper),
+        run_rounds("feddecorr", VmapEngine(chunk_size=2), data, overrides=paper),
+        atol=1e-5,
+    )
 
 
 def test_vmap_engine_runs_the_unbatchable_algorithms_client_by_client(caplog):
@@ -100,7 +108,8 @@ def test_vmap_engine_runs_the_unbatchable_algorithms_client_by_client(caplog):
         with caplog.at_level("INFO", logger="pflkit.engines.executor"):
             fallback = run_rounds(name, VmapEngine(), data)
         assert [r.getMessage() for r in caplog.records if r.name == "pflkit.engines.executor"] == [
-            f"vmap engine: {vmap_fallback(name)}; running {name}'s clients one by one"]
+            f"vmap engine: {vmap_fallback(name)}; running {name}'s clients one by one"
+        ]
         assert "client code" in vmap_fallback(name)
         assert_same_state(run_rounds(name, LoopEngine(), data), fallback)
 
@@ -137,14 +146,15 @@ def assert_close_runs(a, b, atol):
 
 
 def test_vmap_batches_every_method_but_those_with_per_client_code():
-    from pflkit.engines.batched import batching_blocker
+    from pflkit.engines.executor import batching_blocker
 
     cfg = load_config(None, [])
     model = build_model("digits_cnn", (1, 8, 8), 10)
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
     data = make_data([30, 12])
-    algorithms = {name: build_algorithm(name, cfg.algorithm_sections(), train, model.units())
-                  for name in ALL_ALGORITHMS}
+    algorithms = {
+        name: build_algorithm(name, cfg.algorithm_sections(), train, model.units()) for name in ALL_ALGORITHMS
+    }
     per_client = [name for name, alg in algorithms.items() if batching_blocker(alg, model, data)]
     assert per_client == ["fedfomo", "partialfed", "partialfed+ala"]
     resnet = build_model("resnet18", (3, 32, 32), 10)
@@ -160,20 +170,36 @@ def test_a_batched_context_gathers_client_states_onto_its_device():
     from pflkit.engines.batched import BatchedClientContext
 
     model = build_model("digits_cnn", (1, 8, 8), 10)
-    ctx = BatchedClientContext([0, 1], 2, 0, make_data([5, 7]), model, model.units(),
-                               TrainSettings(batch_size=10, local_epochs=1, lr=0.1, rounds=1), "test")
+    ctx = BatchedClientContext(
+        [0, 1],
+        2,
+        0,
+        make_data([5, 7]),
+        model,
+        model.units(),
+        TrainSettings(batch_size=10, local_epochs=1, lr=0.1, rounds=1),
+        "test",
+    )
     assert ctx.device.type == "cpu"
     ctx.device = torch.device("meta")
     shared = torch.zeros(3)
-    states = [{"ala": {"weights": {"w": torch.full((3,), float(k))}, "started": bool(k)}, "steps": k,
-               "scale": 0.5 * k, "shared": shared, "counter": torch.tensor(k)} for k in range(2)]
+    states = [
+        {
+            "ala": {"weights": {"w": torch.full((3,), float(k))}, "started": bool(k)},
+            "steps": k,
+            "scale": 0.5 * k,
+            "shared": shared,
+            "counter": torch.tensor(k),
+        }
+        for k in range(2)
+    ]
     gathered = ctx.gather(states)
 
     def leaves(value):
         return [t for v in value.values() for t in leaves(v)] if isinstance(value, dict) else [value]
+
     assert len(leaves(gathered)) == 6
-    assert all(isinstance(t, torch.Tensor) and t.device.type == "meta" and t.shape[0] == 2
-               for t in leaves(gathered))
+    assert all(isinstance(t, torch.Tensor) and t.device.type == "meta" and t.shape[0] == 2 for t in leaves(gathered))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run it where the device tool lends one)")
@@ -184,8 +210,9 @@ def test_every_algorithm_runs_on_cuda_with_the_default_engine_as_on_the_cpu(name
     round differently and cuDNN may use TF32: accuracies within 2 of 20 test samples)."""
     sizes = [30, 45, 12, 60, 7]
     cpu = run_rounds(name, LoopEngine(), make_data(sizes), rounds=3)
-    gpu = run_rounds(name, build_engine("auto", device="cuda"), make_data(sizes, device="cuda"), rounds=3,
-                     device="cuda")
+    gpu = run_rounds(
+        name, build_engine("auto", device="cuda"), make_data(sizes, device="cuda"), rounds=3, device="cuda"
+    )
     for ra, rb in zip(cpu.history, gpu.history, strict=True):
         assert ra["round"] == rb["round"]
         if "accuracy" in ra:

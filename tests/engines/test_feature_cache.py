@@ -28,8 +28,11 @@ def fedrep_run(data, cache: bool, engine, extra=()):
 
 
 def max_difference(a, b) -> float:
-    return max(float((a.clients[c]["model"][n] - b.clients[c]["model"][n]).abs().max())
-               for c in a.clients for n in a.clients[c]["model"])
+    return max(
+        float((a.clients[c]["model"][n] - b.clients[c]["model"][n]).abs().max())
+        for c in a.clients
+        for n in a.clients[c]["model"]
+    )
 
 
 @pytest.mark.parametrize("engine", [LoopEngine, lambda: VmapEngine(4)], ids=["loop", "vmap"])
@@ -50,6 +53,7 @@ def test_with_mixup_the_whole_model_runs(tmp_path):
 
 def test_fit_refuses_to_cache_units_it_trains():
     from pflkit.engines.client import SingleClientContext
+
     setup, init = setup_for("fedavg", make_data([30]))
     ctx = SingleClientContext(0, 1, 0, setup.data.client(0), setup.model, setup.units, setup.train)
     with pytest.raises(ValueError, match="would train parameters of the units below it"):

@@ -14,8 +14,12 @@ from pflkit.run.experiment import run_experiment
 
 
 def test_message_size_counts_tensors_and_numbers() -> None:
-    payload = {"global": {"w": torch.zeros(3, 4), "b": torch.zeros(4)}, "ids": torch.tensor([1, 2], dtype=torch.long),
-               "models": [{"w": torch.zeros(2, dtype=torch.float64)}], "score": 0.5}
+    payload = {
+        "global": {"w": torch.zeros(3, 4), "b": torch.zeros(4)},
+        "ids": torch.tensor([1, 2], dtype=torch.long),
+        "models": [{"w": torch.zeros(2, dtype=torch.float64)}],
+        "score": 0.5,
+    }
     assert message_size(payload) == (12 + 4 + 2 + 2 + 1, 4 * 16 + 8 * 2 + 8 * 2 + 4)
 
 
@@ -23,8 +27,11 @@ def test_message_size_counts_tensors_and_numbers() -> None:
 def test_round_byte_counts_equal_the_payload_sizes_by_hand(tmp_path) -> None:
     config = load_config(None, ["num_clients=5", "rounds=1", 'algorithms=["fedavg", "fedrep", "fedfomo"]'])
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
-    rows = {r["algorithm"]: r for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
-            if r.get("train_round") == 1}
+    rows = {
+        r["algorithm"]: r
+        for r in map(json.loads, (tmp_path / "run" / "metrics.jsonl").read_text().splitlines())
+        if r.get("train_round") == 1
+    }
     model = build_model("digits_cnn", (1, 8, 8), 10)
     sigma = sum(p.numel() for p in model.parameters())  # 13,706 values
     head = model.fc.weight.numel() + model.fc.bias.numel()

@@ -38,8 +38,11 @@ def test_global_evaluation_gives_the_same_numbers_for_any_number_of_workers(pure
     """The parallel engine evaluates test batches on its worker threads; the sums are added in batch
     order with a fixed intra-op thread count, so the workers must not change a single bit."""
     torch.manual_seed(0)
-    model = build_model("digits_cnn", (1, 8, 8), 5) if pure else torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    model = (
+        build_model("digits_cnn", (1, 8, 8), 5)
+        if pure
+        else torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    )
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     x, y = torch.randn(230, 1, 8, 8), torch.randint(0, 5, (230,))
     priors = np.full((3, 5), 0.2)
@@ -68,13 +71,16 @@ def test_official_runs_record_global_local_and_adaptability_metrics(tmp_path):
     assert (tmp_path / "plots" / "global_accuracy.png").is_file()
 
 
-@pytest.mark.parametrize("overrides,needle", [
-    (["dataset=pfllib", "data_dir=/x", "test_set=official"], "PFLlib folder holds only per-client splits"),
-    (["momentum=1.0"], "momentum: must be < 1"),
-    (["mixup_alpha=0.0"], "mixup_alpha: must be > 0"),
-    (['fedacd.agg="median"'], "fedacd.agg: must be one of"),
-    (["metrics.adaptability=true"], "needs test_set = \"official\""),
-])
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        (["dataset=pfllib", "data_dir=/x", "test_set=official"], "PFLlib folder holds only per-client splits"),
+        (["momentum=1.0"], "momentum: must be < 1"),
+        (["mixup_alpha=0.0"], "mixup_alpha: must be > 0"),
+        (['fedacd.agg="median"'], "fedacd.agg: must be one of"),
+        (["metrics.adaptability=true"], 'needs test_set = "official"'),
+    ],
+)
 def test_bad_protocol_and_optimiser_settings_name_the_key(overrides, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
         load_config(None, overrides)

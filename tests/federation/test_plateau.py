@@ -43,14 +43,32 @@ def test_apple_is_judged_only_after_its_lambda_schedule(tmp_path, fast_config):
     from pflkit.federation.runner import plateau_rule
     from pflkit.methods import build_algorithm
 
-    cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["apple", "fedavg"]', "plateau_evaluations=2",
-                             "plateau_points=100", "apple.L=0.1"])
+    cfg = load_config(
+        None,
+        [
+            *fast_config,
+            "rounds=50",
+            'algorithms=["apple", "fedavg"]',
+            "plateau_evaluations=2",
+            "plateau_points=100",
+            "apple.L=0.1",
+        ],
+    )
     units = [("body", ["w"]), ("head", ["v"])]
     algs = {n: build_algorithm(n, cfg.algorithm_sections(), cfg.train, units) for n in cfg.algorithms}
     assert plateau_rule(cfg, algs["apple"]).not_before == 5  # ceil(0.1 x 50)
     assert plateau_rule(cfg, algs["fedavg"]).not_before == 0
-    cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["apple"]', "plateau_evaluations=2",
-                             "plateau_points=100", "apple.L=0.1"])
+    cfg = load_config(
+        None,
+        [
+            *fast_config,
+            "rounds=50",
+            'algorithms=["apple"]',
+            "plateau_evaluations=2",
+            "plateau_points=100",
+            "apple.L=0.1",
+        ],
+    )
     run_experiment(cfg, tmp_path / "a", progress=False, echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     # judged first at the evaluation of round 5 (its first round with lambda = 0), trained on to 6, whose
@@ -61,8 +79,9 @@ def test_apple_is_judged_only_after_its_lambda_schedule(tmp_path, fast_config):
 
 @pytest.mark.integration
 def test_a_run_stops_on_its_plateau_and_says_so(tmp_path, fast_config):
-    cfg = load_config(None, [*fast_config, "rounds=50", 'algorithms=["fedavg"]', "plateau_evaluations=2",
-                             "plateau_points=100"])  # any change is "no progress": stops after 3 evaluations
+    cfg = load_config(
+        None, [*fast_config, "rounds=50", 'algorithms=["fedavg"]', "plateau_evaluations=2", "plateau_points=100"]
+    )  # any change is "no progress": stops after 3 evaluations
     summary = run_experiment(cfg, tmp_path / "a", progress=False, echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [0, 1, 2, 3]

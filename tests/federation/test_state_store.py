@@ -43,6 +43,7 @@ def test_writes_are_atomic_and_restore_drops_versions_after_the_checkpoint(tmp_p
 
     def killed(src, dst):  # the process dies between writing the temporary file and renaming it
         raise KeyboardInterrupt
+
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
         store[0] = {"w": torch.zeros(3)}
@@ -58,8 +59,12 @@ def test_writes_are_atomic_and_restore_drops_versions_after_the_checkpoint(tmp_p
 def test_disk_store_gives_the_memory_stores_numbers(tmp_path, fast_config) -> None:
     overrides = fast_config + ['algorithms=["fedala", "ditto"]', "rounds=3", "join_ratio=0.5"]
     run_experiment(load_config(None, overrides), tmp_path / "memory", progress=False, echo=lambda s: None)
-    run_experiment(load_config(None, overrides + ["state_store=disk", "state_cache=1"]), tmp_path / "disk",
-                   progress=False, echo=lambda s: None)
+    run_experiment(
+        load_config(None, overrides + ["state_store=disk", "state_cache=1"]),
+        tmp_path / "disk",
+        progress=False,
+        echo=lambda s: None,
+    )
     assert records_without_timings(tmp_path / "disk") == records_without_timings(tmp_path / "memory")
     files = sorted(p.name for p in (tmp_path / "disk" / "states" / "fedala-seed0").iterdir())
     assert files and all(f.startswith("client") and f.endswith(".pt") for f in files)

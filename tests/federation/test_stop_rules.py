@@ -41,8 +41,17 @@ def test_the_plateau_rule_stops_a_flower_run_where_it_stops_the_simulator(tmp_pa
     from pflkit.flower.local import LocalGrid
     from pflkit.flower.server import run_on_flower
 
-    config = load_config(None, FAST + ["rounds=30", 'algorithms=["fedavg", "fedala"]', "fedala.max_start_epochs=3",
-                                       "plateau_evaluations=2", "plateau_points=100"])
+    config = load_config(
+        None,
+        FAST
+        + [
+            "rounds=30",
+            'algorithms=["fedavg", "fedala"]',
+            "fedala.max_start_epochs=3",
+            "plateau_evaluations=2",
+            "plateau_points=100",
+        ],
+    )
     grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)])
     run_on_flower(config, grid, tmp_path / "flower", wait_seconds=5)
     run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
@@ -62,8 +71,11 @@ def test_a_method_chooses_how_its_client_metrics_reduce_over_a_round(tmp_path, m
 
     def local_train(self, payload, state, ctx):
         state, upload, metrics = Algorithm.local_train(self, payload, state, ctx)
-        return state, upload, {**metrics, "client_id_max": ctx.client_index.float(), "client_id_mean":
-                               ctx.client_index.float()}
+        return (
+            state,
+            upload,
+            {**metrics, "client_id_max": ctx.client_index.float(), "client_id_mean": ctx.client_index.float()},
+        )
 
     monkeypatch.setattr(FedAvg, "local_train", local_train)
     monkeypatch.setattr(FedAvg, "metric_reductions", {"client_id_max": "max"}, raising=False)

@@ -22,8 +22,20 @@ from tests.support.builders import make_data, session_for, setup_for
 from tests.support.checks import assert_same_state
 from tests.support.params import by_method
 
-LIST_FORM = {"fedfomo", "apple", "fedamp", "sosicfl", "sosicfl_all", "sosicfl_plus", "pfedme", "fednova", "fedacd",
-             "creff", "fednh", "local"}
+LIST_FORM = {
+    "fedfomo",
+    "apple",
+    "fedamp",
+    "sosicfl",
+    "sosicfl_all",
+    "sosicfl_plus",
+    "pfedme",
+    "fednova",
+    "fedacd",
+    "creff",
+    "fednh",
+    "local",
+}
 
 
 @pytest.mark.parametrize("name", by_method(available()))
@@ -59,10 +71,17 @@ def test_which_methods_stream():
     model = build_model("digits_cnn", (1, 8, 8), 10)
     sections = load_config(None, []).algorithm_sections()
     server = {"global": {k: v.detach() for k, v in model.named_parameters()}}
-    streaming = {name for name in available() if name.split("+")[0] not in LIST_FORM
-                 and build_algorithm(name, sections, TrainSettings(), model.units()).aggregator(server, 1, 10)}
-    listed = {name for name in available()
-              if build_algorithm(name, sections, TrainSettings(), model.units()).aggregator(server, 1, 10) is None}
+    streaming = {
+        name
+        for name in available()
+        if name.split("+")[0] not in LIST_FORM
+        and build_algorithm(name, sections, TrainSettings(), model.units()).aggregator(server, 1, 10)
+    }
+    listed = {
+        name
+        for name in available()
+        if build_algorithm(name, sections, TrainSettings(), model.units()).aggregator(server, 1, 10) is None
+    }
     assert {"fedavg", "fedprox", "ditto", "fedrep", "fedphp", "fedala", "fedavg+ala"} <= streaming
     assert {name.split("+")[0] for name in listed} == LIST_FORM
 
@@ -84,6 +103,7 @@ def test_a_streamed_round_on_the_disk_store_lets_go_of_its_clients(tmp_path):
             yield result
             gc.collect()
             assert sum(ref() is not None for ref in alive) <= 3
+
     try:
         session.step(execute)
     finally:

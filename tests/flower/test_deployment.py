@@ -54,8 +54,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 T = TypeVar("T")
 
 
-def wait_until(condition: Callable[[], T], timeout: float, event: str, context: Callable[[], str] = lambda: "",
-               poll: float = 0.2) -> T:
+def wait_until(
+    condition: Callable[[], T], timeout: float, event: str, context: Callable[[], str] = lambda: "", poll: float = 0.2
+) -> T:
     """Return ``condition()``'s first truthy value; fail naming ``event`` if none comes in ``timeout``
     seconds. ``condition`` may itself call ``pytest.fail`` (e.g. when the process it waits on died)."""
     deadline = time.monotonic() + timeout
@@ -90,8 +91,9 @@ class Output:
     def tail(self, n: int = 40) -> str:
         return f"--- last {n} lines of {self.name}'s output ---\n" + "\n".join(self.lines[-n:])
 
-    def wait_for(self, pattern: str, timeout: float, event: str, exit_ok: bool = False,
-                 context: Callable[[], str] = lambda: "") -> re.Match | None:
+    def wait_for(
+        self, pattern: str, timeout: float, event: str, exit_ok: bool = False, context: Callable[[], str] = lambda: ""
+    ) -> re.Match | None:
         """The first line not yet consumed that matches ``pattern``; ``None`` if the process's output
         ends first and ``exit_ok``. Fails naming ``event`` with the tail of this output otherwise."""
         deadline = time.monotonic() + timeout
@@ -99,13 +101,18 @@ class Output:
             try:
                 line = self.queue.get(timeout=max(deadline - time.monotonic(), 0))
             except queue.Empty:
-                pytest.fail(f"{event}: no line matching {pattern!r} from {self.name} within {timeout:.0f} s\n"
-                            f"{self.tail()}\n{context()}", pytrace=False)
+                pytest.fail(
+                    f"{event}: no line matching {pattern!r} from {self.name} within {timeout:.0f} s\n"
+                    f"{self.tail()}\n{context()}",
+                    pytrace=False,
+                )
             if line is self.EOF:
                 if exit_ok:
                     return None
-                pytest.fail(f"{event}: {self.name} exited (code {self.proc.wait()}) first\n{self.tail()}\n"
-                            f"{context()}", pytrace=False)
+                pytest.fail(
+                    f"{event}: {self.name} exited (code {self.proc.wait()}) first\n{self.tail()}\n{context()}",
+                    pytrace=False,
+                )
             if match := re.search(pattern, line):
                 return match
 
@@ -113,8 +120,11 @@ class Output:
 def wait_for_port(port: int, output: Output, timeout: float) -> None:
     def listening() -> bool:
         if output.proc.poll() is not None:
-            pytest.fail(f"{output.name} exited (code {output.proc.returncode}) before listening on port {port}\n"
-                        f"{output.tail()}", pytrace=False)
+            pytest.fail(
+                f"{output.name} exited (code {output.proc.returncode}) before listening on port {port}\n"
+                f"{output.tail()}",
+                pytrace=False,
+            )
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
@@ -123,29 +133,44 @@ def wait_for_port(port: int, output: Output, timeout: float) -> None:
 
 def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
     """A CA and a server certificate for 127.0.0.1/localhost signed by it."""
+
     def name(cn: str) -> x509.Name:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP384R1())
-    ca = (x509.CertificateBuilder().subject_name(name("pflkit test CA")).issuer_name(name("pflkit test CA"))
-          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(name("pflkit test CA"))
+        .issuer_name(name("pflkit test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
     key = ec.generate_private_key(ec.SECP384R1())
-    cert = (x509.CertificateBuilder().subject_name(name("127.0.0.1")).issuer_name(ca.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name("127.0.0.1"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
     paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return paths
 
 
@@ -153,10 +178,12 @@ def make_node_keys(folder: Path, i: int) -> tuple[Path, Path]:
     """The SuperNode's EC key pair in OpenSSH format, as Flower's node authentication expects."""
     key = ec.generate_private_key(ec.SECP384R1())
     private, public = folder / f"node{i}_key", folder / f"node{i}_key.pub"
-    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                          serialization.NoEncryption()))
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                     serialization.PublicFormat.OpenSSH))
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    )
     return private, public
 
 
@@ -165,8 +192,9 @@ class Processes:
         self.folder, self.env, self.outputs = folder, env, {}
 
     def start(self, name: str, args: list[str]) -> Output:
-        proc = subprocess.Popen(args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.outputs[name] = output = Output(name, proc, self.folder / f"{name}.log")
         return output
 
@@ -220,8 +248,15 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
     home.mkdir()
     # Flower's processes start their helpers (flower-superexec, flwr-clientapp) by name: put this
     # interpreter's scripts first on PATH, whether or not the virtualenv is activated.
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1",
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     ca, cert, key = make_certificates(tmp_path)
     keys = [make_node_keys(tmp_path, i) for i in range(2)]
     port = free_port()
@@ -242,31 +277,65 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
         return f"{server_app_log()}\n{procs.tails()}"
 
     try:
-        link = procs.start("superlink", [
-            str(BIN / "flower-superlink"), "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
-            "--ssl-keyfile", str(key), "--enable-supernode-auth", "--disable-runtime-dependency-installation",
-            "--host", "127.0.0.1", "--port", str(port), "--database", str(tmp_path / "link.db")])
+        link = procs.start(
+            "superlink",
+            [
+                str(BIN / "flower-superlink"),
+                "--ssl-ca-certfile",
+                str(ca),
+                "--ssl-certfile",
+                str(cert),
+                "--ssl-keyfile",
+                str(key),
+                "--enable-supernode-auth",
+                "--disable-runtime-dependency-installation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--database",
+                str(tmp_path / "link.db"),
+            ],
+        )
         wait_for_port(port, link, STARTUP)
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\n'
-            f'root-certificates = "{ca}"\n')
+            f'root-certificates = "{ca}"\n'
+        )
         for _, public in keys:
             done = flwr(["supernode", "register", str(public), "test"], env)
             assert done.returncode == 0, done.stdout + done.stderr
         state_dirs = [tmp_path / f"node{i}" for i in range(2)]
 
         def start_node(i: int) -> Output:
-            return procs.start(f"node{i}", [
-                str(BIN / "flower-supernode"), "--root-certificates", str(ca), "--superlink", f"127.0.0.1:{port}",
-                "--port", str(free_port()), "--auth-supernode-private-key", str(keys[i][0]),
-                "--node-config", f'partition-id={i} num-partitions=2 state-dir="{state_dirs[i]}"'])
+            return procs.start(
+                f"node{i}",
+                [
+                    str(BIN / "flower-supernode"),
+                    "--root-certificates",
+                    str(ca),
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--port",
+                    str(free_port()),
+                    "--auth-supernode-private-key",
+                    str(keys[i][0]),
+                    "--node-config",
+                    f'partition-id={i} num-partitions=2 state-dir="{state_dirs[i]}"',
+                ],
+            )
 
         def activated(node: Output, refusal_ok: bool = False) -> bool:
             """Wait for the SuperLink to activate the node; False if it refuses the node or the node
             exits first (``refusal_ok``). A refused SuperNode exits, but the SuperExec it started may
             keep its output open, retrying, so the refusal is read from the output, not from its end."""
-            match = node.wait_for(r"SuperNode ID: \d+|Failed to activate SuperNode", STARTUP,
-                                  f"the SuperLink activates {node.name}", exit_ok=refusal_ok, context=link.tail)
+            match = node.wait_for(
+                r"SuperNode ID: \d+|Failed to activate SuperNode",
+                STARTUP,
+                f"the SuperLink activates {node.name}",
+                exit_ok=refusal_ok,
+                context=link.tail,
+            )
             if match is not None and match[0].startswith("Failed") and not refusal_ok:
                 pytest.fail(f"the SuperLink refused {node.name}\n{node.tail()}\n{link.tail()}", pytrace=False)
             return match is not None and not match[0].startswith("Failed")
@@ -276,12 +345,21 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
         out = tmp_path / "results"
         # the fewest samples and epochs that still run ALA's start phase and a state per client: the
         # test's time goes to the processes and the restarts, not to training
-        overrides = ("dataset=synthetic num_clients=2 rounds=3 algorithms=['fedala'] fedala.max_start_epochs=3 "
-                     "alpha=0.5")
+        overrides = "dataset=synthetic num_clients=2 rounds=3 algorithms=['fedala'] fedala.max_start_epochs=3 alpha=0.5"
 
         def start_run() -> None:
-            started = flwr(["run", str(REPO / "flower-app"), "test", "--format", "json", "-c",
-                            f'overrides="{overrides}" out="{out}" wait-seconds=120.0 timeout=120.0'], env)
+            started = flwr(
+                [
+                    "run",
+                    str(REPO / "flower-app"),
+                    "test",
+                    "--format",
+                    "json",
+                    "-c",
+                    f'overrides="{overrides}" out="{out}" wait-seconds=120.0 timeout=120.0',
+                ],
+                env,
+            )
             assert started.returncode == 0, started.stdout + started.stderr
             run_ids.append(json.loads(started.stdout)["run-id"])
 
@@ -328,19 +406,22 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
             tail = procs["node1"].tail()
             procs.kill("node1")
             if not refused:
-                pytest.fail(f"the restarted node1 exited for another reason than a refused activation\n{tail}",
-                            pytrace=False)
+                pytest.fail(
+                    f"the restarted node1 exited for another reason than a refused activation\n{tail}", pytrace=False
+                )
             time.sleep(RESTART_PAUSE)
             return False
 
         wait_until(node1_back, REACTIVATION, "the SuperLink takes back the restarted node1", context, poll=0)
         resumed = procs["node1"].wait_for(
-            r"client 1 resumes pflkit\.fedala\.seed0 from its state saved after round (\d+)", ROUND,
-            "the restarted node1's client resumes from its state file", context=context)
+            r"client 1 resumes pflkit\.fedala\.seed0 from its state saved after round (\d+)",
+            ROUND,
+            "the restarted node1's client resumes from its state file",
+            context=context,
+        )
         assert resumed[1] == "2", f"node1 resumed from round {resumed[1]}, not from its state after round 2"
         # 3. the run finishes
-        link.wait_for(run_ended(run_ids[-1]), ROUND, f"the ServerApp of run {run_ids[-1]} finishes",
-                      context=context)
+        link.wait_for(run_ended(run_ids[-1]), ROUND, f"the ServerApp of run {run_ids[-1]} finishes", context=context)
         listing = flwr(["list", "--run-id", str(run_ids[-1]), "--format", "json"], env)
         assert listing.returncode == 0, listing.stdout + listing.stderr
         status = json.loads(listing.stdout)["runs"][0]["status"]

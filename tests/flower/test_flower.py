@@ -26,19 +26,34 @@ from pflkit.run.experiment import run_experiment  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.flower]
 
-OVERRIDES = ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=3", "fedala.max_start_epochs=4",
-             "fedrep.head_epochs=1", "ditto.personal_epochs=1", "engine=loop"]
+OVERRIDES = [
+    "dataset=synthetic",
+    "num_clients=3",
+    "alpha=0.5",
+    "rounds=3",
+    "fedala.max_start_epochs=4",
+    "fedrep.head_epochs=1",
+    "ditto.personal_epochs=1",
+    "engine=loop",
+]
 
 
 def test_core_package_does_not_import_flower():
-    code = ("import sys, pflkit, pflkit.cli, pflkit.run.experiment, pflkit.algorithms, pflkit.bench; "
-            "assert 'flwr' not in sys.modules, 'flwr imported'")
+    code = (
+        "import sys, pflkit, pflkit.cli, pflkit.run.experiment, pflkit.algorithms, pflkit.bench; "
+        "assert 'flwr' not in sys.modules, 'flwr imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def _message(config_text, name, seed, round, payload, node_id, evaluate=True, message_type=MessageType.TRAIN):
-    content = RecordDict({"pflkit": ConfigRecord({"config": config_text, "algorithm": name, "seed": seed,
-                                                   "round": round, "evaluate": evaluate})})
+    content = RecordDict(
+        {
+            "pflkit": ConfigRecord(
+                {"config": config_text, "algorithm": name, "seed": seed, "round": round, "evaluate": evaluate}
+            )
+        }
+    )
     serde.put(content, "payload", payload)
     message = Message(content, dst_node_id=node_id, message_type=message_type, group_id=str(round))
     message.metadata.__dict__["_message_id"] = f"m{round}-{node_id}"
@@ -56,18 +71,27 @@ def test_client_app_called_directly_keeps_state_in_one_context_like_the_simulato
     algorithm = setup0.algorithm(config, "fedala")
     setup = RoundSetup(algorithm, setup0.data, setup0.model, setup0.model.units(), setup0.train, 0)
     driver = RoundDriver(algorithm, num_clients=3, seed=0, rounds=3, join_ratio=1.0, eval_every=1)
-    sim = driver.start(setup0.init, [ClientSummary(i, setup0.data.client(i).num_train,
-                                                   setup0.data.train_label_counts(i)) for i in range(3)])
-    contexts = {i: Context(run_id=1, node_id=10 + i, state=RecordDict(), run_config={},
-                           node_config={"partition-id": i, "state-dir": str(tmp_path / str(i))}) for i in range(3)}
+    sim = driver.start(
+        setup0.init,
+        [ClientSummary(i, setup0.data.client(i).num_train, setup0.data.train_label_counts(i)) for i in range(3)],
+    )
+    contexts = {
+        i: Context(
+            run_id=1,
+            node_id=10 + i,
+            state=RecordDict(),
+            run_config={},
+            node_config={"partition-id": i, "state-dir": str(tmp_path / str(i))},
+        )
+        for i in range(3)
+    }
     server = algorithm.init_server(setup0.init)
     key = state_key("fedala", 0)
     started = []
     for t in (1, 2, 3):
         uploads = []
         for i in range(3):
-            reply = client_app(_message(text, "fedala", 0, t, algorithm.downlink(server, i, t), 10 + i),
-                               contexts[i])
+            reply = client_app(_message(text, "fedala", 0, t, algorithm.downlink(server, i, t), 10 + i), contexts[i])
             assert not reply.has_error(), reply.error
             uploads.append({**serde.get(reply.content, "upload"), "client_id": i})
             metrics = reply.content["metrics"]
@@ -108,8 +132,9 @@ def test_a_node_parses_each_config_text_once_and_builds_each_runs_algorithm_once
 
     LocalGrid(client_app, [])  # sets Flower's process identity for message construction
     parsed, built = [], []
-    monkeypatch.setattr(node, "build_config", lambda data, source: parsed.append(data["name"])
-                        or build_config(data, source))
+    monkeypatch.setattr(
+        node, "build_config", lambda data, source: parsed.append(data["name"]) or build_config(data, source)
+    )
     monkeypatch.setattr(node, "build_algorithm", lambda name, *args: built.append(name) or build_algorithm(name, *args))
     texts = {n: tomli_w.dumps(to_dict(load_config(None, OVERRIDES + [f"name={n}"]))) for n in ("cache-a", "cache-b")}
     payload = {"global": node_setup(texts["cache-a"], {"partition-id": 0}, 0).init}
@@ -142,8 +167,11 @@ def run_both(tmp_path, config) -> tuple[list[dict], list[dict]]:
     run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
 
     def records(folder):
-        return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
-                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in json.loads(line).items() if "seconds" not in k}
+            for line in (folder / "metrics.jsonl").read_text().splitlines()
+        ]
+
     return records(tmp_path / "flower"), records(tmp_path / "sim")
 
 
@@ -158,8 +186,10 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
                 assert f[key] == s[key], key
 
 
-@pytest.mark.parametrize("algorithms", [["fedala"], ["fedavg", "ditto+ala", "fedrep"],
-                                        ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"]])
+@pytest.mark.parametrize(
+    "algorithms",
+    [["fedala"], ["fedavg", "ditto+ala", "fedrep"], ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"]],
+)
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
     config = load_config(None, OVERRIDES + [f"algorithms={json.dumps(algorithms)}"])
     flower_records, sim_records = run_both(tmp_path, config)
@@ -185,9 +215,19 @@ def test_flower_builds_the_text_model_from_the_nodes_vocabulary(tmp_path):
     (tmp_path / "agnews").mkdir()
     (tmp_path / "agnews" / "train.csv").write_text("\n".join(rows[:40]) + "\n", encoding="utf-8")
     (tmp_path / "agnews" / "test.csv").write_text("\n".join(rows[40:]) + "\n", encoding="utf-8")
-    config = load_config(None, ["dataset=agnews", f"data_dir='{tmp_path / 'agnews'}'", "num_clients=2",
-                                "partition=iid", "rounds=1", 'algorithms=["fedala"]', "engine=loop",
-                                "fedala.max_start_epochs=2"])
+    config = load_config(
+        None,
+        [
+            "dataset=agnews",
+            f"data_dir='{tmp_path / 'agnews'}'",
+            "num_clients=2",
+            "partition=iid",
+            "rounds=1",
+            'algorithms=["fedala"]',
+            "engine=loop",
+            "fedala.max_start_epochs=2",
+        ],
+    )
     grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 2} for i in range(2)])
     run_on_flower(config, grid, tmp_path / "flower", wait_seconds=5)
     run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
@@ -225,8 +265,10 @@ def test_a_restarted_server_app_continues_from_its_checkpoint_like_an_uninterrup
     run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
 
     def records(folder):
-        return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
-                for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in json.loads(line).items() if "seconds" not in k}
+            for line in (folder / "metrics.jsonl").read_text().splitlines()
+        ]
 
     resumed, sim = records(out), records(tmp_path / "sim")
     assert [(r["algorithm"], r["round"]) for r in resumed] == [(r["algorithm"], r["round"]) for r in sim]
@@ -246,10 +288,21 @@ def test_a_restarted_server_app_continues_from_its_checkpoint_like_an_uninterrup
 def test_the_global_model_methods_on_flower_match_the_simulator_under_the_official_protocol(tmp_path):
     """FedACD's baselines with global metrics and the adaptability metrics: the ServerApp scores the
     global model on the test split it reads itself, the nodes report their local models' scores."""
-    config = load_config(None, ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=2", "engine=loop",
-                                "test_set=official", "metrics.adaptability=true", "creff.match_steps=5",
-                                "creff.retrain_epochs=1",
-                                'algorithms=["fedacd","fednova","fednh","creff","fedrod"]'])
+    config = load_config(
+        None,
+        [
+            "dataset=synthetic",
+            "num_clients=3",
+            "alpha=0.5",
+            "rounds=2",
+            "engine=loop",
+            "test_set=official",
+            "metrics.adaptability=true",
+            "creff.match_steps=5",
+            "creff.retrain_epochs=1",
+            'algorithms=["fedacd","fednova","fednh","creff","fedrod"]',
+        ],
+    )
     flower_records, sim_records = run_both(tmp_path, config)
     assert len(flower_records) == len(sim_records) == 15
     assert "global_accuracy" in flower_records[-1] and "local_risk" in flower_records[1]
@@ -260,20 +313,24 @@ def test_sosicfl_on_flower_matches_the_simulator_and_refuses_evaluating_absent_c
     """The ServerApp prepares the simplex from the nodes' label counts; per-client payloads (the
     cluster centre and the round's alphas) and SosicFL+'s personal endpoints on the nodes give the
     simulator's numbers."""
-    overrides = OVERRIDES + ["sosicfl.num_clusters=2", "sosicfl.pool_size=200", "sosicfl.n_init=2",
-                             'algorithms=["sosicfl", "sosicfl_plus"]']
+    overrides = OVERRIDES + [
+        "sosicfl.num_clusters=2",
+        "sosicfl.pool_size=200",
+        "sosicfl.n_init=2",
+        'algorithms=["sosicfl", "sosicfl_plus"]',
+    ]
     flower_records, sim_records = run_both(tmp_path, load_config(None, overrides))
     assert len(flower_records) == len(sim_records) == 8
     assert "update_variance" in flower_records[1]
     assert_same_records(flower_records, sim_records)
     grid = LocalGrid(client_app, [{"partition-id": i, "num-partitions": 3} for i in range(3)])
     with pytest.raises(ValueError, match="eval_all_clients = true runs in the simulator only"):
-        run_on_flower(load_config(None, overrides + ["eval_all_clients=true"]), grid, tmp_path / "again",
-                      wait_seconds=5)
+        run_on_flower(
+            load_config(None, overrides + ["eval_all_clients=true"]), grid, tmp_path / "again", wait_seconds=5
+        )
     with pytest.raises(ValueError, match="trace.clients runs in the simulator only"):
-        run_on_flower(load_config(None, overrides + ["trace.clients=[0]"]), grid, tmp_path / "traced",
-                      wait_seconds=5)
-    with pytest.raises(ValueError, match="state_store = \"disk\" runs in the simulator and on Flower.s Simulation"):
+        run_on_flower(load_config(None, overrides + ["trace.clients=[0]"]), grid, tmp_path / "traced", wait_seconds=5)
+    with pytest.raises(ValueError, match='state_store = "disk" runs in the simulator and on Flower.s Simulation'):
         run_on_flower(load_config(None, overrides + ["state_store=disk"]), grid, tmp_path / "disk", wait_seconds=5)
     assert not (tmp_path / "again").exists() and not (tmp_path / "traced").exists()  # nothing half-written
     assert not (tmp_path / "disk").exists()

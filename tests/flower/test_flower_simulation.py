@@ -42,13 +42,16 @@ def test_clients_of_a_simulation_keep_their_states_on_disk_with_the_disk_store(t
     (not in the nodes' memory), with the simulator's records."""
     from pflkit.flower.simulation import run_on_flower_simulation
 
-    config = load_config(None, ["rounds=2", "num_clients=3", 'algorithms=["fedala"]', "engine=loop",
-                                "state_store=disk"])
+    config = load_config(
+        None, ["rounds=2", "num_clients=3", 'algorithms=["fedala"]', "engine=loop", "state_store=disk"]
+    )
     run_on_flower_simulation(config, tmp_path / "flower")
     run_experiment(config, tmp_path / "sim", progress=False, echo=lambda s: None)
     assert records(tmp_path / "flower") == records(tmp_path / "sim")
-    files = sorted(p.relative_to(tmp_path / "flower" / "states" / "flower").as_posix()
-                   for p in (tmp_path / "flower" / "states" / "flower").rglob("*.pt"))
+    files = sorted(
+        p.relative_to(tmp_path / "flower" / "states" / "flower").as_posix()
+        for p in (tmp_path / "flower" / "states" / "flower").rglob("*.pt")
+    )
     assert files == [f"client{i}/pflkit.fedala.seed0.pt" for i in range(3)]
 
 

@@ -80,8 +80,9 @@ def test_sgd_clips_the_global_gradient_norm_like_torch_per_client_when_batched()
         torch.testing.assert_close(c, p.grad)
     small = clip_by_global_norm([gr * 1e-3 for gr in grads], 2.0)  # below the norm: unchanged
     torch.testing.assert_close(small[0], grads[0] * 1e-3)
-    stacked = clip_by_global_norm([torch.stack([grads[0], grads[0] * 1e-3]), torch.stack([grads[1], grads[1] * 1e-3])],
-                                  2.0, batched=True)
+    stacked = clip_by_global_norm(
+        [torch.stack([grads[0], grads[0] * 1e-3]), torch.stack([grads[1], grads[1] * 1e-3])], 2.0, batched=True
+    )
     torch.testing.assert_close(stacked[0][0], ours[0])
     torch.testing.assert_close(stacked[0][1], grads[0] * 1e-3)
 
@@ -93,7 +94,8 @@ def test_mixup_batches_mix_inputs_and_weigh_both_labels():
     torch.testing.assert_close(batch.x, 0.3 * x + 0.7 * x[perm])
     logits = torch.randn(4, 5)
     expected = 0.3 * torch.nn.functional.cross_entropy(logits, y) + 0.7 * torch.nn.functional.cross_entropy(
-        logits, y[perm])
+        logits, y[perm]
+    )
     torch.testing.assert_close(cross_entropy(logits, batch), expected)
     ctx = tiny_context()
     plain = [b for b in ctx.batches()]
@@ -112,11 +114,13 @@ def test_label_loss_of_a_plain_batch_is_unchanged_by_the_mixup_machinery():
 
 def test_an_ensemble_is_scored_by_its_mean_softmax() -> None:
     from pflkit.functional import Ensemble, evaluate, forward
+
     ctx = tiny_context()
     a, b = params_of(ctx, 0), params_of(ctx, 1)
     x, y = ctx.data.test_x, ctx.data.test_y
     probs = (torch.softmax(forward(ctx.model, a, x), -1) + torch.softmax(forward(ctx.model, b, x), -1)) / 2
     out = evaluate(ctx.model, Ensemble([a, b]), x, y)
     assert out["correct"] == int((probs.argmax(1) == y).sum())
-    assert out["loss_sum"] == pytest.approx(float(torch.nn.functional.nll_loss(probs.log(), y, reduction="sum")),
-                                            rel=1e-5)
+    assert out["loss_sum"] == pytest.approx(
+        float(torch.nn.functional.nll_loss(probs.log(), y, reduction="sum")), rel=1e-5
+    )

@@ -52,7 +52,7 @@ def test_apple_loss_schedule():
     assert loss_scale(0, 100, 0.2, "cos") == pytest.approx(1.0)
     assert loss_scale(10, 100, 0.2, "cos") == pytest.approx(0.5)
     assert loss_scale(20, 100, 0.2, "cos") == 0.0
-    assert loss_scale(10, 100, 0.2, "exp") == pytest.approx(0.001 ** 0.5)
+    assert loss_scale(10, 100, 0.2, "exp") == pytest.approx(0.001**0.5)
 
 
 def test_apple_step_updates_own_core_and_relationship_vector():
@@ -72,7 +72,7 @@ def test_apple_step_updates_own_core_and_relationship_vector():
     p = state["p"]
     personal = {k: sum(p[j] * cores[j][k] for j in range(3)) for k in cores[0]}
     new, upload, _ = alg.local_train(payload, state, ctx)
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     g = ce_grads(ctx, personal, x, y)
     scale = loss_scale(1, ctx.train.rounds, 1.0, "cos") * 0.5
     core_lr = 0.05  # the local lr (default)
@@ -96,8 +96,19 @@ class PfllibAppleMixingClient:
     round: lamda <- (cos(R pi / L) + 1) / 2 for R < L = int(L_frac * T), else 0; the upload
     ``model_c`` is a copy of the model (the mixture of the last batch)."""
 
-    def __init__(self, cid: int, model: torch.nn.Module, n: int, lr: float, drlr: float, mu: float,
-                 l_frac: float, rounds: int, p0: list[float], p_rule: str = "pfllib") -> None:
+    def __init__(
+        self,
+        cid: int,
+        model: torch.nn.Module,
+        n: int,
+        lr: float,
+        drlr: float,
+        mu: float,
+        l_frac: float,
+        rounds: int,
+        p0: list[float],
+        p_rule: str = "pfllib",
+    ) -> None:
         self.cid, self.model, self.n = cid, model, n
         self.core_lr = lr * n
         self.drlr, self.mu, self.L = drlr, mu, int(l_frac * rounds)
@@ -145,8 +156,9 @@ def apple_setup(p_rule: str = "true", mu: float = 0.0, rounds: int = 1, round: i
     server = {**alg.prepare(alg.init_server(base), summaries(sizes)), "models": dict(enumerate(cores))}
     payload = alg.downlink(server, 0, round)
     p0 = [n / sum(sizes) for n in sizes]
-    ref = PfllibAppleMixingClient(0, module_at(model, base), 3, lr=0.05, drlr=0.05, mu=mu, l_frac=0.5, rounds=rounds,
-                            p0=p0, p_rule=p_rule)
+    ref = PfllibAppleMixingClient(
+        0, module_at(model, base), 3, lr=0.05, drlr=0.05, mu=mu, l_frac=0.5, rounds=rounds, p0=p0, p_rule=p_rule
+    )
     return ctx, alg, payload, cores, ref
 
 
@@ -175,18 +187,22 @@ def test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_
     assert max(abs(a - b) for a, b in zip(theirs.ps, new["p"].tolist())) > 1e-4
 
 
-@XFAIL_DIFFERS(reason="PFLlib starts every client's p at 1/N (clientapple.py __init__, "
-                   "self.ps) and uses the data shares p0 only in the proximal term; pflkit starts p at p0 "
-                   "(apple.py:107)")
+@XFAIL_DIFFERS(
+    reason="PFLlib starts every client's p at 1/N (clientapple.py __init__, "
+    "self.ps) and uses the data shares p0 only in the proximal term; pflkit starts p at p0 "
+    "(apple.py:107)"
+)
 def test_apple_first_p_is_uniform_as_in_pfllib():
     ctx, alg, payload, cores, ref = apple_setup()
     state, _ = alg.local_init(payload, alg.init_client(cores[0], 0), ctx)
     torch.testing.assert_close(state["p"], torch.tensor(ref.ps, dtype=state["p"].dtype))
 
 
-@XFAIL_DIFFERS(reason="PFLlib's client uploads model_c = deepcopy(self.model), the mixture "
-                   "sum_j p_j w_j^c of its last batch (clientapple.py train, end), not its trained core, and its next "
-                   "evaluate() scores that same model; pflkit uploads the core (apple.py:136-138)")
+@XFAIL_DIFFERS(
+    reason="PFLlib's client uploads model_c = deepcopy(self.model), the mixture "
+    "sum_j p_j w_j^c of its last batch (clientapple.py train, end), not its trained core, and its next "
+    "evaluate() scores that same model; pflkit uploads the core (apple.py:136-138)"
+)
 def test_apple_upload_is_pfllibs_model_c():
     ctx, alg, payload, cores, ref = apple_setup()
     state, _ = alg.local_init(payload, {**alg.init_client(cores[0], 0), "p": torch.full((3,), 1 / 3)}, ctx)
@@ -195,9 +211,11 @@ def test_apple_upload_is_pfllibs_model_c():
     assert_params_close(upload["params"], weights(ref.model_c))
 
 
-@XFAIL_DIFFERS(reason="PFLlib's proximal step on p is lamda*mu*(p - p0) (the gradient of "
-                   "lamda*mu/2 ||p - p0||^2); pflkit's loss lamda*mu*||p - p0||^2 steps 2*lamda*mu*(p - p0) "
-                   "(apple.py:80)")
+@XFAIL_DIFFERS(
+    reason="PFLlib's proximal step on p is lamda*mu*(p - p0) (the gradient of "
+    "lamda*mu/2 ||p - p0||^2); pflkit's loss lamda*mu*||p - p0||^2 steps 2*lamda*mu*(p - p0) "
+    "(apple.py:80)"
+)
 def test_apple_proximal_step_on_p_is_pfllibs():
     rounds, r = 10, 3
     ctx, alg, payload, cores, ref = apple_setup(mu=1.0, rounds=rounds, round=r)
@@ -210,13 +228,16 @@ def test_apple_proximal_step_on_p_is_pfllibs():
     torch.testing.assert_close(new["p"], torch.tensor(ref.ps, dtype=new["p"].dtype), rtol=RTOL, atol=ATOL)
 
 
-@XFAIL_DIFFERS(reason="PFLlib's lamda is 1 in its first round (R = 0) and, in round R >= 1, "
-                   "(cos((R-1) pi / int(L T)) + 1) / 2, set at the end of the previous round; pflkit's round r "
-                   "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py:39-46, 130): two rounds ahead")
+@XFAIL_DIFFERS(
+    reason="PFLlib's lamda is 1 in its first round (R = 0) and, in round R >= 1, "
+    "(cos((R-1) pi / int(L T)) + 1) / 2, set at the end of the previous round; pflkit's round r "
+    "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py:39-46, 130): two rounds ahead"
+)
 def test_apple_lambda_schedule_is_pfllibs():
     rounds, l_frac = 10, 0.5
-    ref = PfllibAppleMixingClient(0, torch.nn.Linear(1, 1), 1, lr=0.1, drlr=0.0, mu=0.0, l_frac=l_frac, rounds=rounds,
-                            p0=[1.0])
+    ref = PfllibAppleMixingClient(
+        0, torch.nn.Linear(1, 1), 1, lr=0.1, drlr=0.0, mu=0.0, l_frac=l_frac, rounds=rounds, p0=[1.0]
+    )
     theirs = []
     for R in range(rounds):  # PFLlib's rounds 0..T-1 are pflkit's 1..T
         theirs.append(ref.lamda)
@@ -244,8 +265,18 @@ OWN = 1  # the client under test (not slot 0, so that a wrong own slot shows)
 
 def client(*, round: int, rounds: int, lr: float = 0.05, momentum: float = 0.0) -> SingleClientContext:
     """Client OWN with SIZES[OWN] random samples (data seed 700) and the digits CNN (seed 0)."""
-    return client_context(OWN, n_train=SIZES[OWN], data_seed=700, round=round, algorithm="apple", batch_size=10,
-                          local_epochs=1, lr=lr, rounds=rounds, momentum=momentum)
+    return client_context(
+        OWN,
+        n_train=SIZES[OWN],
+        data_seed=700,
+        round=round,
+        algorithm="apple",
+        batch_size=10,
+        local_epochs=1,
+        lr=lr,
+        rounds=rounds,
+        momentum=momentum,
+    )
 
 
 def cores_of(ctx) -> list[dict]:
@@ -293,8 +324,20 @@ class PfllibAppleClient:
     batch's cores (pflkit's gradient of p), ``prox_factor = 2`` the gradient of pflkit's
     lamda * mu * ||p - p0||^2; ``core_lr`` = N * lr is pflkit's ``apple.core_lr``."""
 
-    def __init__(self, model: nn.Module, cid: int, n: int, core_lr: float, drlr: float, mu: float, l_frac: float,
-                 rounds: int, p0: list[float], p_grad: str = "mean", prox_factor: float = 1.0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        cid: int,
+        n: int,
+        core_lr: float,
+        drlr: float,
+        mu: float,
+        l_frac: float,
+        rounds: int,
+        p0: list[float],
+        p_grad: str = "mean",
+        prox_factor: float = 1.0,
+    ) -> None:
         self.model, self.cid, self.n = copy.deepcopy(model), cid, n
         self.core_lr, self.drlr, self.mu = core_lr, drlr, mu
         self.L = int(l_frac * rounds)
@@ -383,8 +426,9 @@ def authors_reg_coef(mu: float, rounds: int, l_frac: float, r: int) -> float:
     return (math.cos(math.pi / dynamic * r) + 1) / 2 * mu
 
 
-def authors_client_round(net: AuthorsClientNet, batches, p0: list[float], coef: float, lr_net: float,
-                         lr_coef: float, momentum: float) -> list[float]:
+def authors_client_round(
+    net: AuthorsClientNet, batches, p0: list[float], coef: float, lr_net: float, lr_coef: float, momentum: float
+) -> list[float]:
     """train_one_round for one client: SGD over the layers' parameters (lr_net) and ps (lr_coef),
     momentum 0.9 in their code; per batch CE + coef * ||ps - p0||^2 (reg_loss), backward, step.
     Returns the batches' losses."""
@@ -434,8 +478,9 @@ def test_apple_round_with_the_proximal_term_matches_the_authors_client_under_mom
     torch.testing.assert_close(new["p"], ps, rtol=F32_RTOL, atol=F32_ATOL)
     assert float(metrics["train_loss"]) == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     # the proximal term moved p by far more than the tolerance: without it p ends elsewhere
-    _, plain, _, _ = run_round(setup(ctx, "apple.mu=0", f"apple.L={L_FRAC}", "apple.dr_lr=0.02")[0], payload, ctx,
-                               p_start)
+    _, plain, _, _ = run_round(
+        setup(ctx, "apple.mu=0", f"apple.L={L_FRAC}", "apple.dr_lr=0.02")[0], payload, ctx, p_start
+    )
     assert float((plain["p"] - new["p"]).abs().max()) > 1e-2
 
 
@@ -450,8 +495,19 @@ def test_apple_proximal_step_on_p_is_pfllibs_doubled():
     p_start = [0.6, 0.1, 0.3]
     _, new, _, _ = run_round(alg, payload, ctx, p_start)
 
-    ref = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.05 * 3, drlr=0.05, mu=mu, l_frac=L_FRAC, rounds=ROUNDS,
-                            p0=P0, p_grad="true", prox_factor=2.0)
+    ref = PfllibAppleClient(
+        ctx.model,
+        OWN,
+        3,
+        core_lr=0.05 * 3,
+        drlr=0.05,
+        mu=mu,
+        l_frac=L_FRAC,
+        rounds=ROUNDS,
+        p0=P0,
+        p_grad="true",
+        prox_factor=2.0,
+    )
     ref.ps = list(p_start)
     ref.lamda = loss_scale(r, ROUNDS, L_FRAC, "cos")
     assert ref.lamda > 0.3
@@ -460,8 +516,19 @@ def test_apple_proximal_step_on_p_is_pfllibs_doubled():
     torch.testing.assert_close(new["p"], torch.tensor(ref.ps), rtol=F32_RTOL, atol=F32_ATOL)
     assert_params_f32_close(new["model"], weights(core_mods[OWN]))
     # PFLlib's own factor (what the xfail compares) gives another p
-    theirs = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.05 * 3, drlr=0.05, mu=mu, l_frac=L_FRAC, rounds=ROUNDS,
-                               p0=P0, p_grad="true", prox_factor=1.0)
+    theirs = PfllibAppleClient(
+        ctx.model,
+        OWN,
+        3,
+        core_lr=0.05 * 3,
+        drlr=0.05,
+        mu=mu,
+        l_frac=L_FRAC,
+        rounds=ROUNDS,
+        p0=P0,
+        p_grad="true",
+        prox_factor=1.0,
+    )
     theirs.ps, theirs.lamda = list(p_start), ref.lamda
     theirs.train(r - 1, [module_at(ctx.model, c) for c in cores], batch_pairs(ctx, "train"))
     assert max(abs(a - b) for a, b in zip(theirs.ps, ref.ps)) > 1e-3
@@ -475,8 +542,19 @@ def test_apple_first_p_is_the_data_shares_and_the_round_from_it_is_pfllibs():
     alg, cores, payload = setup(ctx, "apple.mu=0.5", f"apple.L={L_FRAC}", "apple.core_lr=0.15", "apple.dr_lr=0.05")
     state, new, _, _ = run_round(alg, payload, ctx)
     torch.testing.assert_close(state["p"], torch.tensor(P0))
-    ref = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.15, drlr=0.05, mu=0.5, l_frac=L_FRAC, rounds=ROUNDS, p0=P0,
-                            p_grad="true", prox_factor=2.0)
+    ref = PfllibAppleClient(
+        ctx.model,
+        OWN,
+        3,
+        core_lr=0.15,
+        drlr=0.05,
+        mu=0.5,
+        l_frac=L_FRAC,
+        rounds=ROUNDS,
+        p0=P0,
+        p_grad="true",
+        prox_factor=2.0,
+    )
     ref.ps = list(P0)
     ref.lamda = loss_scale(1, ROUNDS, L_FRAC, "cos")
     core_mods = [module_at(ctx.model, c) for c in cores]
@@ -492,8 +570,19 @@ def test_apple_upload_is_the_trained_core_not_pfllibs_model_c():
     ctx = client(round=2, rounds=ROUNDS)
     alg, cores, payload = setup(ctx, "apple.mu=0.5", f"apple.L={L_FRAC}", "apple.core_lr=0.15", "apple.dr_lr=0.05")
     _, _, upload, _ = run_round(alg, payload, ctx, [0.3, 0.4, 0.3])
-    ref = PfllibAppleClient(ctx.model, OWN, 3, core_lr=0.15, drlr=0.05, mu=0.5, l_frac=L_FRAC, rounds=ROUNDS, p0=P0,
-                            p_grad="true", prox_factor=2.0)
+    ref = PfllibAppleClient(
+        ctx.model,
+        OWN,
+        3,
+        core_lr=0.15,
+        drlr=0.05,
+        mu=0.5,
+        l_frac=L_FRAC,
+        rounds=ROUNDS,
+        p0=P0,
+        p_grad="true",
+        prox_factor=2.0,
+    )
     ref.ps = [0.3, 0.4, 0.3]
     ref.lamda = loss_scale(2, ROUNDS, L_FRAC, "cos")
     core_mods = [module_at(ctx.model, c) for c in cores]
@@ -509,8 +598,9 @@ def test_apple_lambda_schedule_is_pfllibs_two_rounds_later_and_the_authors_one_r
     and the authors' get_reg_coef in round r + 1 (1-based rounds). L * T is a whole number here:
     both references round it down (int), pflkit does not."""
     for rounds, l_frac in ((10, 0.5), (25, 0.2), (7, 1.0)):
-        ref = PfllibAppleClient(nn.Linear(1, 1), 0, 1, core_lr=0.0, drlr=0.0, mu=0.0, l_frac=l_frac,
-                                rounds=rounds, p0=[1.0])
+        ref = PfllibAppleClient(
+            nn.Linear(1, 1), 0, 1, core_lr=0.0, drlr=0.0, mu=0.0, l_frac=l_frac, rounds=rounds, p0=[1.0]
+        )
         pfllib = []
         for R in range(rounds + 2):  # PFLlib's round R (0-based) is pflkit's round R + 1
             pfllib.append(ref.lamda)

@@ -49,8 +49,12 @@ def test_creff_class_gradients_are_the_closed_form_head_gradient():
     w, b = params["fc.weight"].clone().requires_grad_(True), params["fc.bias"].clone().requires_grad_(True)
     loss = F.cross_entropy(F.linear(feats, w, b), torch.full((5,), 3))
     gw, gb = torch.autograd.grad(loss, [w, b])
-    torch.testing.assert_close(classifier_gradient(feats, 3, params["fc.weight"], params["fc.bias"]),
-                               torch.cat([gw.flatten(), gb]), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        classifier_gradient(feats, 3, params["fc.weight"], params["fc.bias"]),
+        torch.cat([gw.flatten(), gb]),
+        rtol=1e-4,
+        atol=1e-6,
+    )
 
 
 def reference_creff_distance(g_syn_w, g_syn_b, g_real_w, g_real_b) -> torch.Tensor:
@@ -76,9 +80,10 @@ def test_creff_matches_features_with_the_authors_row_wise_distance_at_last_round
     loss = 0
     for c in (0, 2):
         Wl, bl = W.clone().requires_grad_(True), b.clone().requires_grad_(True)
-        gw, gb = torch.autograd.grad(F.cross_entropy(leaf[c] @ Wl.t() + bl, torch.full((m,), c)), [Wl, bl],
-                                     create_graph=True)
-        loss = loss + reference_creff_distance(gw, gb, target[c, :C * d].reshape(C, d), target[c, C * d:])
+        gw, gb = torch.autograd.grad(
+            F.cross_entropy(leaf[c] @ Wl.t() + bl, torch.full((m,), c)), [Wl, bl], create_graph=True
+        )
+        loss = loss + reference_creff_distance(gw, gb, target[c, : C * d].reshape(C, d), target[c, C * d :])
     (grad,) = torch.autograd.grad(loss, [leaf])
     expected = feats - 0.1 * grad
     ctx = tiny_context()
@@ -92,6 +97,7 @@ def test_creff_round_gradients_at_the_retrained_head_plain_mean_and_a_fresh_retr
     import numpy as np
 
     from pflkit.algorithms import ClientSummary
+
     alg = build("creff", ctx, "creff.features=5", "creff.match_steps=3", "creff.retrain_epochs=2")
     glob = params_of(ctx, 2)
     server = alg.prepare(alg.init_server(glob), [ClientSummary(0, 30, np.ones(10))], seed=7)
@@ -102,19 +108,25 @@ def test_creff_round_gradients_at_the_retrained_head_plain_mean_and_a_fresh_retr
     assert torch.equal(payload["global"]["fc.weight"], glob["fc.weight"])  # clients train from the average
     new, upload, _ = alg.local_train(payload, {"model": dict(glob)}, ctx)
     # the real gradients are taken at the received body with the server's re-trained head
-    per_sample = head_gradients("fc.weight", "fc.bias", 3)(ctx.net, {**glob, **head}, ctx.data.train_x,
-                                                         ctx.data.train_y)
+    per_sample = head_gradients("fc.weight", "fc.bias", 3)(
+        ctx.net, {**glob, **head}, ctx.data.train_x, ctx.data.train_y
+    )
     for c in range(10):
         rows = ctx.data.train_y == c
         if rows.any():
             torch.testing.assert_close(upload["class_grads"][c], per_sample[rows].mean(0), rtol=1e-5, atol=1e-7)
     # the server's target: a plain mean over the clients holding the class (not count-weighted)
-    other = {**upload, "class_grads": upload["class_grads"] + 1.0, "class_counts": upload["class_counts"] * 5,
-             "client_id": 1}
+    other = {
+        **upload,
+        "class_grads": upload["class_grads"] + 1.0,
+        "class_counts": upload["class_counts"] * 5,
+        "client_id": 1,
+    }
     seen = []
     real_match = alg.match
-    alg.match = lambda features, target, classes, weight, bias: seen.append((target, classes, weight)) or \
-        real_match(features, target, classes, weight, bias)
+    alg.match = lambda features, target, classes, weight, bias: (
+        seen.append((target, classes, weight)) or real_match(features, target, classes, weight, bias)
+    )
     after = alg.aggregate(server, [{**upload, "client_id": 0}, other], 1)
     target, classes, weight = seen[0]
     held = upload["class_counts"] > 0
@@ -145,7 +157,7 @@ def test_creff_retraining_is_minibatch_sgd_from_the_given_start():
     for _ in range(2):
         order = torch.randperm(15, generator=order_g)
         for start in range(0, 15, 4):
-            idx = order[start:start + 4]
+            idx = order[start : start + 4]
             p = torch.softmax(x[idx] @ rw.t() + rb, dim=1)
             err = (p - F.one_hot(y[idx], 3).double()) / len(idx)
             rw, rb = rw - 0.5 * err.t() @ x[idx], rb - 0.5 * err.sum(0)
@@ -160,8 +172,16 @@ def test_creff_retraining_is_minibatch_sgd_from_the_given_start():
 
 def client(cid: int, classes: list[int], n_train: int) -> SingleClientContext:
     """Client ``cid`` with labels from ``classes`` (data seed 400 + cid) and the digits CNN (seed 0)."""
-    return client_context(cid, n_train=n_train, data_seed=400 + cid, classes=classes, algorithm="creff",
-                          batch_size=10, local_epochs=1, lr=0.1)
+    return client_context(
+        cid,
+        n_train=n_train,
+        data_seed=400 + cid,
+        classes=classes,
+        algorithm="creff",
+        batch_size=10,
+        local_epochs=1,
+        lr=0.1,
+    )
 
 
 def distance_wb(gwr: torch.Tensor, gws: torch.Tensor) -> torch.Tensor:
@@ -171,8 +191,14 @@ def distance_wb(gwr: torch.Tensor, gws: torch.Tensor) -> torch.Tensor:
     return torch.sum(1 - torch.sum(gwr * gws, dim=-1) / (torch.norm(gwr, dim=-1) * torch.norm(gws, dim=-1) + 1e-6))
 
 
-def authors_update_feature_syn(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                               real: dict[int, list[torch.Tensor]], steps: int, lr: float) -> torch.Tensor:
+def authors_update_feature_syn(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    real: dict[int, list[torch.Tensor]],
+    steps: int,
+    lr: float,
+) -> torch.Tensor:
     """update_feature_syn: feature_net = nn.Linear(d, C) holding (weight, bias); feature_syn is one
     [C * m, d] leaf under torch.optim.SGD(lr); ``real`` maps each held class to its averaged
     [weight gradient, bias gradient]. Returns the features as [C, m, d]."""
@@ -189,7 +215,7 @@ def authors_update_feature_syn(features: torch.Tensor, weight: torch.Tensor, bia
         for c in range(C):
             if c not in real:
                 continue
-            out = net(feature_syn[c * m:(c + 1) * m].reshape(m, d))
+            out = net(feature_syn[c * m : (c + 1) * m].reshape(m, d))
             gw_syn = torch.autograd.grad(F.cross_entropy(out, torch.full((m,), c)), params, create_graph=True)
             loss = loss + sum(distance_wb(gr, gs) for gr, gs in zip(real[c], gw_syn))
         opt.zero_grad()
@@ -207,7 +233,7 @@ def test_creff_feature_matching_is_the_authors_loop_over_several_steps():
     feats = torch.randn(C, m, d, generator=g, dtype=torch.float64)
     target = torch.randn(C, C * d + C, generator=g, dtype=torch.float64)
     held = [0, 2, 3]
-    real = {c: [target[c, :C * d].reshape(C, d), target[c, C * d:]] for c in held}
+    real = {c: [target[c, : C * d].reshape(C, d), target[c, C * d :]] for c in held}
     ctx = client(0, [0, 1], 10)
     for steps in (1, 5):
         alg = build("creff", ctx, f"creff.match_steps={steps}", "creff.feature_lr=0.5")
@@ -226,8 +252,9 @@ def test_creff_server_round_averages_and_matches_as_the_authors_server():
     over the clients holding it, and runs four matching steps (``retrain_epochs = 0`` leaves the
     re-training, tested above, out)."""
     ctxs = [client(0, [0, 1, 2, 3, 4], 30), client(1, [3, 4, 5, 6, 7], 50)]
-    alg = build("creff", ctxs[0], "creff.features=3", "creff.match_steps=4", "creff.feature_lr=0.1",
-                "creff.retrain_epochs=0")
+    alg = build(
+        "creff", ctxs[0], "creff.features=3", "creff.match_steps=4", "creff.feature_lr=0.1", "creff.retrain_epochs=0"
+    )
     summaries = [ClientSummary(c.client_id, c.num_train, c.label_counts.numpy()) for c in ctxs]
     server = alg.prepare(alg.init_server(params_of(ctxs[0], 2)), summaries, seed=3)
     uploads = []
@@ -243,8 +270,10 @@ def test_creff_server_round_averages_and_matches_as_the_authors_server():
         holders = [u for u in uploads if u["class_counts"][c] > 0]
         if holders:
             grads = [u["class_grads"][c] for u in holders]
-            real[c] = [sum(gr[:C * d] / len(holders) for gr in grads).reshape(C, d),
-                       sum(gr[C * d:] / len(holders) for gr in grads)]
+            real[c] = [
+                sum(gr[: C * d] / len(holders) for gr in grads).reshape(C, d),
+                sum(gr[C * d :] / len(holders) for gr in grads),
+            ]
     assert sorted(real) == list(range(8))
     head = server["head"]
     theirs = authors_update_feature_syn(server["features"], head["fc.weight"], head["fc.bias"], real, 4, lr=0.1)

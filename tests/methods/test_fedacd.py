@@ -37,8 +37,12 @@ def test_fedacd_estimates_P_from_the_received_model_and_reestimates_it_every_epo
     logits = ctx.net(glob, ctx.data.train_x, train=False)
     sums = torch.zeros(10, 10).index_add_(0, ctx.data.train_y, torch.softmax(logits, -1))
     P0 = probability_matrix(sums, ctx.label_counts)
-    torch.testing.assert_close(P0, probability_matrix(ctx.class_sums(glob, lambda n, p, x, y: torch.softmax(
-        n(p, x, train=False), -1)), ctx.label_counts))
+    torch.testing.assert_close(
+        P0,
+        probability_matrix(
+            ctx.class_sums(glob, lambda n, p, x, y: torch.softmax(n(p, x, train=False), -1)), ctx.label_counts
+        ),
+    )
     carried = {"fedacd.P": P0, "fedacd.sums": sums, "fedacd.weights": ctx.label_counts.float()}
     new = reestimate(0.0)(carried)
     seen = ctx.label_counts > 0
@@ -92,16 +96,23 @@ def test_template_score_and_softmax_aggregation():
     assert float(template_kl(P, torch.tensor([4, 2]), gamma)) == pytest.approx(float(rows.mean()), rel=1e-6)
     assert float(template_kl(P, torch.tensor([4, 0]), gamma)) == pytest.approx(float(rows[0]), abs=1e-7)
     # fedacd.score_rows = "samples": rows weighted by the class counts
-    assert float(template_kl(P, torch.tensor([4, 2]), gamma, "samples")) == \
-        pytest.approx(float((4 * rows[0] + 2 * rows[1]) / 6), rel=1e-6)
+    assert float(template_kl(P, torch.tensor([4, 2]), gamma, "samples")) == pytest.approx(
+        float((4 * rows[0] + 2 * rows[1]) / 6), rel=1e-6
+    )
     ctx = tiny_context()
     server = {"global": params_of(ctx, 1)}
     a, b = params_of(ctx, 2), params_of(ctx, 3)
-    uploads = [{"params": a, "num_samples": 10, "score": 0.5, "client_id": 0},
-               {"params": b, "num_samples": 30, "score": 1.5, "client_id": 1}]
-    for agg, weights in (("softmax_neg_score", [math.exp(-0.5), math.exp(-1.5)]), ("uniform", [1, 1]),
-                         ("samples", [10, 30]), ("inverse_score", [2.0, 1 / 1.5]),
-                         ("softmax_neg_score_x_n", [10 * math.exp(-0.5), 30 * math.exp(-1.5)])):
+    uploads = [
+        {"params": a, "num_samples": 10, "score": 0.5, "client_id": 0},
+        {"params": b, "num_samples": 30, "score": 1.5, "client_id": 1},
+    ]
+    for agg, weights in (
+        ("softmax_neg_score", [math.exp(-0.5), math.exp(-1.5)]),
+        ("uniform", [1, 1]),
+        ("samples", [10, 30]),
+        ("inverse_score", [2.0, 1 / 1.5]),
+        ("softmax_neg_score_x_n", [10 * math.exp(-0.5), 30 * math.exp(-1.5)]),
+    ):
         alg = build("fedacd", ctx, f'fedacd.agg="{agg}"')
         out = alg.aggregate(server, uploads, 1)
         wa, wb = weights[0] / sum(weights), weights[1] / sum(weights)
@@ -115,8 +126,20 @@ def test_template_score_and_softmax_aggregation():
 
 @pytest.mark.integration
 def test_fedacd_records_its_aggregation_weights_every_round_and_its_own_mixup_setting_wins(tmp_path):
-    config = load_config(None, ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", "lr=0.05",
-                                'algorithms=["fedacd"]', "mixup=true", "fedacd.mixup=false", "engine=loop"])
+    config = load_config(
+        None,
+        [
+            "dataset=synthetic",
+            "num_clients=4",
+            "alpha=0.5",
+            "rounds=2",
+            "lr=0.05",
+            'algorithms=["fedacd"]',
+            "mixup=true",
+            "fedacd.mixup=false",
+            "engine=loop",
+        ],
+    )
     seen = []
     real = TrainBatches.__init__
 
@@ -144,8 +167,9 @@ def test_fedacd_round_uploads_its_score():
     alg = build("fedacd", ctx)
     state, _ = alg.local_init({"global": glob}, alg.init_client(glob, 0), ctx)
     new, upload, metrics = alg.local_train({"global": glob}, state, ctx)
-    P = probability_matrix(ctx.class_sums(new["model"], lambda n, p, x, y: torch.softmax(n(p, x, train=False), -1)),
-                           ctx.label_counts)
+    P = probability_matrix(
+        ctx.class_sums(new["model"], lambda n, p, x, y: torch.softmax(n(p, x, train=False), -1)), ctx.label_counts
+    )
     assert float(upload["score"]) == pytest.approx(float(template_kl(P, ctx.label_counts, 0.9)), rel=1e-6)
     assert metrics["score"] == upload["score"]
 

@@ -51,8 +51,9 @@ def test_start_round_and_freeze_after_start(tmp_path) -> None:
 
     def rows(*overrides: str) -> list[dict]:
         out = tmp_path / str(len(list(tmp_path.iterdir())))
-        config = load_config(None, ["num_clients=4", "rounds=4", 'algorithms=["fedala"]', "fedala.max_start_epochs=3",
-                                    *overrides])
+        config = load_config(
+            None, ["num_clients=4", "rounds=4", 'algorithms=["fedala"]', "fedala.max_start_epochs=3", *overrides]
+        )
         run_experiment(config, out, progress=False, echo=lambda s: None)
         return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "train_round" in r]
 
@@ -109,17 +110,17 @@ class ReferenceALA:
         self.start_phase = True
 
     def __call__(self, global_model: torch.nn.Module, local_model: torch.nn.Module, x, y) -> int:
-        batches = [(x[i:i + self.b], y[i:i + self.b]) for i in range(0, len(y), self.b)]
+        batches = [(x[i : i + self.b], y[i : i + self.b]) for i in range(0, len(y), self.b)]
         g_params, l_params = list(global_model.parameters()), list(local_model.parameters())
         if torch.sum(g_params[0] - l_params[0]) == 0:
             return 0
         with torch.no_grad():
-            for p, g in zip(l_params[:-self.k], g_params[:-self.k]):
+            for p, g in zip(l_params[: -self.k], g_params[: -self.k]):
                 p.copy_(g)
         temp = copy.deepcopy(local_model)
         t_params = list(temp.parameters())
-        top_l, top_g, top_t = l_params[-self.k:], g_params[-self.k:], t_params[-self.k:]
-        for p in t_params[:-self.k]:
+        top_l, top_g, top_t = l_params[-self.k :], g_params[-self.k :], t_params[-self.k :]
+        for p in t_params[: -self.k]:
             p.requires_grad_(False)
         if self.weights is None:
             self.weights = [torch.ones_like(p) for p in top_l]
@@ -133,15 +134,17 @@ class ReferenceALA:
                 loss = F.cross_entropy(temp(bx), by)
                 loss.backward()
                 with torch.no_grad():
-                    self.weights = [torch.clamp(w - self.eta * t.grad * (g - loc), 0, 1)
-                                    for t, loc, g, w in zip(top_t, top_l, top_g, self.weights)]
+                    self.weights = [
+                        torch.clamp(w - self.eta * t.grad * (g - loc), 0, 1)
+                        for t, loc, g, w in zip(top_t, top_l, top_g, self.weights)
+                    ]
                     for t, loc, g, w in zip(top_t, top_l, top_g, self.weights):
                         t.copy_(loc + (g - loc) * w)
             losses.append(loss.item())
             epochs += 1
             if not self.start_phase:
                 break
-            if len(losses) > self.num_pre_loss and np.std(losses[-self.num_pre_loss:]) < self.threshold:
+            if len(losses) > self.num_pre_loss and np.std(losses[-self.num_pre_loss :]) < self.threshold:
                 break
         self.start_phase = False
         with torch.no_grad():
@@ -150,8 +153,9 @@ class ReferenceALA:
         return epochs
 
 
-@pytest.mark.parametrize("p,fast", [(1, True), (2, True), (1, False)],
-                         ids=["p1-closed-form", "p2-cached-features", "p1-plain-autograd"])
+@pytest.mark.parametrize(
+    "p,fast", [(1, True), (2, True), (1, False)], ids=["p1-closed-form", "p2-cached-features", "p1-plain-autograd"]
+)
 def test_fedala_matches_ala_py_first_round_idle_then_start_phase_then_one_epoch(p, fast):
     """FedAvg + ALA on three receptions: the global equals the local model (idle), a start phase
     until the loss std converges, then one epoch from the kept W. pflkit's default sample is a
@@ -159,14 +163,22 @@ def test_fedala_matches_ala_py_first_round_idle_then_start_phase_then_one_epoch(
     ``layer_idx`` tensors (``reference_layer_idx``)."""
     model = client_ctx(0).model
     ctxs = {t: client_ctx(0, n_train=30, batch_size=10, round=t, model=model) for t in (1, 2, 3)}
-    opts = [f"fedala.p={p}", "fedala.eta=5.0", "fedala.sample_fraction=0.8", "fedala.sampling='contiguous'",
-            "fedala.threshold=0.003", "fedala.num_pre_loss=4", "fedala.max_start_epochs=1000"]
+    opts = [
+        f"fedala.p={p}",
+        "fedala.eta=5.0",
+        "fedala.sample_fraction=0.8",
+        "fedala.sampling='contiguous'",
+        "fedala.threshold=0.003",
+        "fedala.num_pre_loss=4",
+        "fedala.max_start_epochs=1000",
+    ]
     if not fast:
         opts += ["fedala.cache_features=false", "fedala.closed_form_head=false"]
     alg = build("fedavg+ala", ctxs[1], *opts)
     w0 = params_of(ctxs[1], 1)
-    ref = ReferenceALA(batch_size=10, layer_idx=reference_layer_idx(ctxs[1].units, p), eta=5.0, threshold=0.003,
-                       num_pre_loss=4)
+    ref = ReferenceALA(
+        batch_size=10, layer_idx=reference_layer_idx(ctxs[1].units, p), eta=5.0, threshold=0.003, num_pre_loss=4
+    )
     state = alg.init_client(w0, 0)
     received = {1: w0, 2: params_of(ctxs[1], 2), 3: params_of(ctxs[1], 3)}
     trained = {1: w0, 2: perturbed(w0, 41, 0.1), 3: perturbed(w0, 42, 0.1)}  # the local model before each
@@ -181,8 +193,9 @@ def test_fedala_matches_ala_py_first_round_idle_then_start_phase_then_one_epoch(
         assert info["ala_epochs"] == n
         epochs.append(n)
         assert_params_close(state["model"], weights(local))
-        expected_w = ref.weights if ref.weights is not None else \
-            [torch.ones_like(v) for v in state["ala"]["weights"].values()]
+        expected_w = (
+            ref.weights if ref.weights is not None else [torch.ones_like(v) for v in state["ala"]["weights"].values()]
+        )
         torch.testing.assert_close(list(state["ala"]["weights"].values()), expected_w, rtol=RTOL, atol=ATOL)
     assert epochs[0] == 0 and epochs[1] > 8 and epochs[2] == 1  # the std rule, not the window, ended the start
     w = torch.cat([v.flatten() for v in ref.weights])

@@ -50,11 +50,12 @@ def test_fedamp_keeps_its_model_and_trains_towards_the_cloud_model():
     state, _ = alg.local_init({"cloud": cloud}, {"model": own}, ctx)
     assert state["model"] is own
     new, upload, _ = alg.local_train({"cloud": cloud}, state, ctx)
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     g = ce_grads(ctx, own, x, y)
     for k in own:
-        torch.testing.assert_close(new["model"][k], own[k] - 0.5 * (g[k] + 10.0 * (own[k] - cloud[k])),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            new["model"][k], own[k] - 0.5 * (g[k] + 10.0 * (own[k] - cloud[k])), rtol=1e-5, atol=1e-6
+        )
     norm = build("fedamp", ctx, "fedamp.lam=100.0", "fedamp.alpha_k=10.0", "fedamp.squared_prox=false")
     got = norm.local_train({"cloud": cloud}, state, ctx)[0]["model"]
     dist = math.sqrt(sq(own, cloud))
@@ -104,8 +105,13 @@ class PfllibAmpClient:
                 p.copy_(neighbours[name] + coef_self * b)
 
 
-def pfllib_amp_send(clients: list[PfllibAmpClient], uploaded: list[torch.nn.Module], alpha_k: float,
-                    sigma: float, self_term: str = "previous_cloud") -> list[list[float]]:
+def pfllib_amp_send(
+    clients: list[PfllibAmpClient],
+    uploaded: list[torch.nn.Module],
+    alpha_k: float,
+    sigma: float,
+    self_term: str = "previous_cloud",
+) -> list[list[float]]:
     """FedAMP.send_models: coefficient alphaK * exp(-d/sigma)/sigma of every uploaded model j
     (d = squared distance to the client's model; 0 for itself), coef_self = 1 - their sum."""
     all_coefs = []
@@ -117,8 +123,10 @@ def pfllib_amp_send(clients: list[PfllibAmpClient], uploaded: list[torch.nn.Modu
                 continue
             d = (flat(c.model) - flat(mw)).detach()
             coefs.append(alpha_k * math.exp(-float(torch.dot(d, d)) / sigma) / sigma)
-        neighbours = {name: sum(cf * dict(mw.named_parameters())[name].detach() for cf, mw in zip(coefs, uploaded))
-                      for name, _ in c.model.named_parameters()}
+        neighbours = {
+            name: sum(cf * dict(mw.named_parameters())[name].detach() for cf, mw in zip(coefs, uploaded))
+            for name, _ in c.model.named_parameters()
+        }
         c.set_cloud(neighbours, 1.0 - sum(coefs), self_term)
         all_coefs.append(coefs)
     return all_coefs
@@ -161,9 +169,11 @@ def test_fedamp_cloud_coefficients_and_client_step_match_pfllib():
     assert_params_close(upload["params"], weights(clients[0].model))
 
 
-@XFAIL_DIFFERS(reason="PFLlib f1e313a clientAMP.set_parameters weighs the client's *previous "
-                   "cloud model* u_i by coef_self (u_i <- sum_j xi_ij w_j + xi_ii u_i; the initial model until "
-                   "round 2), fixed in PFLlib 0998c54 (2023-04-08) to xi_ii w_i; pflkit: xi_ii w_i (fedamp.py:86)")
+@XFAIL_DIFFERS(
+    reason="PFLlib f1e313a clientAMP.set_parameters weighs the client's *previous "
+    "cloud model* u_i by coef_self (u_i <- sum_j xi_ij w_j + xi_ii u_i; the initial model until "
+    "round 2), fixed in PFLlib 0998c54 (2023-04-08) to xi_ii w_i; pflkit: xi_ii w_i (fedamp.py:86)"
+)
 def test_fedamp_two_rounds_match_pfllib_f1e313a():
     model = client_ctx(0).model
     ctxs = {t: [client_ctx(i, n_train=20, lr=0.1, round=t, model=model) for i in range(3)] for t in (1, 2)}
@@ -205,8 +215,7 @@ def test_fedamp_two_rounds_match_pfllib_with_the_own_model_as_the_self_term():
             uploads.append({**upload, "client_id": i})
         server = alg.aggregate(server, uploads, t)
         if t > 1:  # round 1: every cloud model is the initial model (PFLlib sends nothing, pflkit's equals it)
-            coefs = pfllib_amp_send(clients, [c.model for c in clients], alpha_k=0.25, sigma=0.5,
-                                    self_term="own_model")
+            coefs = pfllib_amp_send(clients, [c.model for c in clients], alpha_k=0.25, sigma=0.5, self_term="own_model")
             assert all(1 - sum(c) > 0.01 for c in coefs)  # xi_ii (about 0.02-0.04 here) is not negligible
         for i, c in enumerate(clients):
             c.train(stream(ctxs[t][i], "train"))

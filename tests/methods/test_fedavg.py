@@ -19,8 +19,7 @@ def test_fedavg_round_overwrites_and_uploads_trained_model():
     assert all(torch.equal(state["model"][k], glob[k]) for k in glob)
     state, upload, metrics = alg.local_train({"global": glob}, state, ctx)
     assert upload["num_samples"] == 30 and metrics["train_loss"] > 0
-    assert upload["params"] is state["model"] or all(torch.equal(upload["params"][k], state["model"][k])
-                                                     for k in glob)
+    assert upload["params"] is state["model"] or all(torch.equal(upload["params"][k], state["model"][k]) for k in glob)
     assert not all(torch.equal(state["model"][k], glob[k]) for k in glob)
 
 

@@ -36,7 +36,13 @@ def test_finetuning_options_two_epochs_converged_and_training_from_the_raw_globa
     _, upload, _ = alg.local_train({"global": glob}, state, ctx)
     raw = sgd_reference(ctx, glob, "train", 1)
     torch.testing.assert_close(upload["params"], raw)
-    conv = build("fedavgc", ctx, "fedavgc.ft_until_converged=true", "fedavgc.ft_max_epochs=4",
-                 "fedavgc.ft_window=2", "fedavgc.ft_threshold=1e-9")
+    conv = build(
+        "fedavgc",
+        ctx,
+        "fedavgc.ft_until_converged=true",
+        "fedavgc.ft_max_epochs=4",
+        "fedavgc.ft_window=2",
+        "fedavgc.ft_threshold=1e-9",
+    )
     _, info = conv.local_init({"global": glob}, conv.init_client(glob, 0), ctx)
     assert info["ft_epochs"] == 4  # never below 1e-9: stopped by the cap

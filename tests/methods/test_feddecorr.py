@@ -38,7 +38,7 @@ def reference_decorrelation(x: torch.Tensor) -> torch.Tensor:
 
 def test_decorrelation_is_the_authors_loss_and_the_papers_form_is_about_n_times_weaker():
     g = torch.Generator().manual_seed(0)
-    h = (torch.randn(64, 12, generator=g, dtype=torch.float64) @ torch.randn(12, 12, generator=g, dtype=torch.float64))
+    h = torch.randn(64, 12, generator=g, dtype=torch.float64) @ torch.randn(12, 12, generator=g, dtype=torch.float64)
     ours = decorrelation(h)
     assert float(ours) == pytest.approx(float(reference_decorrelation(h)), rel=1e-10)
     # padded rows (mask 0) change nothing
@@ -49,10 +49,13 @@ def test_decorrelation_is_the_authors_loss_and_the_papers_form_is_about_n_times_
     # the paper's form: ||K||_F^2 / d^2; the same gradient direction, (N-1)^2 d / (N (d-1)) times smaller
     z = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + 1e-5)
     assert float(decorrelation(h, form="paper")) == pytest.approx(float(((z.t() @ z / 64) ** 2).sum() / 144), rel=1e-8)
-    grads = [torch.autograd.grad(decorrelation(x, form=form), x)[0]
-             for form in ("reference", "paper") for x in [h.clone().requires_grad_()]]
+    grads = [
+        torch.autograd.grad(decorrelation(x, form=form), x)[0]
+        for form in ("reference", "paper")
+        for x in [h.clone().requires_grad_()]
+    ]
     assert float(F.cosine_similarity(grads[0].flatten(), grads[1].flatten(), dim=0)) == pytest.approx(1.0, abs=1e-6)
-    assert float(grads[0].norm() / grads[1].norm()) == pytest.approx(63 ** 2 * 12 / (64 * 11), rel=1e-3)
+    assert float(grads[0].norm() / grads[1].norm()) == pytest.approx(63**2 * 12 / (64 * 11), rel=1e-3)
 
 
 # ---- the batch loss and the client round -----------------------------------------------------
@@ -61,11 +64,21 @@ def test_decorrelation_is_the_authors_loss_and_the_papers_form_is_about_n_times_
 BODY = 3  # digits_cnn: conv1, conv2, fc1; fc1's output (64 features) is the classifier's input
 
 
-def client(n_train: int = 40, lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 1e-5,
-           epochs: int = 2) -> SingleClientContext:
+def client(
+    n_train: int = 40, lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 1e-5, epochs: int = 2
+) -> SingleClientContext:
     """Client 0 (data seed 321) and the digits CNN (seed 0) under the authors' optimiser settings."""
-    return client_context(0, n_train=n_train, data_seed=321, algorithm="feddecorr", batch_size=10,
-                          local_epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return client_context(
+        0,
+        n_train=n_train,
+        data_seed=321,
+        algorithm="feddecorr",
+        batch_size=10,
+        local_epochs=epochs,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+    )
 
 
 def authors_decorr(x: torch.Tensor) -> torch.Tensor:
@@ -102,8 +115,9 @@ def authors_loss(net: AuthorsNet, x, y, coef: float) -> torch.Tensor:
     return F.cross_entropy(out, y) + coef * authors_decorr(features)
 
 
-def authors_local_training(net: AuthorsNet, batches, lr: float, momentum: float, weight_decay: float,
-                           coef: float) -> list[float]:
+def authors_local_training(
+    net: AuthorsNet, batches, lr: float, momentum: float, weight_decay: float, coef: float
+) -> list[float]:
     """_local_training: optim.SGD(lr, momentum, weight_decay); per batch zero_grad, loss, backward,
     step. Returns the batches' losses."""
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -133,8 +147,9 @@ def test_feddecorr_batch_loss_is_ce_plus_beta_times_the_authors_loss_of_the_clas
     # leaves (nearly) constant on this batch (23 of 64) amplify float32 rounding: measured 3e-7 at
     # most on gradients up to 0.17, hence atol 1e-6 beside rtol 1e-5
     leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
-    ours_grad = torch.autograd.grad(feddecorr_loss(beta, BODY)(ctx.net, leaves, Batch(x, y), None),
-                                    list(leaves.values()))
+    ours_grad = torch.autograd.grad(
+        feddecorr_loss(beta, BODY)(ctx.net, leaves, Batch(x, y), None), list(leaves.values())
+    )
     theirs.backward()
     for (k, p), g in zip(net.net.named_parameters(), ours_grad):
         torch.testing.assert_close(g, p.grad, rtol=1e-5, atol=1e-6, msg=k)

@@ -91,8 +91,10 @@ class PfllibFomoClient:
 
     def combine(self, val_batches) -> None:
         base = self.val_loss(self.old, val_batches)
-        raw = [(base - self.val_loss(m, val_batches)) / (float(torch.norm(flat(m) - flat(self.old)).detach()) + 1e-5)
-               for m in self.received]
+        raw = [
+            (base - self.val_loss(m, val_batches)) / (float(torch.norm(flat(m) - flat(self.old)).detach()) + 1e-5)
+            for m in self.received
+        ]
         self.raw_weights = raw
         kept = [max(w, 0.0) for w in raw]
         if sum(kept) > 0:
@@ -113,9 +115,9 @@ class PfllibFomoClient:
 def fomo_val_batches(ctx):
     n = len(ctx.data.train_y)
     k = int(0.2 * n)
-    vx, vy = ctx.data.train_x[n - k:], ctx.data.train_y[n - k:]
+    vx, vy = ctx.data.train_x[n - k :], ctx.data.train_y[n - k :]
     b = ctx.train.batch_size
-    return [(vx[i:i + b], vy[i:i + b]) for i in range(0, k, b)]  # one batch here: order is irrelevant
+    return [(vx[i : i + b], vy[i : i + b]) for i in range(0, k, b)]  # one batch here: order is irrelevant
 
 
 def test_fedfomo_weights_combination_and_training_match_pfllib_for_the_same_base_and_candidates():
@@ -134,8 +136,12 @@ def test_fedfomo_weights_combination_and_training_match_pfllib_for_the_same_base
     assert len(val) == 1
     ref.combine(val)
     assert ref.raw_weights[1] < 0 < min(ref.raw_weights[0], ref.raw_weights[2])  # one is clipped away
-    torch.testing.assert_close(state["weights"], torch.tensor([max(w, 0.0) for w in ref.raw_weights],
-                                                              dtype=torch.float64), rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(
+        state["weights"],
+        torch.tensor([max(w, 0.0) for w in ref.raw_weights], dtype=torch.float64),
+        rtol=1e-5,
+        atol=1e-8,
+    )
     assert_params_close(alg.eval_params(state), weights(ref.model))
     new, upload, _ = alg.local_train(payload, state, ctx)
     opt = torch.optim.SGD(ref.model.parameters(), lr=0.1)
@@ -147,10 +153,12 @@ def test_fedfomo_weights_combination_and_training_match_pfllib_for_the_same_base
     assert_params_close(upload["params"], weights(ref.model))
 
 
-@XFAIL_DIFFERS(reason="PFLlib f1e313a clientFomo weighs against its *previous combined model* "
-                   "(old_model, cloned before training) and counts its own trained model among the received "
-                   "ones; pflkit weighs the other clients' models against its own trained model "
-                   "(fedfomo.py:57, 64)")
+@XFAIL_DIFFERS(
+    reason="PFLlib f1e313a clientFomo weighs against its *previous combined model* "
+    "(old_model, cloned before training) and counts its own trained model among the received "
+    "ones; pflkit weighs the other clients' models against its own trained model "
+    "(fedfomo.py:57, 64)"
+)
 def test_fedfomo_two_rounds_combine_as_pfllib():
     model = client_ctx(0).model
     ctxs = [client_ctx(i, n_train=40, lr=0.1, round=2, model=model) for i in range(3)]
@@ -168,9 +176,11 @@ def test_fedfomo_two_rounds_combine_as_pfllib():
     assert_params_close(state["model"], weights(ref.model))
 
 
-@XFAIL_DIFFERS(reason="PFLlib's FedFomo.evaluate() runs before client.train(), which combines "
-                   "first: it scores the model each client trained in the previous round; pflkit scores the "
-                   "combined model before training (fedfomo.py:82, eval_params)")
+@XFAIL_DIFFERS(
+    reason="PFLlib's FedFomo.evaluate() runs before client.train(), which combines "
+    "first: it scores the model each client trained in the previous round; pflkit scores the "
+    "combined model before training (fedfomo.py:82, eval_params)"
+)
 def test_fedfomo_evaluated_model_is_pfllibs():
     model = client_ctx(0).model
     ctx = client_ctx(0, n_train=40, lr=0.1, round=2, model=model)
@@ -182,9 +192,11 @@ def test_fedfomo_evaluated_model_is_pfllibs():
     assert_params_close(alg.eval_params(state), trained[0])  # PFLlib: the client's model as it trained it
 
 
-@XFAIL_DIFFERS(reason="PFLlib adds the raw (unclipped) weight vector to P[i] (serverfomo.py "
-                   "receive_models, clientfomo.weight_vector_update); pflkit adds the clipped weights "
-                   "(fedfomo.py:75, 87): only the top-M choice with num_models < N depends on it")
+@XFAIL_DIFFERS(
+    reason="PFLlib adds the raw (unclipped) weight vector to P[i] (serverfomo.py "
+    "receive_models, clientfomo.weight_vector_update); pflkit adds the clipped weights "
+    "(fedfomo.py:75, 87): only the top-M choice with num_models < N depends on it"
+)
 def test_fedfomo_affinity_accumulates_raw_weights_as_pfllib():
     ctx = client_ctx(0, n_train=40, batch_size=10, lr=0.1)
     alg = build("fedfomo", ctx)
@@ -225,8 +237,12 @@ def test_fedfomo_round_two_combines_the_others_models_against_its_own_trained_mo
     assert max(ref.raw_weights) > 0  # some candidate helps: the combination moves
     assert_params_close(state["model"], weights(ref.model))
     assert max(float((state["model"][k] - trained[0][k]).abs().max()) for k in trained[0]) > 1e-3
-    torch.testing.assert_close(state["weights"], torch.tensor([max(w, 0.0) for w in ref.raw_weights],
-                                                              dtype=torch.float64), rtol=1e-5, atol=1e-8)
+    torch.testing.assert_close(
+        state["weights"],
+        torch.tensor([max(w, 0.0) for w in ref.raw_weights], dtype=torch.float64),
+        rtol=1e-5,
+        atol=1e-8,
+    )
 
 
 def test_fedfomo_evaluated_model_is_the_combined_model():

@@ -45,7 +45,7 @@ def reference_fednh_client(ctx, glob: dict, scale: float, lr: float, clip: float
         h = forward(ctx.model, {**w, **leaves}, x, train=True, stop=len(ctx.units) - 1).flatten(1)
         logits = s_leaf * (h / h.norm(dim=1, keepdim=True).clamp(min=1e-12)) @ w["fc.weight"].t()
         grads = torch.autograd.grad(F.cross_entropy(logits, y), [*leaves.values(), s_leaf])
-        total = torch.sqrt(sum((g ** 2).sum() for g in grads))
+        total = torch.sqrt(sum((g**2).sum() for g in grads))
         coef = min(1.0, clip / (float(total) + 1e-6))
         for (k, v), g in zip(leaves.items(), grads):
             w[k] = (v - lr * coef * g).detach()
@@ -74,8 +74,13 @@ def test_fednh_orthogonal_prototypes_learnable_scale_clipping_and_uniform_server
     # evaluation ranks classes by s * cos: the scored head is s * W
     torch.testing.assert_close(alg.eval_params(new)["fc.weight"], new[SCALE] * W)
     # server: uniform mean of the bodies and of s (not sample-weighted); prototypes smoothed where seen
-    other = {**upload, "params": {k: v + 1.0 for k, v in upload["params"].items()}, "num_samples": 90,
-             "scale": torch.tensor(3.0), "client_id": 1}
+    other = {
+        **upload,
+        "params": {k: v + 1.0 for k, v in upload["params"].items()},
+        "num_samples": 90,
+        "scale": torch.tensor(3.0),
+        "client_id": 1,
+    }
     out = alg.aggregate(server, [{**upload, "client_id": 0}, other], 1)
     merged = out["global"]
     body = [k for k in glob if not k.startswith("fc.")]
@@ -84,13 +89,16 @@ def test_fednh_orthogonal_prototypes_learnable_scale_clipping_and_uniform_server
     assert float(out[SCALE]) == pytest.approx((expected_scale + 3.0) / 2, rel=1e-6)
     counts = upload["class_counts"] + other["class_counts"]
     seen = counts > 0
-    average = F.normalize(upload["class_counts"][:, None] * upload["class_means"]
-                          + other["class_counts"][:, None] * other["class_means"], dim=1)
+    average = F.normalize(
+        upload["class_counts"][:, None] * upload["class_means"] + other["class_counts"][:, None] * other["class_means"],
+        dim=1,
+    )
     smoothed = F.normalize(0.5 * W + 0.5 * average, dim=1)
     torch.testing.assert_close(merged["fc.weight"][seen], smoothed[seen])
     torch.testing.assert_close(merged["fc.weight"][~seen], W[~seen])
     weighted = build("fednh", ctx, "fednh.body_weights='samples'").aggregate(
-        server, [{**upload, "client_id": 0}, other], 1)
+        server, [{**upload, "client_id": 0}, other], 1
+    )
     for k in body:
         torch.testing.assert_close(weighted["global"][k], upload["params"][k] + 0.75)
 
@@ -101,11 +109,28 @@ def test_fednh_orthogonal_prototypes_learnable_scale_clipping_and_uniform_server
 BODY = 3  # digits_cnn: conv1, conv2, fc1 form the body; fc holds the prototypes
 
 
-def client(cid: int, classes: list[int], n_train: int = 40, lr: float = 0.1, momentum: float = 0.9,
-           weight_decay: float = 1e-3, epochs: int = 2) -> SingleClientContext:
+def client(
+    cid: int,
+    classes: list[int],
+    n_train: int = 40,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 1e-3,
+    epochs: int = 2,
+) -> SingleClientContext:
     """Client ``cid`` with labels from ``classes`` (data seed 900 + cid) and the digits CNN (seed 0)."""
-    return client_context(cid, n_train=n_train, data_seed=900 + cid, classes=classes, algorithm="fednh",
-                          batch_size=10, local_epochs=epochs, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return client_context(
+        cid,
+        n_train=n_train,
+        data_seed=900 + cid,
+        classes=classes,
+        algorithm="fednh",
+        batch_size=10,
+        local_epochs=epochs,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+    )
 
 
 class AuthorsFedNHModel(nn.Module):
@@ -131,8 +156,9 @@ class AuthorsFedNHModel(nn.Module):
         return self.scaling * torch.matmul(self.embedding(x), self.prototype.T)
 
 
-def authors_training(net: AuthorsFedNHModel, batches, lr: float, momentum: float, weight_decay: float,
-                     max_norm: float) -> list[float]:
+def authors_training(
+    net: AuthorsFedNHModel, batches, lr: float, momentum: float, weight_decay: float, max_norm: float
+) -> list[float]:
     """FedUHClient.training: SGD over the parameters that require gradients; per batch CE,
     zero_grad, backward, clip_grad_norm_ of those parameters, step. Returns the gradient norms
     the clip saw."""
@@ -162,9 +188,9 @@ def authors_scaled_prototype(net: AuthorsFedNHModel, x: torch.Tensor, y: torch.T
     return proto
 
 
-def authors_server(server_params: dict, server_scale: float, uploads: list[tuple[dict, float, torch.Tensor,
-                                                                                torch.Tensor]],
-                   rho: float) -> tuple[dict, float, torch.Tensor]:
+def authors_server(
+    server_params: dict, server_scale: float, uploads: list[tuple[dict, float, torch.Tensor, torch.Tensor]], rho: float
+) -> tuple[dict, float, torch.Tensor]:
     """FedNHServer.aggregate with server learning rate 1 (their configs): every entry of the
     state dict (scaling included) moves by the mean of the clients' differences; cumsum_per_class
     adds count_by_class_full (1e-12 for an absent class); the average prototype sums
@@ -193,8 +219,7 @@ def test_fednh_client_round_is_the_authors_training_under_momentum_weight_decay_
     new, upload, _ = alg.local_train(payload, state, ctx)
 
     net = AuthorsFedNHModel(ctx.model, glob, 1.0)
-    norms = authors_training(net, batch_pairs(ctx, "train", 2), lr=0.1, momentum=0.9, weight_decay=1e-3,
-                             max_norm=clip)
+    norms = authors_training(net, batch_pairs(ctx, "train", 2), lr=0.1, momentum=0.9, weight_decay=1e-3, max_norm=clip)
     assert len(norms) == 8
     expected = {k: v.detach() for k, v in net.body.named_parameters()}
     # float32, the same operations in the same order (the clip coefficient as torch computes it):

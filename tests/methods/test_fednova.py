@@ -30,8 +30,10 @@ def test_fednova_normalises_by_steps_and_momentum_and_averages_the_directions():
         torch.testing.assert_close(upload["params"][k], (glob[k] - trained[k]) / 3)
     d1 = {k: torch.ones_like(v) for k, v in glob.items()}
     d2 = {k: 3 * torch.ones_like(v) for k, v in glob.items()}
-    ups = [{"params": d1, "num_samples": 10, "normaliser": torch.tensor(2.0), "client_id": 0},
-           {"params": d2, "num_samples": 30, "normaliser": torch.tensor(6.0), "client_id": 1}]
+    ups = [
+        {"params": d1, "num_samples": 10, "normaliser": torch.tensor(2.0), "client_id": 0},
+        {"params": d2, "num_samples": 30, "normaliser": torch.tensor(6.0), "client_id": 1},
+    ]
     merged = alg.aggregate({"global": glob}, ups, 1)["global"]
     tau_eff = 0.25 * 2 + 0.75 * 6
     for k in glob:

@@ -43,7 +43,7 @@ def ntd_reference_loss(logits, targets, dg_logits, num_classes: int, tau: float,
     log_p = F.log_softmax(student / tau, dim=1)
     q = F.softmax(teacher / tau, dim=1)
     kl = (q * (q.log() - log_p)).sum() / b  # nn.KLDivLoss(reduction="batchmean")
-    return F.cross_entropy(logits, targets) + beta * tau ** 2 * kl
+    return F.cross_entropy(logits, targets) + beta * tau**2 * kl
 
 
 def fedntd_reference_client(ctx, glob: dict, tau: float, beta: float) -> dict:
@@ -52,8 +52,9 @@ def fedntd_reference_client(ctx, glob: dict, tau: float, beta: float) -> dict:
     model, dg_model = module_at(ctx.model, glob), module_at(ctx.model, glob)
     for p in dg_model.parameters():
         p.requires_grad_(False)
-    opt = torch.optim.SGD(model.parameters(), lr=ctx.train.lr, momentum=ctx.train.momentum,
-                          weight_decay=ctx.train.weight_decay)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=ctx.train.lr, momentum=ctx.train.momentum, weight_decay=ctx.train.weight_decay
+    )
     for x, y in batch_pairs(ctx, "train", ctx.train.local_epochs):
         opt.zero_grad()
         with torch.no_grad():

@@ -24,7 +24,7 @@ def test_mmd_matches_the_pairwise_definition():
         return sum(math.exp(-float(((a - b) ** 2).sum()) / (2 * s)) for s in (10, 15, 20, 50))
 
     n = len(x)
-    expected = sum(k(x[i], x[j]) + k(y[i], y[j]) - 2 * k(x[i], y[j]) for i in range(n) for j in range(n)) / n ** 2
+    expected = sum(k(x[i], x[j]) + k(y[i], y[j]) - 2 * k(x[i], y[j]) for i in range(n) for j in range(n)) / n**2
     assert mmd_rbf(x, y, [10, 15, 20, 50]).item() == pytest.approx(expected, rel=1e-5)
     assert mmd_rbf(x, x, [10, 15, 20, 50]).item() == pytest.approx(0.0, abs=1e-6)
     assert mmd_rbf(x.view(4, 3, 1), y.view(4, 1, 3), [10, 15, 20, 50]).item() == pytest.approx(expected, rel=1e-5)
@@ -51,7 +51,7 @@ def test_fedphp_step_with_mmd_and_hpm_update():
     state = {**alg.init_client(params_of(ctx, 1), 0), "hpm": hpm}
     state, _ = alg.local_init({"global": glob}, state, ctx)
     new, upload, metrics = alg.local_train({"global": glob}, state, ctx)
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     teacher = functional_call(ctx.model, hpm, (x,), {"stop": 3}).detach()
 
     def loss_fn(model, params, x, y):
@@ -76,11 +76,13 @@ def pfllib_mmd(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """My transcription of PFLlib's clientphp.py MMD (kernel "rbf"): squared distances
     ||a||^2 + ||b||^2 - 2 a.b without a clamp, K = sum over a in {10, 15, 20, 50} of exp(-D / (2a)),
     the mean of K_xx + K_yy - 2 K_xy over the b x b matrix."""
+
     def sq(a, b):
         return (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2 * a @ b.t()
 
     def k(d):
         return sum(torch.exp(-d / (2 * a)) for a in (10, 15, 20, 50))
+
     return (k(sq(x, x)) + k(sq(y, y)) - 2 * k(sq(x, y))).mean()
 
 
@@ -100,7 +102,7 @@ def test_fedphp_pfllib2022_blends_on_receive_scores_the_blend_and_distils_toward
     assert_params_close(state["model"], blended)
     assert_params_close(alg.eval_params(state), blended)  # scored before training
     new, upload, _ = alg.local_train({"global": glob}, state, ctx)
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     teacher = functional_call(ctx.model, glob, (x,), {"stop": 3}).detach()
 
     def loss_fn(model, params, x, y):
@@ -132,7 +134,7 @@ def test_fedphp_kd_option_distils_logits():
     glob, hpm = params_of(ctx, 2), params_of(ctx, 3)
     alg = build("fedphp", ctx, "fedphp.lam=0.5", "fedphp.kt='kd'", "fedphp.temperature=2.0")
     new = alg.local_train({"global": glob}, {**alg.init_client(glob, 0), "hpm": hpm}, ctx)[0]
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     teacher = functional_call(ctx.model, hpm, (x,)).detach()
 
     def loss_fn(model, params, x, y):

@@ -21,7 +21,7 @@ def test_fedprox_with_zero_mu_equals_fedavg_and_large_mu_stays_near_global():
     glob = params_of(ctx, 2)
     results = {}
     for name, mu in [("fedavg", None), ("fedprox", "0.0"), ("fedprox", "5.0")]:
-        alg = build(name, ctx, *( [f"fedprox.mu={mu}"] if mu else []))
+        alg = build(name, ctx, *([f"fedprox.mu={mu}"] if mu else []))
         state, _ = alg.local_init({"global": glob}, alg.init_client(glob, 0), ctx)
         results[(name, mu)] = alg.local_train({"global": glob}, state, ctx)[1]["params"]
     for k in glob:

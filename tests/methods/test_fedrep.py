@@ -38,11 +38,14 @@ def test_fedrep_clip_norm_bounds_every_step_of_both_phases():
         alg = build("fedrep", ctx, "fedrep.head_epochs=2", f"fedrep.clip_norm={clip}")
         state, _ = alg.local_init(payload, alg.init_client(params_of(ctx, 1), 0), ctx)
         new, _, _ = alg.local_train(payload, state, ctx)
-        moved = {name: torch.cat([(new["model"][k] - state["model"][k]).flatten() for k in names]).norm()
-                 for name, names in (("head", head), ("body", [k for k in state["model"] if k not in head]))}
+        moved = {
+            name: torch.cat([(new["model"][k] - state["model"][k]).flatten() for k in names]).norm()
+            for name, names in (("head", head), ("body", [k for k in state["model"] if k not in head]))
+        }
         # each step moves the trained part by at most lr * clip: 6 head steps, then 3 body steps
-        assert (float(moved["head"]) <= 6 * 0.1 * 1e-4 * 1.001 and float(moved["body"]) <= 3 * 0.1 * 1e-4 * 1.001) \
-            == bounded, moved
+        assert (
+            float(moved["head"]) <= 6 * 0.1 * 1e-4 * 1.001 and float(moved["body"]) <= 3 * 0.1 * 1e-4 * 1.001
+        ) == bounded, moved
 
 
 def pfllib_fedrep_client(ctx, body: dict, head: dict, lr: float, head_epochs: int) -> dict:

@@ -40,17 +40,32 @@ def test_fedrods_adaptability_metrics_score_its_uploaded_generic_model(monkeypat
 
     scored = []
     real = AdaptabilityMetrics.__call__
-    monkeypatch.setattr(AdaptabilityMetrics, "__call__",
-                        lambda self, setup, client_id, params: scored.append(params) or real(self, setup, client_id,
-                                                                                             params))
+    monkeypatch.setattr(
+        AdaptabilityMetrics,
+        "__call__",
+        lambda self, setup, client_id, params: scored.append(params) or real(self, setup, client_id, params),
+    )
     uploads = []
     real_upload = build("fedrod", tiny_context()).__class__.upload
-    monkeypatch.setattr(type(build("fedrod", tiny_context())), "upload",
-                        staticmethod(lambda params, ctx, **extra: uploads.append(dict(params))
-                                     or real_upload(params, ctx, **extra)))
-    config = load_config(None, ["dataset=synthetic", "num_clients=3", "alpha=0.5", "rounds=1", "lr=0.05",
-                                "test_set=official", "metrics.adaptability=true", 'algorithms=["fedrod"]',
-                                "engine=loop"])
+    monkeypatch.setattr(
+        type(build("fedrod", tiny_context())),
+        "upload",
+        staticmethod(lambda params, ctx, **extra: uploads.append(dict(params)) or real_upload(params, ctx, **extra)),
+    )
+    config = load_config(
+        None,
+        [
+            "dataset=synthetic",
+            "num_clients=3",
+            "alpha=0.5",
+            "rounds=1",
+            "lr=0.05",
+            "test_set=official",
+            "metrics.adaptability=true",
+            'algorithms=["fedrod"]',
+            "engine=loop",
+        ],
+    )
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     assert len(scored) == len(uploads) == 3
     for params, upload in zip(scored, uploads):
@@ -72,8 +87,15 @@ def balanced_softmax_reference(y, logits, sample_per_class) -> torch.Tensor:
     return F.cross_entropy(logits + sample_per_class.to(logits.dtype).log()[None, :], y)
 
 
-def fedrod_reference_client(ctx, glob: dict, personal: dict, *, generic_momentum: float = 0.0,
-                            generic_weight_decay: float = 0.0, clip: float | None = None):
+def fedrod_reference_client(
+    ctx,
+    glob: dict,
+    personal: dict,
+    *,
+    generic_momentum: float = 0.0,
+    generic_weight_decay: float = 0.0,
+    clip: float | None = None,
+):
     """My transcription of PFLlib clientrod.py train() (d832e76): per batch rep = base(x),
     out_g = head(rep); the balanced-softmax loss steps the model (body + generic head) with its SGD;
     then out_p = personal_head(rep.detach()) and CE(out_g.detach() + out_p) steps the personal head
@@ -88,8 +110,9 @@ def fedrod_reference_client(ctx, glob: dict, personal: dict, *, generic_momentum
         p_head.weight.copy_(personal["fc.weight"])
         p_head.bias.copy_(personal["fc.bias"])
     spc = torch.bincount(ctx.data.train_y, minlength=10).float()
-    opt = torch.optim.SGD(model.parameters(), lr=ctx.train.lr, momentum=generic_momentum,
-                          weight_decay=generic_weight_decay)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=ctx.train.lr, momentum=generic_momentum, weight_decay=generic_weight_decay
+    )
     opt_head = torch.optim.SGD(p_head.parameters(), lr=ctx.train.lr)
     for x, y in batch_pairs(ctx, "train", ctx.train.local_epochs):
         rep = model(x, stop=BODY)
@@ -133,7 +156,6 @@ def test_fedrod_personal_head_plain_sgd_under_momentum_as_fednh():
     init, glob = params_of(ctx, 1), params_of(ctx, 2)
     state, _ = alg.local_init({"global": glob}, alg.init_client(init, 0), ctx)
     new, _, _ = alg.local_train({"global": glob}, state, ctx)
-    model, p_head = fedrod_reference_client(ctx, glob, init, generic_momentum=0.9, generic_weight_decay=1e-5,
-                                            clip=10.0)
+    model, p_head = fedrod_reference_client(ctx, glob, init, generic_momentum=0.9, generic_weight_decay=1e-5, clip=10.0)
     assert_expected_close(new["model"], weights(model))  # the generic part agrees (the clip at 10 is inactive here)
     assert_expected_close(new["personal"], {"fc.weight": p_head.weight.detach(), "fc.bias": p_head.bias.detach()})

@@ -41,7 +41,7 @@ def test_partialfed_gate_materialisation():
 
 def test_partialfed_temperature_schedule():
     assert temperature(5.0, 0.965, 0.05, 1) == pytest.approx(5.0 * 0.965)
-    assert temperature(5.0, 0.965, 0.05, 10) == pytest.approx(5.0 * 0.965 ** 10)
+    assert temperature(5.0, 0.965, 0.05, 10) == pytest.approx(5.0 * 0.965**10)
     assert temperature(5.0, 0.965, 0.05, 300) == 0.05
 
 
@@ -95,8 +95,9 @@ def test_partialfed_round_load_trains_every_model_batch_from_the_initialisation(
     assert_params_close(upload["params"], work)
     assert "init_local" not in new and torch.equal(new["strategy"], state["strategy"])
     if to_global:  # load="batch" re-copies the global before every batch: only the last step is left
-        batch = build("partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0",
-                      "partialfed.load=batch")
+        batch = build(
+            "partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0", "partialfed.load=batch"
+        )
         old = batch.local_train({"global": glob}, {"model": local, "strategy": state["strategy"]}, ctx)[0]
         (x, y) = batch_pairs(ctx, "train", 1)[-1]
         assert_params_close(old["model"], step(glob, grads(ctx.model, glob, x, y), 0.1))
@@ -127,14 +128,15 @@ def test_partialfed_round_load_strategy_batch_mixes_the_initialisation_candidate
 @pytest.mark.parametrize("to_global", [True, False])
 def test_partialfed_forced_gates_train_from_global_or_local(to_global):
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
-    alg = build("partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0",
-                "partialfed.load=batch")
+    alg = build(
+        "partialfed", ctx, "partialfed.model_batches=1", "partialfed.strategy_batches=0", "partialfed.load=batch"
+    )
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     sign = 1.0 if to_global else -1.0
     state = {"model": local, "strategy": torch.tensor([[50.0, -50.0]] * len(ctx.units)) * sign}
     new, upload, metrics = alg.local_train({"global": glob}, state, ctx)
     start = glob if to_global else local
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     expected = step(start, grads(ctx.model, start, x, y), 0.1)
     assert_params_close(new["model"], expected)
     assert_params_close(upload["params"], expected)
@@ -156,15 +158,16 @@ def strategy_step_by_hand(ctx, glob, local, S, noise, tau, lr, x, y):
 
 def test_partialfed_strategy_batch_changes_only_the_strategy():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1, round=3)
-    alg = build("partialfed", ctx, "partialfed.model_batches=0", "partialfed.strategy_batches=1",
-                "partialfed.strategy_lr=0.5")
+    alg = build(
+        "partialfed", ctx, "partialfed.model_batches=0", "partialfed.strategy_batches=1", "partialfed.strategy_lr=0.5"
+    )
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     S = torch.tensor([[0.3, -0.2], [0.0, 0.1], [-0.4, 0.4], [1.0, 0.0]])
     new, _, metrics = alg.local_train({"global": glob}, {"model": local, "strategy": S}, ctx)
     assert_params_close(new["model"], local, rtol=0, atol=0)
-    tau = 5.0 * 0.965 ** 3
+    tau = 5.0 * 0.965**3
     assert metrics["tau"] == pytest.approx(tau)
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     expected = strategy_step_by_hand(ctx, glob, local, S, ctx.generator("gates"), tau, 0.5, x, y)
     torch.testing.assert_close(new["strategy"], expected, rtol=1e-5, atol=1e-7)
     assert not torch.allclose(new["strategy"], S)
@@ -173,8 +176,9 @@ def test_partialfed_strategy_batch_changes_only_the_strategy():
 def test_partialfed_cycle_of_model_and_strategy_batches():
     """load="batch", f_m=2, f_s=1 over three batches: two gated model steps, then one strategy step."""
     ctx = tiny_context(n_train=30, batch_size=10, lr=0.1, round=1)
-    alg = build("partialfed", ctx, "partialfed.model_batches=2", "partialfed.strategy_batches=1",
-                "partialfed.load=batch")
+    alg = build(
+        "partialfed", ctx, "partialfed.model_batches=2", "partialfed.strategy_batches=1", "partialfed.load=batch"
+    )
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     S = torch.zeros(len(ctx.units), 2)
     new, _, metrics = alg.local_train({"global": glob}, {"model": local, "strategy": S}, ctx)
@@ -201,8 +205,13 @@ def test_partialfed_cycle_continues_across_rounds(continue_cycle):
     """Round 1 ends after the two model batches of a (2, 1) cycle; round 2 starts with the strategy
     batch unless the cycle restarts every round."""
     ctx = tiny_context(n_train=20, batch_size=10, lr=0.1)
-    alg = build("partialfed", ctx, "partialfed.model_batches=2", "partialfed.strategy_batches=1",
-                f"partialfed.continue_cycle={str(continue_cycle).lower()}")
+    alg = build(
+        "partialfed",
+        ctx,
+        "partialfed.model_batches=2",
+        "partialfed.strategy_batches=1",
+        f"partialfed.continue_cycle={str(continue_cycle).lower()}",
+    )
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     state, _, metrics = alg.local_train({"global": glob}, state, ctx)
@@ -221,23 +230,34 @@ def test_partialfed_cycle_continues_across_rounds(continue_cycle):
 
 def test_partialfed_with_ala_gates_between_global_and_ala_model():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
-    alg = build("partialfed+ala", ctx, "fedala.max_start_epochs=3", "partialfed.model_batches=1",
-                "partialfed.strategy_batches=0", "partialfed.load=batch")
+    alg = build(
+        "partialfed+ala",
+        ctx,
+        "fedala.max_start_epochs=3",
+        "partialfed.model_batches=1",
+        "partialfed.strategy_batches=0",
+        "partialfed.load=batch",
+    )
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     ala_model = state["model"]
     assert differs(ala_model, glob) and differs(ala_model, local)
     state = {**state, "strategy": torch.tensor([[-50.0, 50.0]] * len(ctx.units))}  # all local
     new = alg.local_train({"global": glob}, state, ctx)[0]
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     assert_params_close(new["model"], step(ala_model, grads(ctx.model, ala_model, x, y), 0.1))
 
 
 def test_partialfed_round_load_with_ala_initialises_from_the_ala_model():
     """load="round" + ALA: the partial initialisation chooses between the global and ALA's model."""
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
-    alg = build("partialfed+ala", ctx, "fedala.max_start_epochs=3", "partialfed.model_batches=1",
-                "partialfed.strategy_batches=0")
+    alg = build(
+        "partialfed+ala",
+        ctx,
+        "fedala.max_start_epochs=3",
+        "partialfed.model_batches=1",
+        "partialfed.strategy_batches=0",
+    )
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     state = {**alg.init_client(local, 0), "strategy": torch.tensor([[-50.0, 50.0]] * len(ctx.units))}  # all local
     state, _ = alg.local_init({"global": glob}, state, ctx)
@@ -245,18 +265,20 @@ def test_partialfed_round_load_with_ala_initialises_from_the_ala_model():
     assert differs(ala_model, glob) and differs(ala_model, local)
     assert_params_close(state["init_local"], ala_model, rtol=0, atol=0)
     new = alg.local_train({"global": glob}, state, ctx)[0]
-    (x, y), = batch_pairs(ctx, "train", 1)
+    ((x, y),) = batch_pairs(ctx, "train", 1)
     assert_params_close(new["model"], step(ala_model, grads(ctx.model, ala_model, x, y), 0.1))
 
 
 # ---------------------------------------------------------------- against PFLlib c79e660's draft
 
 
-@XFAIL_DIFFERS(reason="PFLlib c79e660 clientpartial.py (a draft deleted in 3c1024f) keeps one "
-                   "scalar strategy per parameter tensor, initialised 0, and blends p + (g - p) * s: its first "
-                   "model batches train the kept local model unchanged; pflkit's hard Gumbel gates from logits "
-                   "S = 0 load each unit from the global model with probability 1/2 (at the round's "
-                   "initialisation with load=round, before every model batch with load=batch)")
+@XFAIL_DIFFERS(
+    reason="PFLlib c79e660 clientpartial.py (a draft deleted in 3c1024f) keeps one "
+    "scalar strategy per parameter tensor, initialised 0, and blends p + (g - p) * s: its first "
+    "model batches train the kept local model unchanged; pflkit's hard Gumbel gates from logits "
+    "S = 0 load each unit from the global model with probability 1/2 (at the round's "
+    "initialisation with load=round, before every model batch with load=batch)"
+)
 def test_partialfed_model_batches_from_a_zero_strategy_as_pfllibs_draft():
     ctx = seeded_client(30, seed=10, lr=0.1)
     alg = build("partialfed", ctx, "partialfed.model_batches=8", "partialfed.strategy_batches=2")

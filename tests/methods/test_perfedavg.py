@@ -55,7 +55,7 @@ def test_perfedavg_clips_the_meta_gradient_before_the_beta_step():
     for (xb, yb), (xo, yo) in zip(batch_pairs(ctx, "train", 1), batch_pairs(ctx, "outer", 1)):
         w_prime = step(w, grads(ctx.model, w, xb, yb), 0.3)
         g = grads(ctx.model, w_prime, xo, yo)
-        norm = math.sqrt(sum(float((v ** 2).sum()) for v in g.values()))
+        norm = math.sqrt(sum(float((v**2).sum()) for v in g.values()))
         coef = min(1.0, 0.05 / (norm + 1e-6))  # torch.nn.utils.clip_grad_norm_
         clipped += coef < 1
         w = step(w, {k: coef * v for k, v in g.items()}, 0.2)
@@ -66,8 +66,14 @@ def test_perfedavg_clips_the_meta_gradient_before_the_beta_step():
 
 def test_perfedavg_split_pairs_are_halves_of_a_double_batch():
     ctx = tiny_context(n_train=20, batch_size=5, lr=0.1)
-    alg = build("perfedavg", ctx, "perfedavg.batch_pairs='split'", "perfedavg.alpha=0.3", "perfedavg.beta=0.2",
-                "perfedavg.clip_norm=0")
+    alg = build(
+        "perfedavg",
+        ctx,
+        "perfedavg.batch_pairs='split'",
+        "perfedavg.alpha=0.3",
+        "perfedavg.beta=0.2",
+        "perfedavg.clip_norm=0",
+    )
     w0 = params_of(ctx, 2)
     new = alg.local_train({"global": w0}, {"model": w0}, ctx)[0]["model"]
     order = torch.randperm(20, generator=ctx.generator("train"))
@@ -170,8 +176,7 @@ def test_perfedavg_matches_pfllib_two_train_calls_on_split_double_batches_and_fe
     client.train() twice per round. pflkit's defaults differ (independent B, B'; one call;
     meta-gradient clip 10): ``batch_pairs = "split"``, ``train_calls = 2``, ``clip_norm = 0``."""
     ctx = client_ctx(0, n_train=20, batch_size=5, lr=0.1)
-    alg = build("perfedavg", ctx, "perfedavg.batch_pairs='split'", "perfedavg.train_calls=2",
-                "perfedavg.clip_norm=0")
+    alg = build("perfedavg", ctx, "perfedavg.batch_pairs='split'", "perfedavg.train_calls=2", "perfedavg.clip_norm=0")
     w0 = params_of(ctx, 2)
     new, upload, _ = alg.local_train({"global": w0}, {"model": w0}, ctx)
 
@@ -184,14 +189,17 @@ def test_perfedavg_matches_pfllib_two_train_calls_on_split_double_batches_and_fe
 
     # server: aggregate_parameters, weights train_samples / total
     other = {k: v + 1.0 for k, v in expected.items()}
-    merged = alg.aggregate({"global": w0}, [{**upload, "client_id": 0},
-                                            {"params": other, "num_samples": 60, "client_id": 1}], 1)["global"]
+    merged = alg.aggregate(
+        {"global": w0}, [{**upload, "client_id": 0}, {"params": other, "num_samples": 60, "client_id": 1}], 1
+    )["global"]
     assert_params_close(merged, {k: 0.25 * expected[k] + 0.75 * other[k] for k in expected})
 
 
-@XFAIL_DIFFERS(reason="PFLlib's evaluate_one_step adapts the received model with two steps "
-                   "(lr on one test batch, then beta at that point on a second test batch, no restore) on the "
-                   "client's test data; pflkit takes one alpha step on one training batch (perfedavg.py:122-126)")
+@XFAIL_DIFFERS(
+    reason="PFLlib's evaluate_one_step adapts the received model with two steps "
+    "(lr on one test batch, then beta at that point on a second test batch, no restore) on the "
+    "client's test data; pflkit takes one alpha step on one training batch (perfedavg.py:122-126)"
+)
 def test_perfedavg_evaluated_model_is_pfllib_train_one_step():
     ctx = client_ctx(0, n_train=20, batch_size=4, lr=0.1)
     alg = build("perfedavg", ctx, "perfedavg.clip_norm=0")

@@ -26,8 +26,7 @@ def pfedme_by_hand(ctx, w, theta, batches, *, eta, lam, K, lr, l2=0.0):
 @pytest.mark.parametrize("l2", [0.0, 0.01])
 def test_pfedme_inner_steps_and_local_update(l2):
     ctx = tiny_context(n_train=20, batch_size=10, lr=0.1)  # two batches: theta is warm-started
-    alg = build("pfedme", ctx, "pfedme.personal_lr=0.05", "pfedme.lam=2.0", "pfedme.inner_steps=3",
-                f"pfedme.l2={l2}")
+    alg = build("pfedme", ctx, "pfedme.personal_lr=0.05", "pfedme.lam=2.0", "pfedme.inner_steps=3", f"pfedme.l2={l2}")
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
     assert_params_close(alg.eval_params(state), local, rtol=0, atol=0)  # last theta = Theta^0 so far
@@ -43,8 +42,7 @@ def test_pfedme_l2_option_changes_the_result():
     ctx = tiny_context(n_train=10)
     glob = params_of(ctx, 2)
     a = build("pfedme", ctx).local_train({"global": glob}, {"model": glob, "personal": glob}, ctx)[0]
-    b = build("pfedme", ctx, "pfedme.l2=0.001").local_train({"global": glob}, {"model": glob, "personal": glob},
-                                                             ctx)[0]
+    b = build("pfedme", ctx, "pfedme.l2=0.001").local_train({"global": glob}, {"model": glob, "personal": glob}, ctx)[0]
     assert differs(a["personal"], b["personal"])
 
 
@@ -69,8 +67,9 @@ def test_pfedme_with_ala_keeps_theta_start_at_received_global():
     ctx = tiny_context(n_train=10, batch_size=10, lr=0.1)
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     for theta_init in ("received", "local"):
-        alg = build("pfedme+ala", ctx, "fedala.max_start_epochs=3", "pfedme.inner_steps=2",
-                    f"pfedme.theta_init='{theta_init}'")
+        alg = build(
+            "pfedme+ala", ctx, "fedala.max_start_epochs=3", "pfedme.inner_steps=2", f"pfedme.theta_init='{theta_init}'"
+        )
         state, _ = alg.local_init({"global": glob}, alg.init_client(local, 0), ctx)
         w0 = state["model"]  # ALA's initialisation of the local w
         assert differs(w0, glob)
@@ -84,8 +83,9 @@ def test_pfedme_with_ala_keeps_theta_start_at_received_global():
 # ---- against PFLlib f1e313a -------------------------------------------------------------------
 
 
-def pfllib_pfedme_client(ctx, glob: dict, lr: float, plr: float, lam: float, K: int,
-                         mu: float = 0.001) -> tuple[dict, dict]:
+def pfllib_pfedme_client(
+    ctx, glob: dict, lr: float, plr: float, lam: float, K: int, mu: float = 0.001
+) -> tuple[dict, dict]:
     """clientpFedMe.py ``train`` with fedoptimizer.py ``pFedMeOptimizer`` (its mu = 0.001 default,
     never overridden by the client). theta lives in the model's parameters, starts at the received
     global (``set_parameters``) and persists across batches and epochs; w = ``local_params`` starts
@@ -120,8 +120,15 @@ def test_pfedme_is_pfllib_inner_steps_with_its_l2_term_local_update_and_beta_ser
     lam, plr, K, beta = 15.0, 0.01, 5, 0.5
     # pflkit's default l2 = 0 drops the reference's 0.001 * theta (documented); l2 = 0.001 restores it
     alg, server, states, uploads = two_client_round(
-        "pfedme", ctxs, glob, f"pfedme.lam={lam}", f"pfedme.personal_lr={plr}", f"pfedme.inner_steps={K}",
-        f"pfedme.beta={beta}", "pfedme.l2=0.001")
+        "pfedme",
+        ctxs,
+        glob,
+        f"pfedme.lam={lam}",
+        f"pfedme.personal_lr={plr}",
+        f"pfedme.inner_steps={K}",
+        f"pfedme.beta={beta}",
+        "pfedme.l2=0.001",
+    )
     assert alg.settings.server_weights == "samples" and alg.settings.theta_init == "received"
     expected_w, expected_theta = [], []
     for ctx, state, upload in zip(ctxs, states, uploads):

@@ -65,8 +65,9 @@ def test_hilbert_distance_by_hand_and_at_the_boundary() -> None:
     assert math.isfinite(smoothed) and smoothed > math.log(1e5)
 
 
-@pytest.mark.parametrize("metric,algo", [("l1", "kmeans"), ("hilbert", "kmeans"), ("l1", "kcenter"),
-                                         ("hilbert", "kcenter")])
+@pytest.mark.parametrize(
+    "metric,algo", [("l1", "kmeans"), ("hilbert", "kmeans"), ("l1", "kcenter"), ("hilbert", "kcenter")]
+)
 def test_clustering_recovers_planted_groups(metric: str, algo: str) -> None:
     rng = np.random.default_rng(0)
     centres = np.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1], [0.1, 0.1, 0.8]])
@@ -105,8 +106,17 @@ def test_sampler_refuses_a_non_positive_radius() -> None:
     with pytest.raises(SimplexError, match="rho > 0"):
         sample_region(np.array([0.5, 0.5]), 0.0, 10, np.random.default_rng(0))
     with pytest.raises(SimplexError, match="sosicfl.rho must be > 0"):
-        prepare_simplex(np.ones((4, 5)), num_endpoints=3, num_clusters=2, rho=0.0, metric="l1", algo="kmeans",
-                        n_init=1, pool_size=10, seed=0)
+        prepare_simplex(
+            np.ones((4, 5)),
+            num_endpoints=3,
+            num_clusters=2,
+            rho=0.0,
+            metric="l1",
+            algo="kmeans",
+            n_init=1,
+            pool_size=10,
+            seed=0,
+        )
 
 
 def test_mean_distance_to_the_simplex_by_monte_carlo() -> None:
@@ -140,24 +150,45 @@ def test_simplex_loss_cycles_over_the_client_draws() -> None:
     loss = simplex_loss(["fc.weight", "fc.bias"], 2)
     x, y = ctx.data.train_x[:10], ctx.data.train_y[:10]
     from pflkit.functional.training import Batch
+
     for step, m in [(0, 0), (1, 1), (2, 0)]:
         value, carried = loss(ctx.net, {**params, ALPHAS: alphas, STEP: torch.tensor(float(step))}, Batch(x, y), None)
-        corner = {**{k: v for k, v in params.items() if "@" not in k},
-                  "fc.weight": params[f"fc.weight@{m}"], "fc.bias": params[f"fc.bias@{m}"]}
+        corner = {
+            **{k: v for k, v in params.items() if "@" not in k},
+            "fc.weight": params[f"fc.weight@{m}"],
+            "fc.bias": params[f"fc.bias@{m}"],
+        }
         assert value == pytest.approx(float(torch.nn.functional.cross_entropy(ctx.net(corner, x), y)), rel=1e-6)
         assert float(carried[STEP]) == step + 1
 
 
 def _config(tmp_path, *overrides: str):
-    return load_config(None, ["dataset=digits", "num_clients=12", "rounds=2", "batch_size=20",
-                              "sosicfl.num_clusters=3", "sosicfl.pool_size=500", "sosicfl.n_init=2", *overrides])
+    return load_config(
+        None,
+        [
+            "dataset=digits",
+            "num_clients=12",
+            "rounds=2",
+            "batch_size=20",
+            "sosicfl.num_clusters=3",
+            "sosicfl.pool_size=500",
+            "sosicfl.n_init=2",
+            *overrides,
+        ],
+    )
 
 
 @pytest.mark.integration
 def test_sosicfl_runs_prepare_clusters_and_record_the_total_variance(tmp_path) -> None:
-    config = _config(tmp_path, 'algorithms=["sosicfl", "sosicfl_all", "sosicfl_plus", "fedavg"]',
-                     "test_set=official", "join_ratio=0.5", "eval_all_clients=true", "partition=kfold",
-                     "num_folds=3")
+    config = _config(
+        tmp_path,
+        'algorithms=["sosicfl", "sosicfl_all", "sosicfl_plus", "fedavg"]',
+        "test_set=official",
+        "join_ratio=0.5",
+        "eval_all_clients=true",
+        "partition=kfold",
+        "num_folds=3",
+    )
     summary = run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for name in ("sosicfl", "sosicfl_all", "sosicfl_plus", "fedavg"):
@@ -179,6 +210,7 @@ def test_sosicfl_server_state_is_the_preparation_and_literal_weights_shrink_the_
     config = load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=100", "sosicfl.n_init=1"])
     alg = build_algorithm("sosicfl", config.algorithm_sections(), ctx.train, units)
     from pflkit.algorithms import ClientSummary
+
     counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 3 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 3
     clients = [ClientSummary(i, int(c.sum()), c) for i, c in enumerate(counts)]
     server = alg.prepare(alg.init_server(params_of(ctx, 0)), clients, seed=0)
@@ -190,16 +222,32 @@ def test_sosicfl_server_state_is_the_preparation_and_literal_weights_shrink_the_
     assert payload["alphas"].shape == (simplex["max_steps"], 3) and simplex["max_steps"] == 7  # 70 samples / 10
     assert len({tuple(a.tolist()) for a in payload["alphas"]}) > 1  # drawn (with replacement) from the pool
     assert (torch.abs(payload["alphas"] - payload["center"]).sum(1) <= simplex["eta"] + 1e-6).all()
-    per_round = build_algorithm("sosicfl", load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=100",
-                                                              "sosicfl.n_init=1", "sosicfl.alpha_resample='per_round'"])
-                                .algorithm_sections(), ctx.train, units)
+    per_round = build_algorithm(
+        "sosicfl",
+        load_config(
+            None,
+            [
+                "sosicfl.num_clusters=2",
+                "sosicfl.pool_size=100",
+                "sosicfl.n_init=1",
+                "sosicfl.alpha_resample='per_round'",
+            ],
+        ).algorithm_sections(),
+        ctx.train,
+        units,
+    )
     assert per_round.downlink(server, 0, 1)["alphas"].shape == (1, 3)  # Omega_tr = 1: one alpha per round
-    late = build_algorithm("sosicfl", load_config(None, ["sosicfl.late_start=0", "sosicfl.pool_size=100"])
-                           .algorithm_sections(), ctx.train, units)
+    late = build_algorithm(
+        "sosicfl",
+        load_config(None, ["sosicfl.late_start=0", "sosicfl.pool_size=100"]).algorithm_sections(),
+        ctx.train,
+        units,
+    )
     assert torch.allclose(late.downlink(server, 0, 5)["center"], torch.full((3,), 1 / 3))  # t~ = infinity
     moved = {k: v + 1.0 for k, v in server["global"].items()}
-    literal = build_algorithm("sosicfl", load_config(None, ["sosicfl.server_weights=literal"]).algorithm_sections(),
-                              ctx.train, units)
+    literal = build_algorithm(
+        "sosicfl", load_config(None, ["sosicfl.server_weights=literal"]).algorithm_sections(), ctx.train, units
+    )
     upload = [{"params": moved, "num_samples": 70, "client_id": 0}]
     new = literal.aggregate(server, upload, 1)["global"]
     assert torch.allclose(new["fc.weight@0"], server["global"]["fc.weight@0"] + 70 / 420)  # N over all clients
@@ -219,6 +267,7 @@ def test_sosicfl_scores_the_subregion_ensemble_with_eval_samples() -> None:
     alg = build_algorithm("sosicfl", config.algorithm_sections(), ctx.train, ctx.units)
     from pflkit.algorithms import ClientSummary
     from pflkit.functional import Ensemble
+
     counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 2 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 2
     server = alg.prepare(alg.init_server(params_of(ctx, 0)), [ClientSummary(i, 70, c) for i, c in enumerate(counts)])
     state, _ = alg.local_init(alg.downlink(server, 0, 1), alg.init_client(params_of(ctx, 0), 0), ctx)
@@ -234,6 +283,7 @@ def test_clients_receive_the_servers_endpoints_and_upload_trained_ones() -> None
     config = load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=100"])
     alg = build_algorithm("sosicfl", config.algorithm_sections(), ctx.train, ctx.units)
     from pflkit.algorithms import ClientSummary
+
     counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 2 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 2
     server = alg.prepare(alg.init_server(params_of(ctx, 0)), [ClientSummary(i, 70, c) for i, c in enumerate(counts)])
     server = {**server, "global": {k: v + 0.5 for k, v in server["global"].items()}}  # a later round's model
@@ -264,8 +314,9 @@ def test_clusters_that_share_a_centre_are_named_in_a_warning(caplog: pytest.LogC
     monkeypatch.setattr(simplex, "cluster", collapsed)
     counts = np.array([[30, 1, 1, 1], [1, 30, 1, 1], [1, 1, 30, 1], [1, 1, 1, 30]] * 3, dtype=float)
     with caplog.at_level(logging.WARNING):
-        simplex.prepare_simplex(counts, num_endpoints=3, num_clusters=4, rho=0.4, metric="l1", algo="kmeans",
-                                n_init=2, pool_size=10, seed=0)
+        simplex.prepare_simplex(
+            counts, num_endpoints=3, num_clusters=4, rho=0.4, metric="l1", algo="kmeans", n_init=2, pool_size=10, seed=0
+        )
     messages = [r.getMessage() for r in caplog.records if "share one centre" in r.getMessage()]
     assert messages and "raise sosicfl.num_endpoints" in messages[0] and "M + 1 = 3" in messages[0]
 
@@ -281,8 +332,9 @@ def test_simplex_pictures_draw_figure_5_with_the_global_panel_and_each_clients_l
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     drawn = {}
     real = simplex_report.plot_simplex_landscape
-    monkeypatch.setattr(simplex_report, "plot_simplex_landscape",
-                        lambda *a, **k: drawn.update(args=a, kwargs=k) or real(*a, **k))
+    monkeypatch.setattr(
+        simplex_report, "plot_simplex_landscape", lambda *a, **k: drawn.update(args=a, kwargs=k) or real(*a, **k)
+    )
     pictures = simplex_report.simplex_pictures(tmp_path / "run", clients=[0, 5], points=50)
     assert [p.name for p in pictures] == ["simplex-sosicfl.png", "landscape-sosicfl.png"]
     alphas, accuracy, centers = drawn["args"][:3]

@@ -28,8 +28,9 @@ def test_sosicfl_plus_post_hoc_personalises_every_client_from_the_final_global_e
     evaluation pass every client fine-tunes personal endpoints starting from the final global ones."""
     from pflkit.algorithms import ClientSummary
 
-    config = load_config(None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=50", "sosicfl.n_init=1",
-                                "sosicfl.plus_mode='post_hoc'"])
+    config = load_config(
+        None, ["sosicfl.num_clusters=2", "sosicfl.pool_size=50", "sosicfl.n_init=1", "sosicfl.plus_mode='post_hoc'"]
+    )
     last = tiny_context(round=1)  # TrainSettings.rounds = 1: round 1 trains, round 2 is the final pass
     alg = build_algorithm("sosicfl_plus", config.algorithm_sections(), last.train, last.units)
     counts = [np.array([30, 30, 5, 5, 0, 0, 0, 0, 0, 0])] * 2 + [np.array([0, 0, 0, 0, 0, 0, 5, 5, 30, 30])] * 2
@@ -71,8 +72,14 @@ def sosicfl_plus_round(lam: float):
     glob_model = FlocoModel(ctx, payload["global"], alg.M1)
     floco_training_loop(glob_model, batch_pairs(ctx, "train", 1), payload["alphas"], floco_optimizer(glob_model, ctx))
     pers = FlocoModel(ctx, personal_start, alg.M1)
-    floco_training_loop(pers, batch_pairs(ctx, "personal", 1), payload["personal_alphas"], floco_optimizer(pers, ctx),
-                        anchor=payload["global"], lamda=lam)
+    floco_training_loop(
+        pers,
+        batch_pairs(ctx, "personal", 1),
+        payload["personal_alphas"],
+        floco_optimizer(pers, ctx),
+        anchor=payload["global"],
+        lamda=lam,
+    )
     return new, glob_model.as_dict(), pers.as_dict()
 
 
@@ -82,17 +89,21 @@ def test_sosicfl_plus_matches_floco_plus_at_its_default_lambda():
     assert_expected_close(new["personal"], pers_expected)
 
 
-@XFAIL_DIFFERS(reason="floco's _regularize_pers_model adds lamda * p - global (operator "
-                   "precedence); pflkit's lam/2 ||p - global||^2 adds lam * (p - global): equal only at lam = 1")
+@XFAIL_DIFFERS(
+    reason="floco's _regularize_pers_model adds lamda * p - global (operator "
+    "precedence); pflkit's lam/2 ||p - global||^2 adds lam * (p - global): equal only at lam = 1"
+)
 def test_sosicfl_plus_regulariser_at_lambda_one_half_as_flocos_code():
     new, _, pers_expected = sosicfl_plus_round(0.5)
     assert_expected_close(new["personal"], pers_expected)
 
 
-@XFAIL_DIFFERS(reason="floco's Floco+ personal model is a deepcopy made at client construction and "
-                   "never receives subregion_parameters (set_parameters sets them on self.model only): it trains at "
-                   "uniform draws over the whole simplex and is scored at the simplex centroid; pflkit trains it at "
-                   "subregion draws and scores it at the client's cluster centre")
+@XFAIL_DIFFERS(
+    reason="floco's Floco+ personal model is a deepcopy made at client construction and "
+    "never receives subregion_parameters (set_parameters sets them on self.model only): it trains at "
+    "uniform draws over the whole simplex and is scored at the simplex centroid; pflkit trains it at "
+    "subregion draws and scores it at the client's cluster centre"
+)
 def test_sosicfl_plus_scores_the_personal_endpoints_at_the_centroid_as_flocos_code():
     ctxs, alg, server = sosicfl_setup("sosicfl_plus")
     ctx = ctxs[0]
@@ -122,13 +133,25 @@ def test_sosicfl_plus_regulariser_is_flocos_with_lambda_times_the_gap(lam):
     new, _, _ = alg.local_train(payload, state, ctx)
     pers = FlocoModel(ctx, start, alg.M1)
     anchor = {k: lam * v for k, v in payload["global"].items()}
-    floco_training_loop(pers, batch_pairs(ctx, "personal", 1), payload["personal_alphas"], floco_optimizer(pers, ctx),
-                        anchor=anchor, lamda=lam)
+    floco_training_loop(
+        pers,
+        batch_pairs(ctx, "personal", 1),
+        payload["personal_alphas"],
+        floco_optimizer(pers, ctx),
+        anchor=anchor,
+        lamda=lam,
+    )
     assert_expected_close(new["personal"], pers.as_dict())
     # floco's literal term (the xfail) ends elsewhere
     literal = FlocoModel(ctx, start, alg.M1)
-    floco_training_loop(literal, batch_pairs(ctx, "personal", 1), payload["personal_alphas"],
-                        floco_optimizer(literal, ctx), anchor=payload["global"], lamda=lam)
+    floco_training_loop(
+        literal,
+        batch_pairs(ctx, "personal", 1),
+        payload["personal_alphas"],
+        floco_optimizer(literal, ctx),
+        anchor=payload["global"],
+        lamda=lam,
+    )
     assert max(float((literal.as_dict()[k] - new["personal"][k]).abs().max()) for k in new["personal"]) > 1e-4
 
 

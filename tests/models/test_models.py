@@ -39,8 +39,10 @@ FASTTEXT_COUNTS = [132, 1_188, 3_157_508]
 def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
     """Parameters + floating buffers of a freshly built model (what ``initial_params`` returns)."""
     buffers = dict(model.named_buffers())
-    return {**{k: v.detach().clone() for k, v in model.named_parameters()},
-            **{k: buffers[k].detach().clone() for k in buffer_names(model)}}
+    return {
+        **{k: v.detach().clone() for k, v in model.named_parameters()},
+        **{k: buffers[k].detach().clone() for k in buffer_names(model)},
+    }
 
 
 def resnet(seed: int = 0, classes: int = 10, size: int = 32) -> nn.Module:
@@ -67,8 +69,11 @@ def test_resnet18_units_and_ala_weight_counts():
 def test_fasttext_units_and_ala_weight_counts():
     model = build_model("fasttext", (200,), 4, vocab_size=98_635)
     units = model.units()
-    assert units == [("embedding", ["embedding.weight"]), ("fc1", ["fc1.weight", "fc1.bias"]),
-                     ("fc", ["fc.weight", "fc.bias"])]
+    assert units == [
+        ("embedding", ["embedding.weight"]),
+        ("fc1", ["fc1.weight", "fc1.bias"]),
+        ("fc", ["fc.weight", "fc.bias"]),
+    ]
     assert [count_parameters(model, top_unit_names(units, p)) for p in range(1, 4)] == FASTTEXT_COUNTS
     assert reference_layer_idx(units, 1) == 2
     assert model.linear_head and model.prefix_is_deterministic
@@ -80,8 +85,13 @@ def test_resnet18_names_buffers_and_init_follow_torchvision():
     names = [n for n, _ in model.named_parameters()]
     assert len(names) == 62
     assert names[:4] == ["conv1.weight", "bn1.weight", "bn1.bias", "layer1.0.conv1.weight"]
-    for name in ["layer2.0.downsample.0.weight", "layer2.0.downsample.1.weight", "layer2.0.downsample.1.bias",
-                 "layer4.1.bn2.bias", "fc.weight"]:
+    for name in [
+        "layer2.0.downsample.0.weight",
+        "layer2.0.downsample.1.weight",
+        "layer2.0.downsample.1.bias",
+        "layer4.1.bn2.bias",
+        "fc.weight",
+    ]:
         assert name in names
     assert not any(n.startswith(("layer1.0.downsample", "layer2.1.downsample")) for n in names)
     buffers = buffer_names(model)
@@ -156,8 +166,7 @@ def test_batch_norm_train_mode_uses_batch_stats_and_updates_running_stats_in_pla
 
     # training mode ignores the running statistics; evaluation mode uses them
     shifted = {**params, "bn1.running_mean": params["bn1.running_mean"] + 5.0}
-    torch.testing.assert_close(forward(model, {k: v.clone() for k, v in shifted.items()}, x, stop=1, train=True),
-                               out)
+    torch.testing.assert_close(forward(model, {k: v.clone() for k, v in shifted.items()}, x, stop=1, train=True), out)
     before = {k: v.clone() for k, v in params.items()}
     eval_out = forward(model, params, x, stop=1)  # train=False is the default
     reference_bn.eval()
@@ -273,8 +282,16 @@ def test_ala_on_resnet18_leaves_the_stored_buffers_alone(p):
     glob = full_params(resnet(seed=1))
     glob = {k: v + 0.5 if k.endswith("running_mean") else v for k, v in glob.items()}
     train = TrainSettings(batch_size=4, local_epochs=1, lr=0.05)
-    ctx = SingleClientContext(client_id=0, round=2, seed=0, data=image_client(), model=model, units=model.units(),
-                              train=train, algorithm="test")
+    ctx = SingleClientContext(
+        client_id=0,
+        round=2,
+        seed=0,
+        data=image_client(),
+        model=model,
+        units=model.units(),
+        train=train,
+        algorithm="test",
+    )
     ala = AdaptiveLocalAggregation(ALASettings(p=p, max_start_epochs=2), ctx.units, train)
     received = {k: glob[k] for k, _ in model.named_parameters()}  # bn_buffers = local: no buffers sent
     state = ala.init_state(received)
@@ -298,12 +315,14 @@ def test_ala_on_resnet18_leaves_the_stored_buffers_alone(p):
 
 # ---- tiny end-to-end runs ------------------------------------------------------------------------
 def image_data(sizes: list[int]) -> FederatedData:
-    return FederatedData.from_clients([image_client(n, 4, seed=i, client_id=i) for i, n in enumerate(sizes)],
-                                      10, "toy-images")
+    return FederatedData.from_clients(
+        [image_client(n, 4, seed=i, client_id=i) for i, n in enumerate(sizes)], 10, "toy-images"
+    )
 
 
-def text_data(sizes: list[int], vocab: int = 50, length: int = 12, classes: int = 4, test: int = 4,
-              seed: int = 0) -> FederatedData:
+def text_data(
+    sizes: list[int], vocab: int = 50, length: int = 12, classes: int = 4, test: int = 4, seed: int = 0
+) -> FederatedData:
     """Random token ids (0 = padding at the end) whose labels depend on the tokens used."""
     g = torch.Generator().manual_seed(seed)
     clients = []
@@ -317,8 +336,17 @@ def text_data(sizes: list[int], vocab: int = 50, length: int = 12, classes: int 
     return FederatedData.from_clients(clients, classes, "toy-text")
 
 
-def run(name: str, engine, data: FederatedData, model_name: str, rounds: int, batch_size: int, lr: float,
-        vocab_size: int | None = None, overrides: tuple[str, ...] = ()):
+def run(
+    name: str,
+    engine,
+    data: FederatedData,
+    model_name: str,
+    rounds: int,
+    batch_size: int,
+    lr: float,
+    vocab_size: int | None = None,
+    overrides: tuple[str, ...] = (),
+):
     cfg = load_config(None, ["fedala.max_start_epochs=2", *overrides])
     torch.manual_seed(0)
     model = build_model(model_name, data.input_shape, data.num_classes, vocab_size=vocab_size)
@@ -362,8 +390,14 @@ def test_resnet18_end_to_end_loop_vmap_fallback_and_parallel(name, caplog):
 @pytest.mark.parametrize("name,p", [("fedavg", 1), ("fedala", 1), ("fedala", 3), ("fedrep", 1)])
 def test_fasttext_loop_and_vmap_engines_agree(name, p):
     data = text_data([20, 13, 7])
-    kw = {"model_name": "fasttext", "rounds": 2, "batch_size": 5, "lr": 0.5, "vocab_size": 50,
-          "overrides": ("fedrep.head_epochs=1", f"fedala.p={p}")}
+    kw = {
+        "model_name": "fasttext",
+        "rounds": 2,
+        "batch_size": 5,
+        "lr": 0.5,
+        "vocab_size": 50,
+        "overrides": ("fedrep.head_epochs=1", f"fedala.p={p}"),
+    }
     reference = run(name, LoopEngine(), data, **kw)
     batched = run(name, VmapEngine(chunk_size=2), data, **kw)  # vmapped, with batched embedding weights
     compare(reference, batched, atol=1e-3 if "ala" in name else 1e-5)
@@ -384,9 +418,11 @@ class FedNHResNet18(torch.nn.Module):
             self.bn1 = torch.nn.GroupNorm(2, cout)
             self.conv2 = torch.nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
             self.bn2 = torch.nn.GroupNorm(2, cout)
-            self.downsample = (torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                                   torch.nn.GroupNorm(2, cout))
-                               if stride != 1 or cin != cout else torch.nn.Identity())
+            self.downsample = (
+                torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1, stride, bias=False), torch.nn.GroupNorm(2, cout))
+                if stride != 1 or cin != cout
+                else torch.nn.Identity()
+            )
 
         def forward(self, x):
             out = torch.relu(self.bn1(self.conv1(x)))
@@ -435,11 +471,22 @@ class SuPerFedTwoCNN(nn.Module):
 
     def __init__(self, in_channels: int, classes: int, flat: int) -> None:
         super().__init__()
-        self.layers = nn.Sequential(nn.Conv2d(in_channels, 32, 5, padding=1, bias=False), nn.ReLU(),
-                                    nn.MaxPool2d(2, padding=1), nn.Conv2d(32, 64, 5, padding=1, bias=False),
-                                    nn.ReLU(), nn.MaxPool2d(2, padding=1), nn.Flatten())
-        self.classifier = nn.Sequential(nn.Linear(flat, 200, bias=False), nn.ReLU(), nn.Linear(200, 200, bias=False),
-                                        nn.ReLU(), nn.Linear(200, classes, bias=False))
+        self.layers = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 5, padding=1, bias=False),
+            nn.ReLU(),
+            nn.MaxPool2d(2, padding=1),
+            nn.Conv2d(32, 64, 5, padding=1, bias=False),
+            nn.ReLU(),
+            nn.MaxPool2d(2, padding=1),
+            nn.Flatten(),
+        )
+        self.classifier = nn.Sequential(
+            nn.Linear(flat, 200, bias=False),
+            nn.ReLU(),
+            nn.Linear(200, 200, bias=False),
+            nn.ReLU(),
+            nn.Linear(200, classes, bias=False),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.layers(x))
@@ -505,8 +552,16 @@ def test_every_algorithm_trains_a_model_whose_classifier_has_no_bias(name, model
     them with finite losses and scored accuracies (CReFF and FedNH then keep no classifier bias, as
     FedNH's ports do)."""
     data = _image_data([24, 30, 18], side=16)
-    cfg = load_config(None, ["fedala.max_start_epochs=2", "fedrep.head_epochs=1", "ditto.personal_epochs=1",
-                             "creff.match_steps=2", "creff.retrain_epochs=2"])
+    cfg = load_config(
+        None,
+        [
+            "fedala.max_start_epochs=2",
+            "fedrep.head_epochs=1",
+            "ditto.personal_epochs=1",
+            "creff.match_steps=2",
+            "creff.retrain_epochs=2",
+        ],
+    )
     torch.manual_seed(0)
     model = build_model(model_name, (1, 16, 16), 10)
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -553,6 +608,7 @@ def test_fedavg_cnn_pools_before_its_relu_with_the_same_values_and_gradients():
         h = F.max_pool2d(F.relu(F.conv2d(h, p["conv2.weight"], p["conv2.bias"])), 2)
         h = F.relu(F.linear(torch.flatten(h, 1), p["fc1.weight"], p["fc1.bias"]))
         return F.linear(h, p["fc.weight"], p["fc.bias"])
+
     ours = model.apply_units(params, x, 0, None, train=True)
     theirs = reference(params)
     assert torch.equal(ours, theirs)

@@ -6,11 +6,17 @@ import pytest
 import torch
 
 
-@pytest.mark.parametrize("name,shape,params,units", [("simple_cnn", (3, 32, 32), 914_800, 5),
-                                                      ("mobilenet_v2", (3, 64, 64), 2_480_072, 20),
-                                                      ("squeezenet1_1", (3, 32, 32), 825_096, 10)])
+@pytest.mark.parametrize(
+    "name,shape,params,units",
+    [
+        ("simple_cnn", (3, 32, 32), 914_800, 5),
+        ("mobilenet_v2", (3, 64, 64), 2_480_072, 20),
+        ("squeezenet1_1", (3, 32, 32), 825_096, 10),
+    ],
+)
 def test_sosicfl_models_have_torchvision_sizes_and_a_declared_head(name, shape, params, units) -> None:
     from pflkit.models import build_model, head_names
+
     model = build_model(name, shape, 200 if name != "simple_cnn" else 10)
     # torchvision's counts for 200 classes; SimpleCNN (no biases): 2,400 + 51,200 + 4,096 x 200 + 200 x 200 + 200 x 10
     assert sum(p.numel() for p in model.parameters()) == params
@@ -20,6 +26,7 @@ def test_sosicfl_models_have_torchvision_sizes_and_a_declared_head(name, shape, 
 
 def test_pretrained_weights_load_by_torchvision_keys_and_bad_files_are_named(tmp_path) -> None:
     from pflkit.models import build_model, head_names, load_pretrained
+
     source = build_model("squeezenet1_1", (3, 32, 32), 1000)  # "ImageNet": 1000 classes
     torch.save(source.state_dict(), tmp_path / "imagenet.pt")
     target = build_model("squeezenet1_1", (3, 32, 32), 10)

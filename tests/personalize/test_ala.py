@@ -136,7 +136,7 @@ def test_matches_transcription_of_reference_loop():
     for i in range(0, len(y), 10):
         for k in top:
             theta[k] = (local[k] + (glob[k] - local[k]) * w[k]).detach().requires_grad_(True)
-        loss = F.cross_entropy(forward(ctx.model, theta, x[i:i + 10]), y[i:i + 10])
+        loss = F.cross_entropy(forward(ctx.model, theta, x[i : i + 10]), y[i : i + 10])
         loss.backward()
         for k in top:
             w[k] = torch.clamp(w[k] - 0.7 * theta[k].grad * (glob[k] - local[k]), 0, 1)
@@ -163,6 +163,7 @@ def test_contiguous_sampling_takes_a_slice():
 
 def test_weight_statistics_of_a_hand_set_w() -> None:
     from pflkit.personalize.ala import weight_statistics
+
     units = [("fc1", ["fc1.weight"]), ("fc", ["fc.weight", "fc.bias"])]
     w = {"fc.weight": torch.tensor([[0.0, 1.0], [0.5, 0.5]]), "fc.bias": torch.tensor([1.0, 1.0])}
     stats = {k: float(v) for k, v in weight_statistics(w, units).items()}  # one client: 0-dim tensors
@@ -185,8 +186,7 @@ def test_ala_feature_cache_gives_the_same_weights(p):
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     results = []
     for cache in (True, False):
-        ala = AdaptiveLocalAggregation(ALASettings(p=p, max_start_epochs=4, cache_features=cache),
-                                       ctx.units, ctx.train)
+        ala = AdaptiveLocalAggregation(ALASettings(p=p, max_start_epochs=4, cache_features=cache), ctx.units, ctx.train)
         out, state, info = ala(glob, local, ala.init_state(glob), ctx)
         out2, state2, _ = ala(glob, local, state, ctx)
         results.append((out2, state2["weights"], info["ala_epochs"]))
@@ -221,8 +221,9 @@ def test_closed_form_ala_matches_the_autograd_path():
     local, glob = params_of(ctx, 1), params_of(ctx, 2)
     outs = []
     for closed in (True, False):
-        ala = AdaptiveLocalAggregation(ALASettings(p=1, max_start_epochs=5, closed_form_head=closed),
-                                       ctx.units, ctx.train)
+        ala = AdaptiveLocalAggregation(
+            ALASettings(p=1, max_start_epochs=5, closed_form_head=closed), ctx.units, ctx.train
+        )
         assert ala.closed_form(ctx.model, 3, ala.top_names(glob)) is closed
         out, state, info = ala(glob, local, ala.init_state(glob), ctx)
         outs.append((out, state["weights"], info["ala_epochs"]))

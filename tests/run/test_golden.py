@@ -28,8 +28,16 @@ from pflkit.run.experiment import run_experiment
 
 pytestmark = pytest.mark.integration
 
-OVERRIDES = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", "lr=0.05", "engine=loop",
-             "fedala.max_start_epochs=5", 'algorithms=["fedavg","fedala"]']
+OVERRIDES = [
+    "dataset=synthetic",
+    "num_clients=4",
+    "alpha=0.5",
+    "rounds=2",
+    "lr=0.05",
+    "engine=loop",
+    "fedala.max_start_epochs=5",
+    'algorithms=["fedavg","fedala"]',
+]
 
 REL = 1e-5  # relative tolerance of losses and checksums (see the module docstring)
 ONE_SAMPLE = 1 / 252 + 1e-12  # the four clients' test splits hold 252 samples

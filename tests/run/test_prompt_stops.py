@@ -15,15 +15,27 @@ from pathlib import Path
 import pytest
 
 # clients that each train for seconds (50 local epochs on the digits), on two worker threads
-SLOW = ["dataset=digits", "num_clients=4", "rounds=3", "local_epochs=50", 'algorithms=["fedavg"]', "engine=parallel",
-        "workers=2"]
+SLOW = [
+    "dataset=digits",
+    "num_clients=4",
+    "rounds=3",
+    "local_epochs=50",
+    'algorithms=["fedavg"]',
+    "engine=parallel",
+    "workers=2",
+]
 PFLKIT = [sys.executable, "-m", "pflkit.cli"]
 
 
 def start(out: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([*PFLKIT, "run", *SLOW, *args, "--out", str(out), "--quiet"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*PFLKIT, "run", *SLOW, *args, "--out", str(out), "--quiet"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_round(out: Path, proc: subprocess.Popen, rounds: int = 1, timeout: float = 300) -> None:
@@ -89,8 +101,13 @@ def test_a_signal_stops_ray_runs_within_seconds_and_leaves_no_ray_process(tmp_pa
     out = tmp_path / "out"
     marker = f"test-{os.getpid()}-{how}-{int(sig)}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", MARKER: marker}
-    proc = subprocess.Popen([*PFLKIT, *RAY_RUNS[how], "--out", str(out), "--quiet"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*PFLKIT, *RAY_RUNS[how], "--out", str(out), "--quiet"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while not any(p.read_text().count("\n") >= 1 for p in out.rglob("metrics.jsonl")):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

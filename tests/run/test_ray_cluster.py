@@ -48,10 +48,25 @@ def cluster():
     with reaped() as marker:  # the nodes inherit the marker from this environment
         env = {**os.environ, "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0", "RAY_USAGE_STATS_ENABLED": "0"}
         try:
-            ray_cli("start", "--head", "--node-ip-address=127.0.0.1", f"--port={address.split(':')[1]}",
-                    "--num-cpus=1", "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats", env=env)
-            ray_cli("start", f"--address={address}", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                    "--disable-usage-stats", env=env)
+            ray_cli(
+                "start",
+                "--head",
+                "--node-ip-address=127.0.0.1",
+                f"--port={address.split(':')[1]}",
+                "--num-cpus=1",
+                "--include-dashboard=false",
+                f"--temp-dir={temp}",
+                "--disable-usage-stats",
+                env=env,
+            )
+            ray_cli(
+                "start",
+                f"--address={address}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=1",
+                "--disable-usage-stats",
+                env=env,
+            )
             yield address
         finally:
             end_processes(marker)
@@ -101,8 +116,16 @@ def test_a_sweep_on_a_two_node_ray_cluster_survives_a_killed_worker(cluster, tmp
     t0 = time.perf_counter()
     handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     try:
-        remote = run_sweep(None, GRID, tmp_path / "ray", progress=False, echo=lines.append, executor="ray",
-                           address=cluster, max_retries=2)
+        remote = run_sweep(
+            None,
+            GRID,
+            tmp_path / "ray",
+            progress=False,
+            echo=lines.append,
+            executor="ray",
+            address=cluster,
+            max_retries=2,
+        )
     finally:
         stop.set()
         killer.join()
@@ -117,18 +140,39 @@ def test_a_sweep_on_a_two_node_ray_cluster_survives_a_killed_worker(cluster, tmp
         assert a["folder"] == b["folder"]
         assert records(tmp_path / "local" / a["folder"]) == records(tmp_path / "ray" / b["folder"])
     # the sweep table reads the same
-    strip = (lambda text: [row.split("|")[:5] for row in text.splitlines()])  # noqa: E731  (no timing columns)
+    strip = lambda text: [row.split("|")[:5] for row in text.splitlines()]  # noqa: E731  (no timing columns)
     assert strip((tmp_path / "local" / "sweep.md").read_text()) == strip((tmp_path / "ray" / "sweep.md").read_text())
     print(f"ray sweep with a killed worker: {seconds:.1f} s; killed {cell} (pid {pid})")
 
 
 def test_ray_sweep_bad_input_is_one_clear_line(tmp_path):
     with pytest.raises(ConfigError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
-        run_sweep(None, ["rounds=1", "num_clients=4", "lr=[0.05,0.1]"], tmp_path / "a", progress=False,
-                  echo=lambda s: None, executor="ray", address="127.0.0.1:1")
+        run_sweep(
+            None,
+            ["rounds=1", "num_clients=4", "lr=[0.05,0.1]"],
+            tmp_path / "a",
+            progress=False,
+            echo=lambda s: None,
+            executor="ray",
+            address="127.0.0.1:1",
+        )
     with pytest.raises(ConfigError, match="is not HOST:PORT"):
-        run_sweep(None, ["rounds=1", "num_clients=4", "lr=[0.05,0.1]"], tmp_path / "b", progress=False,
-                  echo=lambda s: None, executor="ray", address="nohost")
+        run_sweep(
+            None,
+            ["rounds=1", "num_clients=4", "lr=[0.05,0.1]"],
+            tmp_path / "b",
+            progress=False,
+            echo=lambda s: None,
+            executor="ray",
+            address="nohost",
+        )
     with pytest.raises(ConfigError, match="no node of the Ray cluster has 1 CPU and 64 GPU"):
-        run_sweep(None, ["rounds=1", "num_clients=4", "lr=[0.05,0.1]"], tmp_path / "c", progress=False,
-                  echo=lambda s: None, executor="ray", gpus_per_cell=64)
+        run_sweep(
+            None,
+            ["rounds=1", "num_clients=4", "lr=[0.05,0.1]"],
+            tmp_path / "c",
+            progress=False,
+            echo=lambda s: None,
+            executor="ray",
+            gpus_per_cell=64,
+        )

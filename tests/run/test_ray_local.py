@@ -34,8 +34,9 @@ def outside_address() -> str:
 
 
 def try_connect(address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CONNECT, address], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", CONNECT, address], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_a_ray_started_by_pflkit_refuses_requests_without_its_token():
@@ -75,9 +76,21 @@ def test_a_local_ray_sweep_runs_with_its_token_and_a_method_from_outside_pflkit(
     shutil.copy(REPO / "docs" / "examples" / "mylab_methods.py", lab / "mylab_methods.py")
     monkeypatch.syspath_prepend(str(lab))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(lab), os.environ.get("PYTHONPATH")])))
-    record = run_sweep(None, ["dataset=synthetic", "num_clients=3", "rounds=1", "fedala.max_start_epochs=2",
-                              'algorithms=["fedavg", "mylab_methods:FedPer+ala"]', "lr=[0.05,0.1]"], tmp_path / "s",
-                       progress=False, echo=lambda s: None, executor="ray")
+    record = run_sweep(
+        None,
+        [
+            "dataset=synthetic",
+            "num_clients=3",
+            "rounds=1",
+            "fedala.max_start_epochs=2",
+            'algorithms=["fedavg", "mylab_methods:FedPer+ala"]',
+            "lr=[0.05,0.1]",
+        ],
+        tmp_path / "s",
+        progress=False,
+        echo=lambda s: None,
+        executor="ray",
+    )
     assert all("summary" in cell for cell in record["cells"]), record["cells"]
     assert all("mylab_methods:FedPer+ala" in cell["summary"] for cell in record["cells"])
 
@@ -108,8 +121,9 @@ def test_no_ray_process_outlives_a_killed_driver():
 
     from pflkit.federation.reaper import marked_processes
 
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_DRIVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("READY"), line + proc.stderr.read()[-2000:]

@@ -23,8 +23,16 @@ from tests.support.paths import REPO
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "run"
-    config = load_config(None, ["num_clients=5", "rounds=2", "seeds=[0,1]", 'algorithms=["fedavg", "fedala"]',
-                                "paper_table=fedala-table2/mnist-pathological"])
+    config = load_config(
+        None,
+        [
+            "num_clients=5",
+            "rounds=2",
+            "seeds=[0,1]",
+            'algorithms=["fedavg", "fedala"]',
+            "paper_table=fedala-table2/mnist-pathological",
+        ],
+    )
     run_experiment(config, out, progress=False, echo=lambda s: None)
     return out
 
@@ -43,7 +51,7 @@ def test_report_numbers_equal_the_summary_and_stand_beside_the_papers(run_folder
     assert "FedALA (AAAI 2023) Table 2, mnist-pathological" in text
     assert (tmp_path / "out" / "figures").is_dir() and "](figures/" in text
     html = page.read_text()
-    assert "data:image/png;base64," in html and "<table>" in html and "src=\"figures" not in html
+    assert "data:image/png;base64," in html and "<table>" in html and 'src="figures' not in html
 
 
 def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
@@ -52,10 +60,14 @@ def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
     assert result.exit_code == 2 and "is not a results folder (no config.toml)" in result.output
     # the name is checked where the tables live, before a run writes anything; the config checks its form
     with pytest.raises(ConfigError, match="paper_table = 'fedala-table9/x' is not a table pflkit ships"):
-        run_experiment(load_config(None, ["paper_table=fedala-table9/x", "rounds=1", "num_clients=4"]),
-                       tmp_path / "never", progress=False, echo=lambda s: None)
+        run_experiment(
+            load_config(None, ["paper_table=fedala-table9/x", "rounds=1", "num_clients=4"]),
+            tmp_path / "never",
+            progress=False,
+            echo=lambda s: None,
+        )
     assert not (tmp_path / "never").exists()
-    with pytest.raises(ConfigError, match="paper_table: must be \"<table>/<column>\""):
+    with pytest.raises(ConfigError, match='paper_table: must be "<table>/<column>"'):
         load_config(None, ["paper_table=fedala-table9"])
 
 
@@ -63,17 +75,30 @@ def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
 @pytest.mark.browser
 def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> None:
     """.ci/run installs Chromium and sets PFLKIT_REQUIRE_BROWSER=1, so there this test never skips."""
-    browser = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)),
-                   None)
+    browser = next(
+        (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None
+    )
     if browser is None:
         if os.environ.get("PFLKIT_REQUIRE_BROWSER") == "1":
             pytest.fail("PFLKIT_REQUIRE_BROWSER=1 but no chromium, chromium-browser or google-chrome on PATH")
         pytest.skip("no Chromium installed (.ci/run installs it)")
     _, page = build_report([run_folder], tmp_path / "out")
     shot = tmp_path / "shot.png"
-    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    f"--screenshot={shot}", "--window-size=1200,2000", page.as_uri()],
-                   check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1200,2000",
+            page.as_uri(),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     pixels = matplotlib.image.imread(shot)[..., :3]
     assert pixels.shape[:2] == (2000, 1200)
     ink = pixels.min(axis=2) < 0.5  # dark pixels: text, table rules, plot lines
@@ -106,8 +131,15 @@ def test_sosicfl_cells_carry_table_5_beside_tables_2_and_3() -> None:
 
 @pytest.mark.integration
 def test_cost_beside_the_papers_table_3_in_units_of_sigma(tmp_path) -> None:
-    config = load_config(None, ["num_clients=5", "rounds=1", 'algorithms=["fedavg", "fedrep", "fedfomo"]',
-                                "paper_table=fedala-table3/tiny-resnet18"])
+    config = load_config(
+        None,
+        [
+            "num_clients=5",
+            "rounds=1",
+            'algorithms=["fedavg", "fedrep", "fedfomo"]',
+            "paper_table=fedala-table3/tiny-resnet18",
+        ],
+    )
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     text = build_report([tmp_path / "run"], tmp_path / "out")[0].read_text()
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if "Σ" in line and "|" in line}
@@ -123,17 +155,33 @@ def test_fedala_table_4_columns_and_ala_applicability_cells() -> None:
     ala = PAPER_TABLES["fedala-table4/ala-tiny"]["values"]
     # X + ALA beside X (its Table 2 TINY cell): the paper's "Imps." column is their difference
     assert ala["ditto+ala"] == (40.75,) and round(40.75 - ala["ditto"][0], 2) == 8.60
-    assert round(PAPER_TABLES["fedala-table4/ala-cifar100"]["values"]["fedphp+ala"][0]
-                 - PAPER_TABLES["fedala-table4/ala-cifar100"]["values"]["fedphp"][0], 2) == 3.76
+    assert (
+        round(
+            PAPER_TABLES["fedala-table4/ala-cifar100"]["values"]["fedphp+ala"][0]
+            - PAPER_TABLES["fedala-table4/ala-cifar100"]["values"]["fedphp"][0],
+            2,
+        )
+        == 3.76
+    )
 
 
 @pytest.mark.integration
 def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
     from pflkit.run.sweep import run_sweep
 
-    record = run_sweep(None, ["num_clients=4", "rounds=1", 'algorithms=["fedala"]',
-                              "paper_table=fedala-table1/tiny-resnet18-s", "fedala.sample_fraction=[0.8,0.3]"],
-                       tmp_path / "sweep", progress=False, echo=lambda s: None)
+    record = run_sweep(
+        None,
+        [
+            "num_clients=4",
+            "rounds=1",
+            'algorithms=["fedala"]',
+            "paper_table=fedala-table1/tiny-resnet18-s",
+            "fedala.sample_fraction=[0.8,0.3]",
+        ],
+        tmp_path / "sweep",
+        progress=False,
+        echo=lambda s: None,
+    )
     text = build_report([tmp_path / "sweep"], tmp_path / "out")[0].read_text()
     assert "beside the paper: FedALA (AAAI 2023) Table 1 (left)" in text
     ours = {c["values"]["fedala.sample_fraction"]: c["summary"]["fedala"]["best_accuracy"] for c in record["cells"]}
@@ -143,8 +191,21 @@ def test_an_s_sweep_stands_beside_the_papers_table_1(tmp_path) -> None:
     assert "command: pflkit sweep num_clients=4 rounds=1 'algorithms=[\"fedala\"]' " in text
     assert "'fedala.sample_fraction=[0.8,0.3]' --metric best_accuracy --out sweep" in text
     (tmp_path / "intro.md").write_text("One round only.\n")
-    result = CliRunner().invoke(main, ["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "docs"), "--name",
-                                       "results", "--title", "Results", "--intro", str(tmp_path / "intro.md")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "report",
+            str(tmp_path / "sweep"),
+            "--out",
+            str(tmp_path / "docs"),
+            "--name",
+            "results",
+            "--title",
+            "Results",
+            "--intro",
+            str(tmp_path / "intro.md"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     md = (tmp_path / "docs" / "results.md").read_text()
     assert md.startswith("# Results\n") and f"pflkit report {tmp_path / 'sweep'} --out" in md
@@ -158,14 +219,28 @@ def test_a_p_sweep_shows_alas_learnable_weights_beside_table_6s_param_row(tmp_pa
     model (the digits CNN on 8x8 digits: fc 64x10 + 10 = 650 for p = 1, + fc1 128x64 + 64 = 8,906 for p = 2)."""
     from pflkit.run.sweep import run_sweep
 
-    run_sweep(None, ["num_clients=4", "rounds=1", 'algorithms=["fedala"]', "paper_table=fedala-table6/tiny-cnn-p",
-                     "fedala.p=[1,2]"], tmp_path / "sweep", progress=False, echo=lambda s: None)
+    run_sweep(
+        None,
+        [
+            "num_clients=4",
+            "rounds=1",
+            'algorithms=["fedala"]',
+            "paper_table=fedala-table6/tiny-cnn-p",
+            "fedala.p=[1,2]",
+        ],
+        tmp_path / "sweep",
+        progress=False,
+        echo=lambda s: None,
+    )
     summary = json.loads((tmp_path / "sweep" / "fedala.p=2" / "summary.json").read_text())
     assert summary["fedala"]["ala_weights"] == 64 * 10 + 10 + 128 * 64 + 64
     text = build_report([tmp_path / "sweep"], tmp_path / "out")[0].read_text()
     assert "| fedala.p | pflkit best_accuracy | paper | pflkit − paper | ALA weights | paper ALA weights |" in text
-    lines = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.endswith("5,130 |")
-             or line.endswith("529,930 |")}
+    lines = {
+        line.split(" | ")[0].strip("| "): line
+        for line in text.splitlines()
+        if line.endswith("5,130 |") or line.endswith("529,930 |")
+    }
     assert lines["1"].endswith("| 650 | 5,130 |") and lines["2"].endswith("| 8,906 | 529,930 |")
 
 
@@ -183,8 +258,9 @@ def test_an_unfinished_run_is_reported_over_its_finished_runs(tmp_path) -> None:
 
     config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedavg", "fedala"]'])
     with pytest.raises(KeyboardInterrupt):  # fedavg finishes, fedala stops after its first round
-        run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None,
-                       callbacks=[InterruptAfter("fedala", 1)])
+        run_experiment(
+            config, tmp_path / "run", progress=False, echo=lambda s: None, callbacks=[InterruptAfter("fedala", 1)]
+        )
     text = build_report([tmp_path / "run"], tmp_path / "out")[0].read_text()
     assert "**Unfinished run** (no summary.json yet)" in text and "seeds {'fedavg': [0]}" in text
     rows = [line for line in text.splitlines() if line.startswith("| fed")]
@@ -201,21 +277,34 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
     an unfinished cell is listed with the round it reached; paper methods not run say so."""
     from tests.support.runs import InterruptAfter
 
-    base = ["num_clients=4", "rounds=6", "plateau_evaluations=2", "plateau_points=100",
-            "paper_table=fedala-table7/mnist-dir0.1"]
+    base = [
+        "num_clients=4",
+        "rounds=6",
+        "plateau_evaluations=2",
+        "plateau_points=100",
+        "paper_table=fedala-table7/mnist-dir0.1",
+    ]
     for method, seed in (("fedavg", 0), ("fedavg", 1), ("fedprox", 0)):
         config = load_config(None, [*base, f'algorithms=["{method}"]', f"seeds=[{seed}]"])
-        run_experiment(config, tmp_path / "table" / f"algorithms={method},seeds={seed}", progress=False,
-                       echo=lambda s: None)
+        run_experiment(
+            config, tmp_path / "table" / f"algorithms={method},seeds={seed}", progress=False, echo=lambda s: None
+        )
     config = load_config(None, [*base, 'algorithms=["ditto"]', "seeds=[0]"])
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(config, tmp_path / "table" / "algorithms=ditto,seeds=0", progress=False, echo=lambda s: None,
-                       callbacks=[InterruptAfter("ditto", 1)])
+        run_experiment(
+            config,
+            tmp_path / "table" / "algorithms=ditto,seeds=0",
+            progress=False,
+            echo=lambda s: None,
+            callbacks=[InterruptAfter("ditto", 1)],
+        )
     text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
     assert "4 cells" in text and "at most 6 rounds" in text and "partition dirichlet (alpha 0.1)," in text
     assert "**Not finished**: algorithms=ditto,seeds=0 (ditto, seed 0: " in text and "reached round" in text
-    ditto = [json.loads(line) for line in (tmp_path / "table" / "algorithms=ditto,seeds=0" / "metrics.jsonl")
-             .read_text().splitlines()]
+    ditto = [
+        json.loads(line)
+        for line in (tmp_path / "table" / "algorithms=ditto,seeds=0" / "metrics.jsonl").read_text().splitlines()
+    ]
     best = max((r for r in ditto if "accuracy" in r), key=lambda r: r["accuracy"])
     assert f"best so far {100 * best['accuracy']:.2f} at round {best['round']}, on " in text
     fedavg = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
@@ -223,8 +312,12 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
     assert cells[1] == "0,1" and "±" in cells[2] and cells[4] == "3*,3*"  # stopped by the plateau rule at round 3
     assert cells[5] == "98.81" and cells[6].startswith(("+", "-"))
     assert "| fedala | - | not run yet |" in text and "| ditto | - | unfinished (Not finished, below) |" in text
-    best = [json.loads((tmp_path / "table" / f"algorithms=fedavg,seeds={s}" / "summary.json").read_text())
-            ["fedavg"]["best_accuracy"] for s in (0, 1)]
+    best = [
+        json.loads((tmp_path / "table" / f"algorithms=fedavg,seeds={s}" / "summary.json").read_text())["fedavg"][
+            "best_accuracy"
+        ]
+        for s in (0, 1)
+    ]
     assert cells[2].startswith(f"{100 * np.mean(best):.2f} ± {100 * np.std(best):.2f}")
     assert "AMD" in text or "cores" in text  # the machine, from run.json
     assert "**ranks and gaps (points of best accuracy) beside the paper: over the 2 methods" in text
@@ -260,8 +353,10 @@ def test_ranks_and_gaps_beside_the_paper_and_what_ala_adds() -> None:
     assert "undefined" in ranking_table({"fedala": 0.99, "ditto": 0.99}, paper)[0]
     caption, header, rows = ala_gain_table(ours, {**paper, "fedprox+ala": 99.0})
     # FedAvg + ALA is FedALA, in our runs and in the paper's table
-    assert rows == [["fedavg", "fedala", "98.00", "99.60", "+1.60", "+0.90"],
-                    ["fedprox", "fedprox+ala", "98.10", "99.50", "+1.40", "+0.18"]]
+    assert rows == [
+        ["fedavg", "fedala", "98.00", "99.60", "+1.60", "+0.90"],
+        ["fedprox", "fedprox+ala", "98.10", "99.50", "+1.40", "+0.18"],
+    ]
     assert ala_gain_table({"fedavg": 0.9, "ditto": 0.95, "fedala+ala": 0.96}, paper) is None
 
 
@@ -282,11 +377,19 @@ def test_the_committed_results_report_is_what_its_command_makes_from_the_committ
         else:
             folders.append(root / word)
     intro = (root / options["--intro"]).read_text() if "--intro" in options else None
-    md, page = build_report(folders, tmp_path, name=options.get("--name", "report"),
-                            title=options.get("--title", "pflkit report"), command=command, intro=intro)
-    hint = ("docs/results.md is not what the command at its top makes from docs/results/ (a cell added or "
-            "changed, the report's code or docs/results-intro.md changed, or a sweep is writing cells there now): "
-            "rerun that command")
+    md, page = build_report(
+        folders,
+        tmp_path,
+        name=options.get("--name", "report"),
+        title=options.get("--title", "pflkit report"),
+        command=command,
+        intro=intro,
+    )
+    hint = (
+        "docs/results.md is not what the command at its top makes from docs/results/ (a cell added or "
+        "changed, the report's code or docs/results-intro.md changed, or a sweep is writing cells there now): "
+        "rerun that command"
+    )
     assert md.read_text() == committed, hint
     assert page.read_text() == (root / "docs" / "results.html").read_text(), hint
 
@@ -300,8 +403,10 @@ def test_a_method_section_splits_a_table_only_between_cells_that_run_it(tmp_path
     def cell(name: str, method: str, partialfed: str):
         folder = tmp_path / name
         folder.mkdir(parents=True)
-        (folder / "config.toml").write_text(f'name = "t"\nalgorithms = ["{method}"]\nseeds = [0]\nrounds = 5\n'
-                                            f"[run]\nthreads = 1\n[partialfed]\n{partialfed}\n[fedala]\neta = 1.0\n")
+        (folder / "config.toml").write_text(
+            f'name = "t"\nalgorithms = ["{method}"]\nseeds = [0]\nrounds = 5\n'
+            f"[run]\nthreads = 1\n[partialfed]\n{partialfed}\n[fedala]\neta = 1.0\n"
+        )
         return folder
 
     old = cell("a/fedavg", "fedavg", "tau0 = 5.0")
@@ -327,8 +432,9 @@ def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
     def cell(name: str, run: str):
         folder = tmp_path / name
         folder.mkdir(parents=True)
-        (folder / "config.toml").write_text(f'name = "t"\nalgorithms = ["{name}"]\nseeds = [0]\nrounds = 5\n'
-                                            f"[run]\nthreads = 1\n{run}\n")
+        (folder / "config.toml").write_text(
+            f'name = "t"\nalgorithms = ["{name}"]\nseeds = [0]\nrounds = 5\n[run]\nthreads = 1\n{run}\n'
+        )
         return folder
 
     plain, one_worker = cell("fedavg", ""), cell("sosicfl", "workers = 1\ncheckpoint_every = 5")
@@ -340,16 +446,27 @@ def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
 def test_an_unfinished_cells_best_so_far_is_on_the_plateau_metric(tmp_path) -> None:
     """A table whose runs stop on the global accuracy (SosicFL's protocol) lists an unfinished cell's
     best global accuracy so far, named, not its local one."""
-    config = load_config(None, ["num_clients=4", "rounds=6", 'algorithms=["fedavg"]', "seeds=[0]",
-                                "plateau_evaluations=2", 'plateau_metric="global_accuracy"', "test_set=official"])
+    config = load_config(
+        None,
+        [
+            "num_clients=4",
+            "rounds=6",
+            'algorithms=["fedavg"]',
+            "seeds=[0]",
+            "plateau_evaluations=2",
+            'plateau_metric="global_accuracy"',
+            "test_set=official",
+        ],
+    )
     finished = tmp_path / "table" / "algorithms=fedavg,seeds=0"
     run_experiment(config, finished, progress=False, echo=lambda s: None)
     unfinished = tmp_path / "table" / "algorithms=sosicfl,seeds=0"
     unfinished.mkdir()
-    (unfinished / "config.toml").write_text((finished / "config.toml").read_text()
-                                            .replace('"fedavg"', '"sosicfl"', 1))
-    records = [{"algorithm": "sosicfl", "seed": 0, "round": 5, "accuracy": 0.97, "global_accuracy": 0.91},
-               {"algorithm": "sosicfl", "seed": 0, "round": 10, "accuracy": 0.95, "global_accuracy": 0.93}]
+    (unfinished / "config.toml").write_text((finished / "config.toml").read_text().replace('"fedavg"', '"sosicfl"', 1))
+    records = [
+        {"algorithm": "sosicfl", "seed": 0, "round": 5, "accuracy": 0.97, "global_accuracy": 0.91},
+        {"algorithm": "sosicfl", "seed": 0, "round": 10, "accuracy": 0.95, "global_accuracy": 0.93},
+    ]
     (unfinished / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
     assert "reached round 10, best global_accuracy so far 93.00 at round 10" in text
@@ -364,10 +481,16 @@ def test_time_to_accuracy_is_the_base_round_over_the_method_round_and_counts_tie
     def history(values: list[float]) -> list[dict[str, float]]:
         return [{"round": 5 * (i + 1), "local_accuracy": v} for i, v in enumerate(values)]
 
-    base = {0: history([0.90, 0.95, 0.9866000000000003]), 1: history([0.90, 0.97, 0.98]),
-            2: history([0.90, 0.99, 0.99])}
-    method = {0: history([0.9866000000000001, 0.97, 0.98]), 1: history([0.90, 0.93, 0.98]),
-              2: history([0.90, 0.95, 0.9898])}
+    base = {
+        0: history([0.90, 0.95, 0.9866000000000003]),
+        1: history([0.90, 0.97, 0.98]),
+        2: history([0.90, 0.99, 0.99]),
+    }
+    method = {
+        0: history([0.9866000000000001, 0.97, 0.98]),
+        1: history([0.90, 0.93, 0.98]),
+        2: history([0.90, 0.95, 0.9898]),
+    }
     histories = {**{("base", s): h for s, h in base.items()}, **{("method", s): h for s, h in method.items()}}
     out = time_to_accuracy(histories, {"method": "base"}, seeds=[0, 1, 2], metrics=("local_accuracy",))
     entry = out["method"]["tta_local_accuracy_vs_base"]

@@ -24,14 +24,18 @@ FAST = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "lr=0.05", 'algorithm
 
 
 def rows(folder: Path) -> list[tuple[str, int, int]]:
-    return [(r["algorithm"], r["seed"], r["round"])
-            for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())]
+    return [
+        (r["algorithm"], r["seed"], r["round"])
+        for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+    ]
 
 
 def numbers(folder: Path) -> list[dict]:
     """metrics.jsonl without its wall-clock fields."""
-    return [{k: v for k, v in r.items() if "seconds" not in k}
-            for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())]
+    return [
+        {k: v for k, v in r.items() if "seconds" not in k}
+        for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines())
+    ]
 
 
 def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -52,15 +56,19 @@ def wait_for(condition, what: str, proc: subprocess.Popen, timeout: float = 120.
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_a_second_process_is_refused_and_a_stopped_run_says_how_to_continue(tmp_path, stop):
     out = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "pflkit.cli", "run", *FAST, "rounds=100000", "--out", str(out),
-                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "pflkit.cli", "run", *FAST, "rounds=100000", "--out", str(out), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         wait_for(lambda: (out / "metrics.jsonl").is_file() and len(rows(out)) >= 3, "three rounds recorded", first)
         holder = (out / ".lock").read_text()
         assert f"pflkit pid {first.pid} on host" in holder
         for second in (["run", "--resume", str(out)], ["run", *FAST, "rounds=3", "--out", str(out)]):
-            refused = subprocess.run([sys.executable, "-m", "pflkit.cli", *second, "--quiet"], capture_output=True,
-                                     timeout=120)
+            refused = subprocess.run(
+                [sys.executable, "-m", "pflkit.cli", *second, "--quiet"], capture_output=True, timeout=120
+            )
             assert refused.returncode == 2, refused.stderr.decode()
             assert f"is in use by pflkit pid {first.pid}" in refused.stderr.decode()
         first.send_signal(stop)
@@ -70,8 +78,10 @@ def test_a_second_process_is_refused_and_a_stopped_run_says_how_to_continue(tmp_
             first.kill()
     reason = "stopped by SIGTERM" if stop == signal.SIGTERM else "interrupted (Ctrl-C)"
     assert first.returncode == 130, err.decode()[-2000:]
-    assert f"{reason}: the rounds up to the last checkpoint are kept; continue with: pflkit run --resume {out}" \
+    assert (
+        f"{reason}: the rounds up to the last checkpoint are kept; continue with: pflkit run --resume {out}"
         in err.decode()
+    )
     assert "Traceback" not in err.decode()
     status = ResultsFolder(out).status()
     assert status["status"] == "interrupted" and status["resume"] == f"pflkit run --resume {out}"
@@ -82,13 +92,26 @@ def test_a_second_process_is_refused_and_a_stopped_run_says_how_to_continue(tmp_
 @pytest.mark.integration
 def test_an_interrupted_sweep_says_the_whole_command_to_continue_with(tmp_path):
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "pflkit.cli", "sweep", *FAST, "rounds=100000", "lr=[0.05,0.1]", "--out", str(out),
-               "--metric", "final_accuracy", "--quiet"]
+    command = [
+        sys.executable,
+        "-m",
+        "pflkit.cli",
+        "sweep",
+        *FAST,
+        "rounds=100000",
+        "lr=[0.05,0.1]",
+        "--out",
+        str(out),
+        "--metric",
+        "final_accuracy",
+        "--quiet",
+    ]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         cell = out / "lr=0.05"
-        wait_for(lambda: (cell / "metrics.jsonl").is_file() and len(rows(cell)) >= 2, "two rounds of the first cell",
-                 proc)
+        wait_for(
+            lambda: (cell / "metrics.jsonl").is_file() and len(rows(cell)) >= 2, "two rounds of the first cell", proc
+        )
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:
@@ -149,10 +172,12 @@ def test_a_sweep_cell_reruns_from_the_reproduce_command_of_the_report(tmp_path, 
     for path, out in ((cell / "config.toml", "a"), (Path("lr=0.05") / "config.toml", "b")):
         again = CliRunner().invoke(main, ["run", str(path), "--out", str(tmp_path / out), "--quiet"])
         assert again.exit_code == 0, again.output
-        assert (tmp_path / out / "metrics.jsonl").read_text().count('"accuracy"') == \
-            (tmp_path / cell / "metrics.jsonl").read_text().count('"accuracy"')
-        assert [r["accuracy"] for r in map(json.loads, (tmp_path / out / "metrics.jsonl").read_text().splitlines())] \
-            == [r["accuracy"] for r in map(json.loads, (tmp_path / cell / "metrics.jsonl").read_text().splitlines())]
+        assert (tmp_path / out / "metrics.jsonl").read_text().count('"accuracy"') == (
+            tmp_path / cell / "metrics.jsonl"
+        ).read_text().count('"accuracy"')
+        assert [
+            r["accuracy"] for r in map(json.loads, (tmp_path / out / "metrics.jsonl").read_text().splitlines())
+        ] == [r["accuracy"] for r in map(json.loads, (tmp_path / cell / "metrics.jsonl").read_text().splitlines())]
         monkeypatch.chdir(tmp_path / "sw")
 
 
@@ -160,7 +185,7 @@ def test_long_cell_names_are_cut_with_a_hash_and_stay_distinct():
     long = [("algorithms", ["fedavg", "fedprox", "ditto", "fedrep", "fedala", "fedamp", "fedbn", "fedper"] * 2)]
     other = [("algorithms", ["fedavg", "fedprox", "ditto", "fedrep", "fedala", "fedamp", "fedbn", "fedper"] * 3)]
     a, b = cell_name(long), cell_name(other)
-    assert len(a) == len(b) == MAX_CELL_NAME and a != b and a[:MAX_CELL_NAME - 9] == b[:MAX_CELL_NAME - 9]
+    assert len(a) == len(b) == MAX_CELL_NAME and a != b and a[: MAX_CELL_NAME - 9] == b[: MAX_CELL_NAME - 9]
     assert cell_name([("lr", 0.1)]) == "lr=0.1"
 
 
@@ -229,8 +254,11 @@ def test_a_results_folder_reads_back_its_files(tmp_path):
     histories by (algorithm, seed), summary.json and config.toml, each naming a damaged file."""
     folder = ResultsFolder(tmp_path)
     assert folder.records() == [] and folder.histories() == {}  # no metrics.jsonl yet
-    rows = [{"algorithm": "fedavg", "seed": 0, "round": 0}, {"algorithm": "fedala", "seed": 1, "round": 0},
-            {"algorithm": "fedavg", "seed": 0, "round": 1}]
+    rows = [
+        {"algorithm": "fedavg", "seed": 0, "round": 0},
+        {"algorithm": "fedala", "seed": 1, "round": 0},
+        {"algorithm": "fedavg", "seed": 0, "round": 1},
+    ]
     folder.rewrite_metrics(rows)
     assert folder.records() == rows
     assert folder.histories() == {("fedavg", 0): [rows[0], rows[2]], ("fedala", 1): [rows[1]]}

@@ -40,8 +40,11 @@ def interrupted(tmp: Path) -> Path:
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock"
+    }
 
 
 def test_a_linked_lock_file_leaves_its_target_alone(tmp_path):
@@ -138,8 +141,13 @@ def test_a_pfllib_pickle_that_would_run_code_is_refused_before_it_runs(tmp_path)
 def test_a_pipe_in_a_sweep_value_stays_inside_its_cell(tmp_path):
     from pflkit.run.sweep import run_sweep
 
-    run_sweep(None, [*FAST[:-1], "rounds=1", 'algorithms=["fedavg"]', 'name=["a|b", "c"]'], tmp_path / "s",
-              progress=False, echo=lambda s: None)
+    run_sweep(
+        None,
+        [*FAST[:-1], "rounds=1", 'algorithms=["fedavg"]', 'name=["a|b", "c"]'],
+        tmp_path / "s",
+        progress=False,
+        echo=lambda s: None,
+    )
     rows = (tmp_path / "s" / "sweep.md").read_text().splitlines()
     widths = {row.replace("\\|", "").count("|") for row in rows}
     assert len(widths) == 1, rows  # every row has the header's columns

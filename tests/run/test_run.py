@@ -66,8 +66,9 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path, fast_confi
     cfg = load_config(None, overrides)
     run_experiment(cfg, tmp_path / "full", progress=False, echo=lambda s: None)
     with pytest.raises(KeyboardInterrupt):  # inside fedala's second round, after fedavg finished
-        run_experiment(cfg, tmp_path / "cut", progress=False, echo=lambda s: None,
-                       callbacks=[InterruptAfter("fedala", 2)])
+        run_experiment(
+            cfg, tmp_path / "cut", progress=False, echo=lambda s: None, callbacks=[InterruptAfter("fedala", 2)]
+        )
     status = ResultsFolder(tmp_path / "cut").status()
     assert status["status"] == "interrupted" and not (tmp_path / "cut" / "summary.json").exists()
     assert status["error"] == "simulated interruption"
@@ -89,8 +90,9 @@ def test_a_folder_with_an_older_flat_config_resumes(tmp_path, fast_config):
     cfg = load_config(None, fast_config + ['algorithms=["fedavg"]', "rounds=3"])
     run_experiment(cfg, tmp_path / "full", progress=False, echo=lambda s: None)
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(cfg, tmp_path / "old", progress=False, echo=lambda s: None,
-                       callbacks=[InterruptAfter("fedavg", 1)])
+        run_experiment(
+            cfg, tmp_path / "old", progress=False, echo=lambda s: None, callbacks=[InterruptAfter("fedavg", 1)]
+        )
     folder = ResultsFolder(tmp_path / "old")
     text = tomli_w.dumps(flat_form(to_dict(cfg)))
     assert "[train]" not in text and "lr = " in text
@@ -123,17 +125,20 @@ def test_kill_9_then_resume_gives_the_same_metrics(tmp_path, fast_config):
     assert records_without_timings(out) == records_without_timings(tmp_path / "full")
 
 
-@pytest.mark.parametrize("override,needle", [
-    ("fedala.etaa=1.0", "fedala.etaa: unknown key"),
-    ("colour=1", "colour: unknown key"),
-    ('rounds="three"', "rounds"),
-    ("alpha=-1.0", "alpha"),
-    ("join_ratio=1.5", "join_ratio"),
-    ('algorithms=["fedsomething"]', "unknown algorithm 'fedsomething'"),
-    ('partition="random"', "partition"),
-    ("device=tpu", "device"),
-    ("dataset=mnist", "needs data_dir"),
-])
+@pytest.mark.parametrize(
+    "override,needle",
+    [
+        ("fedala.etaa=1.0", "fedala.etaa: unknown key"),
+        ("colour=1", "colour: unknown key"),
+        ('rounds="three"', "rounds"),
+        ("alpha=-1.0", "alpha"),
+        ("join_ratio=1.5", "join_ratio"),
+        ('algorithms=["fedsomething"]', "unknown algorithm 'fedsomething'"),
+        ('partition="random"', "partition"),
+        ("device=tpu", "device"),
+        ("dataset=mnist", "needs data_dir"),
+    ],
+)
 def test_bad_config_values_name_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
         load_config(None, [override])
@@ -203,8 +208,9 @@ def test_seconds_per_round_counts_the_final_pass_where_a_one_round_run_meets_ala
     from pflkit.reporting.summary import run_metrics
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["run", *fast_config, "rounds=1", 'algorithms=["fedavg","fedala"]',
-                                       "--out", str(out), "--quiet"])
+    result = CliRunner().invoke(
+        main, ["run", *fast_config, "rounds=1", 'algorithms=["fedavg","fedala"]', "--out", str(out), "--quiet"]
+    )
     assert result.exit_code == 0, result.output
     history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     fedala = [r for r in history if r["algorithm"] == "fedala"]
@@ -218,13 +224,26 @@ def test_seconds_per_round_counts_the_final_pass_where_a_one_round_run_meets_ala
         # every pass a user waits for over the one round, and the training round alone
         assert summary[algorithm]["seconds_per_round"] == pytest.approx(last["seconds"] + last["final_pass_seconds"])
         assert summary[algorithm]["mean_seconds_per_round"] == pytest.approx(last["seconds"])
-    assert summary["fedala"]["init_seconds_per_round"] == pytest.approx(fedala[1].get("init_seconds", 0.0)
-                                                                        + fedala[1]["final_pass_init_seconds"])
+    assert summary["fedala"]["init_seconds_per_round"] == pytest.approx(
+        fedala[1].get("init_seconds", 0.0) + fedala[1]["final_pass_init_seconds"]
+    )
     # over two rounds the final pass is spread over both
-    rows = [{"round": 0, "accuracy": 0.1, "std_client_accuracy": 0.0},
-            {"round": 1, "accuracy": 0.2, "std_client_accuracy": 0.0, "seconds": 3.0, "init_seconds": 1.0},
-            {"round": 2, "accuracy": 0.3, "std_client_accuracy": 0.0, "seconds": 5.0, "init_seconds": 0.5,
-             "final_pass_seconds": 2.0, "final_pass_init_seconds": 1.5}]
+    rows = [
+        {"round": 0, "accuracy": 0.1, "std_client_accuracy": 0.0},
+        {"round": 1, "accuracy": 0.2, "std_client_accuracy": 0.0, "seconds": 3.0, "init_seconds": 1.0},
+        {
+            "round": 2,
+            "accuracy": 0.3,
+            "std_client_accuracy": 0.0,
+            "seconds": 5.0,
+            "init_seconds": 0.5,
+            "final_pass_seconds": 2.0,
+            "final_pass_init_seconds": 1.5,
+        },
+    ]
     metrics = run_metrics(rows)
-    assert (metrics["seconds_per_round"], metrics["init_seconds_per_round"], metrics["mean_seconds_per_round"]) == \
-        (5.0, 1.5, 4.0)
+    assert (metrics["seconds_per_round"], metrics["init_seconds_per_round"], metrics["mean_seconds_per_round"]) == (
+        5.0,
+        1.5,
+        4.0,
+    )

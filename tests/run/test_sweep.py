@@ -16,8 +16,6 @@ BASE = ["rounds=2", "num_clients=6", 'algorithms=["fedavg", "fedala"]']
 GRID = ["fedala.p=[1,2]", "fedala.sample_fraction=[0.05,0.1]"]
 
 
-
-
 def test_split_axes_tells_sweeps_from_list_keys() -> None:
     fixed, axes = split_axes(["fedala.p=[1,2]", 'algorithms=["fedavg"]', "seeds=[[0],[1,2]]", "rounds=3"])
     assert fixed == ['algorithms=["fedavg"]', "rounds=3"]
@@ -42,16 +40,24 @@ def test_a_2x2_sweep_resumes_after_a_kill_without_rerunning_finished_cells(tmp_p
 
     with pytest.raises(KeyboardInterrupt):
         run_sweep(None, BASE + GRID, parent, progress=False, echo=lambda s: None, callbacks=[KillThirdCell()])
-    done = {p.name: p.joinpath("summary.json").stat().st_mtime_ns for p in parent.iterdir()
-            if p.joinpath("summary.json").is_file()}
+    done = {
+        p.name: p.joinpath("summary.json").stat().st_mtime_ns
+        for p in parent.iterdir()
+        if p.joinpath("summary.json").is_file()
+    }
     assert sorted(done) == ["fedala.p=1,fedala.sample_fraction=0.05", "fedala.p=1,fedala.sample_fraction=0.1"]
     record = run_sweep(None, BASE + GRID, parent, progress=False, echo=lambda s: None)
     for name, mtime in done.items():  # finished cells are neither rerun nor rewritten
         assert parent.joinpath(name, "summary.json").stat().st_mtime_ns == mtime
     assert len(record["cells"]) == 4
     # the resumed cell equals an uninterrupted run of the same cell
-    fresh = run_sweep(None, BASE + ["fedala.p=[2]", "fedala.sample_fraction=[0.05]"], tmp_path / "fresh",
-                      progress=False, echo=lambda s: None)
+    fresh = run_sweep(
+        None,
+        BASE + ["fedala.p=[2]", "fedala.sample_fraction=[0.05]"],
+        tmp_path / "fresh",
+        progress=False,
+        echo=lambda s: None,
+    )
     resumed = next(c for c in record["cells"] if c["folder"] == "fedala.p=2,fedala.sample_fraction=0.05")
     for algorithm in ("fedavg", "fedala"):
         expected = fresh["cells"][0]["summary"][algorithm]["best_accuracy"]
@@ -60,8 +66,10 @@ def test_a_2x2_sweep_resumes_after_a_kill_without_rerunning_finished_cells(tmp_p
     for cell in record["cells"]:  # the table holds each cell's summary value
         summary = json.loads((parent / cell["folder"] / "summary.json").read_text())
         values = cell["values"]
-        row = f"| {values['fedala.p']} | {values['fedala.sample_fraction']} | fedala | " \
-              f"{100 * summary['fedala']['best_accuracy']:.2f} |"
+        row = (
+            f"| {values['fedala.p']} | {values['fedala.sample_fraction']} | fedala | "
+            f"{100 * summary['fedala']['best_accuracy']:.2f} |"
+        )
         assert row in table
     assert (parent / "sweep.png").is_file()
 
@@ -79,15 +87,24 @@ def test_sweep_cli_rejects_bad_grids(tmp_path) -> None:
 
 @pytest.mark.integration
 def test_a_cell_run_with_another_config_is_not_reused(tmp_path) -> None:
-    run_sweep(None, ["rounds=1", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.1]"], tmp_path, progress=False,
-              echo=lambda s: None)
+    run_sweep(
+        None,
+        ["rounds=1", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.1]"],
+        tmp_path,
+        progress=False,
+        echo=lambda s: None,
+    )
     with pytest.raises(ConfigError, match="was run with another config"):
-        run_sweep(None, ["rounds=2", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.1]"], tmp_path,
-                  progress=False, echo=lambda s: None)
+        run_sweep(
+            None,
+            ["rounds=2", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.1]"],
+            tmp_path,
+            progress=False,
+            echo=lambda s: None,
+        )
 
 
-@pytest.mark.parametrize("path", sorted(REPO.joinpath("configs", "paper")
-                                        .glob("*-sweep.toml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(REPO.joinpath("configs", "paper").glob("*-sweep.toml")), ids=lambda p: p.stem)
 def test_paper_sweep_files_plan_their_grids(path) -> None:
     fixed, axes, cells = plan_sweep(str(path), ["data_dir='/x'"])
     assert len(axes) == 1 and axes[0].key in ("fedala.p", "fedala.sample_fraction")
@@ -116,8 +133,10 @@ def test_a_command_line_list_replaces_the_sweep_files_list(tmp_path):
     path = tmp_path / "sweep.toml"
     path.write_text('rounds = 2\n[sweep]\nalgorithms = [["fedavg"], ["fedprox"], ["ditto"]]\nseeds = [[0]]\n')
     _, axes, cells = plan_sweep(str(path), ["seeds=[[1],[2]]"])
-    assert [(a.key, a.values) for a in axes] == [("algorithms", [["fedavg"], ["fedprox"], ["ditto"]]),
-                                                  ("seeds", [[1], [2]])]
+    assert [(a.key, a.values) for a in axes] == [
+        ("algorithms", [["fedavg"], ["fedprox"], ["ditto"]]),
+        ("seeds", [[1], [2]]),
+    ]
     _, axes, cells = plan_sweep(str(path), ['algorithms=["fedala"]'])  # a fixed value: no longer an axis
     assert [a.key for a in axes] == ["seeds"] and cells[0][1].algorithms == ["fedala"]
 
@@ -128,8 +147,9 @@ def test_a_cell_run_with_other_workers_is_the_same_cell(tmp_path):
     unfinished one continued, whatever the machine's worker count."""
     grid = ["rounds=1", "num_clients=4", 'algorithms=["fedavg"]', "lr=[0.1]"]
     first = run_sweep(None, [*grid, "workers=1"], tmp_path / "s", progress=False, echo=lambda s: None)
-    again = run_sweep(None, [*grid, "workers=2", "checkpoint_every=3"], tmp_path / "s", progress=False,
-                      echo=lambda s: None)
+    again = run_sweep(
+        None, [*grid, "workers=2", "checkpoint_every=3"], tmp_path / "s", progress=False, echo=lambda s: None
+    )
     assert again["cells"][0]["summary"] == first["cells"][0]["summary"]
     with pytest.raises(ConfigError, match="differs in train.lr_decay"):
         run_sweep(None, [*grid, "lr_decay=0.5"], tmp_path / "s", progress=False, echo=lambda s: None)

@@ -15,9 +15,20 @@ from pflkit.models import build_model
 
 
 # ---- clients -----------------------------------------------------------------------------------
-def client_context(client_id: int = 0, *, n_train: int = 30, n_test: int = 8, data_seed: int = 0,
-                   classes: list[int] | None = None, model: torch.nn.Module | None = None, model_seed: int = 0,
-                   round: int = 1, seed: int = 0, algorithm: str = "test", **train) -> SingleClientContext:
+def client_context(
+    client_id: int = 0,
+    *,
+    n_train: int = 30,
+    n_test: int = 8,
+    data_seed: int = 0,
+    classes: list[int] | None = None,
+    model: torch.nn.Module | None = None,
+    model_seed: int = 0,
+    round: int = 1,
+    seed: int = 0,
+    algorithm: str = "test",
+    **train,
+) -> SingleClientContext:
     """Client ``client_id`` holding ``n_train`` training and ``n_test`` test samples: random 8x8
     inputs drawn from ``data_seed``, labels uniform over ``classes`` (all ten by default), and the
     digits CNN initialised from ``model_seed`` (or ``model`` itself); ``train`` are the fields of its
@@ -30,34 +41,94 @@ def client_context(client_id: int = 0, *, n_train: int = 30, n_test: int = 8, da
     labels = torch.arange(10) if classes is None else torch.tensor(classes)
     y = labels[torch.randint(0, len(labels), (n_train + n_test,), generator=g)]
     data = ClientData(client_id, x[:n_train], y[:n_train], x[n_train:], y[n_train:])
-    return SingleClientContext(client_id=client_id, round=round, seed=seed, data=data, model=model,
-                               units=model.units(), train=TrainSettings(**train), algorithm=algorithm)
+    return SingleClientContext(
+        client_id=client_id,
+        round=round,
+        seed=seed,
+        data=data,
+        model=model,
+        units=model.units(),
+        train=TrainSettings(**train),
+        algorithm=algorithm,
+    )
 
 
-def tiny_context(n_train: int = 30, seed: int = 0, round: int = 1, batch_size: int = 10,
-                 lr: float = 0.1, epochs: int = 1) -> SingleClientContext:
+def tiny_context(
+    n_train: int = 30, seed: int = 0, round: int = 1, batch_size: int = 10, lr: float = 0.1, epochs: int = 1
+) -> SingleClientContext:
     """Client 0 with ``n_train`` random 8x8 samples and the digits CNN, both drawn from ``seed``
     (a one-round run: ``rounds = 1``)."""
-    return client_context(0, n_train=n_train, data_seed=seed, model_seed=seed, round=round, seed=seed,
-                          batch_size=batch_size, local_epochs=epochs, lr=lr, rounds=1)
+    return client_context(
+        0,
+        n_train=n_train,
+        data_seed=seed,
+        model_seed=seed,
+        round=round,
+        seed=seed,
+        batch_size=batch_size,
+        local_epochs=epochs,
+        lr=lr,
+        rounds=1,
+    )
 
 
-def client_ctx(cid: int, *, n_train: int = 30, batch_size: int = 10, lr: float = 0.1, round: int = 1,
-               rounds: int = 1, model=None, n_test: int = 8, seed: int = 0) -> SingleClientContext:
+def client_ctx(
+    cid: int,
+    *,
+    n_train: int = 30,
+    batch_size: int = 10,
+    lr: float = 0.1,
+    round: int = 1,
+    rounds: int = 1,
+    model=None,
+    n_test: int = 8,
+    seed: int = 0,
+) -> SingleClientContext:
     """Client ``cid`` with its own random 8x8 samples (data seed 1000 + cid) and the digits CNN
     (seed 0, shared by every client: pass ``model`` to share the very module)."""
-    return client_context(cid, n_train=n_train, n_test=n_test, data_seed=1000 + cid, model=model, round=round,
-                          seed=seed, batch_size=batch_size, local_epochs=1, lr=lr, rounds=rounds)
+    return client_context(
+        cid,
+        n_train=n_train,
+        n_test=n_test,
+        data_seed=1000 + cid,
+        model=model,
+        round=round,
+        seed=seed,
+        batch_size=batch_size,
+        local_epochs=1,
+        lr=lr,
+        rounds=rounds,
+    )
 
 
-def seeded_client(n_train: int, seed: int = 0, client_id: int = 0, classes: list[int] | None = None,
-                  batch_size: int = 10, lr: float = 0.1, momentum: float = 0.0, weight_decay: float = 0.0,
-                  epochs: int = 1, round: int = 1) -> SingleClientContext:
+def seeded_client(
+    n_train: int,
+    seed: int = 0,
+    client_id: int = 0,
+    classes: list[int] | None = None,
+    batch_size: int = 10,
+    lr: float = 0.1,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    epochs: int = 1,
+    round: int = 1,
+) -> SingleClientContext:
     """One client of random 8x8 inputs (labels drawn from ``classes``) and the digits CNN, both
     drawn from ``seed``, training under the given optimiser settings (``rounds`` left at its default)."""
-    return client_context(client_id, n_train=n_train, data_seed=seed, classes=classes, model_seed=seed, round=round,
-                          seed=seed, batch_size=batch_size, local_epochs=epochs, lr=lr, momentum=momentum,
-                          weight_decay=weight_decay)
+    return client_context(
+        client_id,
+        n_train=n_train,
+        data_seed=seed,
+        classes=classes,
+        model_seed=seed,
+        round=round,
+        seed=seed,
+        batch_size=batch_size,
+        local_epochs=epochs,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+    )
 
 
 def params_of(ctx: SingleClientContext, seed: int) -> dict[str, torch.Tensor]:
@@ -91,8 +162,9 @@ def fit_on(model, params: dict, batches: list[tuple], lr: float, trainable=None)
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
     data = ClientData(0, x, y, x[:1], y[:1])
-    ctx = SingleClientContext(0, 1, 0, data, model, model.units(),
-                              TrainSettings(batch_size=len(batches[0][1]), lr=lr), "test")
+    ctx = SingleClientContext(
+        0, 1, 0, data, model, model.units(), TrainSettings(batch_size=len(batches[0][1]), lr=lr), "test"
+    )
     fit = ctx.fit(params, classification_loss, trainable=trainable, data=SampleBatches(Sample(x, y)))
     return fit.params, fit.loss
 
@@ -127,15 +199,24 @@ def sosicfl_setup(name: str, *overrides: str, epochs: int = 1):
     """Two clients of three classes each and ``name`` prepared on them (two clusters), the server's
     global model moved off its initialisation."""
     # floco's config/cifar10_fold.yaml: SGD lr 0.02, momentum 0.5, weight decay 5e-4
-    ctxs = [seeded_client(30, seed=6, client_id=0, classes=[0, 1, 2], lr=0.02, momentum=0.5, weight_decay=5e-4,
-                          epochs=epochs),
-            seeded_client(50, seed=7, client_id=1, classes=[7, 8, 9], lr=0.02, momentum=0.5, weight_decay=5e-4,
-                          epochs=epochs)]
+    ctxs = [
+        seeded_client(
+            30, seed=6, client_id=0, classes=[0, 1, 2], lr=0.02, momentum=0.5, weight_decay=5e-4, epochs=epochs
+        ),
+        seeded_client(
+            50, seed=7, client_id=1, classes=[7, 8, 9], lr=0.02, momentum=0.5, weight_decay=5e-4, epochs=epochs
+        ),
+    ]
     alg = build(name, ctxs[0], "sosicfl.num_clusters=2", "sosicfl.pool_size=200", "sosicfl.n_init=2", *overrides)
     summaries = [ClientSummary(c.client_id, c.num_train, c.label_counts.numpy()) for c in ctxs]
     server = alg.prepare(alg.init_server(params_of(ctxs[0], 2)), summaries)
-    server = {**server, "global": {k: v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9))
-                                   for k, v in server["global"].items()}}
+    server = {
+        **server,
+        "global": {
+            k: v + 0.01 * torch.randn(v.shape, generator=torch.Generator().manual_seed(9))
+            for k, v in server["global"].items()
+        },
+    }
     return ctxs, alg, server
 
 
@@ -174,10 +255,17 @@ def simulate_rounds(setup, engine, init: dict, rounds: int, join_ratio: float = 
     from pflkit.federation import RoundDriver, RunSession
 
     data = setup.data
-    driver = RoundDriver(setup.algorithm, num_clients=data.num_clients, seed=setup.seed, rounds=rounds,
-                         join_ratio=join_ratio, eval_every=eval_every)
-    summaries = [ClientSummary(i, data.client(i).num_train, data.train_label_counts(i))
-                 for i in range(data.num_clients)]
+    driver = RoundDriver(
+        setup.algorithm,
+        num_clients=data.num_clients,
+        seed=setup.seed,
+        rounds=rounds,
+        join_ratio=join_ratio,
+        eval_every=eval_every,
+    )
+    summaries = [
+        ClientSummary(i, data.client(i).num_train, data.train_label_counts(i)) for i in range(data.num_clients)
+    ]
     return RunSession.open(driver, init, summaries).run(lambda jobs, round: engine.run(setup, jobs, round))
 
 
@@ -192,8 +280,10 @@ def session_for(setup, init, store=None):
     from pflkit.federation import RoundDriver, RunSession
 
     data = setup.data
-    driver = RoundDriver(setup.algorithm, num_clients=data.num_clients, seed=setup.seed, rounds=2, join_ratio=1.0,
-                         eval_every=1)
-    summaries = [ClientSummary(i, data.client(i).num_train, data.train_label_counts(i))
-                 for i in range(data.num_clients)]
+    driver = RoundDriver(
+        setup.algorithm, num_clients=data.num_clients, seed=setup.seed, rounds=2, join_ratio=1.0, eval_every=1
+    )
+    summaries = [
+        ClientSummary(i, data.client(i).num_train, data.train_label_counts(i)) for i in range(data.num_clients)
+    ]
     return RunSession.open(driver, init, summaries, store=store)

@@ -17,7 +17,7 @@ def assert_params_close(a, b, rtol=RTOL, atol=ATOL):
 
 def assert_expected_close(actual: dict, expected: dict, keys=None) -> None:
     """Every tensor of ``expected`` (or only ``keys``) within RTOL / ATOL of ``actual``'s."""
-    for k in (expected if keys is None else keys):
+    for k in expected if keys is None else keys:
         torch.testing.assert_close(actual[k], expected[k], rtol=RTOL, atol=ATOL, msg=lambda m, k=k: f"{k}: {m}")
 
 
@@ -33,6 +33,7 @@ def differs(a, b) -> bool:
 
 def assert_states_close(a, b, atol: float) -> None:
     """Server and client states equal within ``atol`` (0: bit-identical)."""
+
     def walk(x, y, path):
         if isinstance(x, dict):
             assert x.keys() == y.keys(), path
@@ -45,6 +46,7 @@ def assert_states_close(a, b, atol: float) -> None:
                 torch.testing.assert_close(x, y, rtol=1e-3, atol=atol, msg=path)
         else:
             assert x == y, path
+
     walk(a.server, b.server, "server")
     walk(a.clients, b.clients, "clients")
 

@@ -75,8 +75,15 @@ def step(params, g, lr):
     return {k: params[k] - lr * g[k] for k in params}
 
 
-def sgd_reference(ctx, params: dict, purpose: str = "train", epochs: int = 1,
-                  lr: float | None = None, prox_anchor: dict | None = None, prox_mu: float = 0.0) -> dict:
+def sgd_reference(
+    ctx,
+    params: dict,
+    purpose: str = "train",
+    epochs: int = 1,
+    lr: float | None = None,
+    prox_anchor: dict | None = None,
+    prox_mu: float = 0.0,
+) -> dict:
     """Plain SGD on cross-entropy (+ mu/2 ||w - anchor||^2) over the context's batches, written
     out step by step: the reference the library's training is checked against."""
     from pflkit.functional import forward
@@ -88,8 +95,10 @@ def sgd_reference(ctx, params: dict, purpose: str = "train", epochs: int = 1,
         loss = torch.nn.functional.cross_entropy(forward(ctx.model, leaves, x, train=True), y)
         grads = torch.autograd.grad(loss, list(leaves.values()))
         with torch.no_grad():
-            w = {k: (v - lr * (g + (prox_mu * (v - prox_anchor[k]) if prox_anchor is not None else 0))).detach()
-                 for (k, v), g in zip(leaves.items(), grads)}
+            w = {
+                k: (v - lr * (g + (prox_mu * (v - prox_anchor[k]) if prox_anchor is not None else 0))).detach()
+                for (k, v), g in zip(leaves.items(), grads)
+            }
     return w
 
 
@@ -175,8 +184,9 @@ class FlocoModel(nn.Module):
         return out
 
 
-def floco_training_loop(model: FlocoModel, batches, alphas: torch.Tensor, opt, anchor: dict | None = None,
-                        lamda: float = 1.0) -> None:
+def floco_training_loop(
+    model: FlocoModel, batches, alphas: torch.Tensor, opt, anchor: dict | None = None, lamda: float = 1.0
+) -> None:
     """floco's training_loop: per batch a fresh alpha (here the client's draws in order, cycling),
     CE, backward; Floco+ (``anchor``) adds lamda * p - anchor to every gradient
     (_regularize_pers_model, as its operator precedence reads), then the optimiser steps."""
@@ -203,5 +213,9 @@ def floco_named_parameters(model: FlocoModel):
 
 
 def floco_optimizer(model: FlocoModel, ctx) -> torch.optim.SGD:
-    return torch.optim.SGD([p for _, p in floco_named_parameters(model)], lr=ctx.train.lr,
-                           momentum=ctx.train.momentum, weight_decay=ctx.train.weight_decay)
+    return torch.optim.SGD(
+        [p for _, p in floco_named_parameters(model)],
+        lr=ctx.train.lr,
+        momentum=ctx.train.momentum,
+        weight_decay=ctx.train.weight_decay,
+    )

@@ -9,8 +9,10 @@ from pathlib import Path
 
 def records(folder: Path) -> list[dict]:
     """metrics.jsonl without any field whose name mentions seconds (wall-clock times)."""
-    return [{k: v for k, v in json.loads(line).items() if "seconds" not in k}
-            for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if "seconds" not in k}
+        for line in (folder / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def records_without_timings(folder: Path) -> list[dict]:

@@ -31,9 +31,13 @@ class AppleSettings(Settings):
     mu: float = Field(0.1, ge=0, description="mu, weight of the proximal term on p (App. G: 0.1)")
     L: float = Field(0.2, ge=0, le=1, description="share of the rounds during which lambda(r) > 0 (App. G: 0.2)")
     scheduler: Literal["cos", "exp"] = Field("cos", description="lambda(r) schedule (App. G: cos)")
-    core_lr: float | None = Field(None, gt=0, description="eta_1, core learning rate; None = the local lr. "
-                                  "PFLlib's lr x N diverges with the true gradient of p (spec §2.11 [UNCERTAIN]; "
-                                  "docs/algorithms.md)")
+    core_lr: float | None = Field(
+        None,
+        gt=0,
+        description="eta_1, core learning rate; None = the local lr. "
+        "PFLlib's lr x N diverges with the true gradient of p (spec §2.11 [UNCERTAIN]; "
+        "docs/algorithms.md)",
+    )
 
 
 def loss_scale(r: int, total_rounds: int, L: float, scheduler: str) -> float:
@@ -65,7 +69,7 @@ def mixture(p: torch.Tensor, stacked: Params, own: Params, own_onehot: torch.Ten
     for k, value in own.items():
         cores = stacked[k]
         lead = others.dim() - 1
-        flat = cores.reshape(*cores.shape[:lead + 1], -1)  # [..., N, numel]
+        flat = cores.reshape(*cores.shape[: lead + 1], -1)  # [..., N, numel]
         mixed = torch.matmul(others.unsqueeze(-2), flat).squeeze(-2).reshape(value.shape)
         out[k] = mixed + scale(self_weight, value)
     return out
@@ -73,11 +77,13 @@ def mixture(p: torch.Tensor, stacked: Params, own: Params, own_onehot: torch.Ten
 
 def apple_loss(scale_p: float) -> LossFn:
     """CE of the personalised mixture + lambda(r) mu ||p - p0||^2 (spec §2.11)."""
+
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         p = params[P]
         own = {k: v for k, v in params.items() if k != P}
         value = cross_entropy(net(mixture(p, aux["stacked"], own, aux["own"]), batch.x), batch)
         return value + scale_p * torch.sum((p - aux["p0"]) ** 2) if scale_p else value
+
     return loss
 
 
@@ -94,8 +100,11 @@ class Apple(Algorithm):
         for c in clients:
             sizes[c.client_id] = c.num_train
         device = next(iter(server["global"].values())).device
-        return {**server, "models": {c.client_id: server["global"] for c in clients},
-                "p0": (sizes / sizes.sum()).to(device)}
+        return {
+            **server,
+            "models": {c.client_id: server["global"] for c in clients},
+            "p0": (sizes / sizes.sum()).to(device),
+        }
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         return {"cores": [server["models"][j] for j in range(len(server["p0"]))], "p0": server["p0"]}
@@ -132,13 +141,21 @@ class Apple(Algorithm):
         cfg = self.settings
         core_lr = cfg.core_lr if cfg.core_lr is not None else ctx.train.lr
         scale_p = loss_scale(ctx.round, self.train.rounds, cfg.L, cfg.scheduler) * cfg.mu
-        aux = {"stacked": stacked_cores(payload["cores"], len(ctx.client_shape)), "p0": payload["p0"],
-               "own": self.own_onehot(payload, ctx)}
+        aux = {
+            "stacked": stacked_cores(payload["cores"], len(ctx.client_shape)),
+            "p0": payload["p0"],
+            "own": self.own_onehot(payload, ctx),
+        }
         names = self.parameter_names
-        fit = self.train_model({**state["model"], P: state["p"]}, ctx, apple_loss(scale_p), aux=aux,
-                               trainable=[*names, P],
-                               # the ignore: a per-parameter rate, as **{P: ...} since P is no identifier
-                               optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}))  # type: ignore[arg-type]
+        fit = self.train_model(
+            {**state["model"], P: state["p"]},
+            ctx,
+            apple_loss(scale_p),
+            aux=aux,
+            trainable=[*names, P],
+            # the ignore: a per-parameter rate, as **{P: ...} since P is no identifier
+            optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}),  # type: ignore[arg-type]
+        )
         core = {k: fit.params[k] for k in state["model"]}
         new_state = {**state, "model": core, "p": fit.params[P]}
         return new_state, self.upload(core, ctx), {"train_loss": fit.loss}

@@ -277,8 +277,17 @@ class Algorithm:
         """The per-client tensors ``loss`` reads (e.g. FedProx's anchor); default: none."""
         return None
 
-    def train_model(self, params: Params, ctx: ClientContext, loss: LossFn, *, aux: Any = None,
-                    purpose: str = "train", epochs: int | None = None, **kwargs: Any) -> Fit:
+    def train_model(
+        self,
+        params: Params,
+        ctx: ClientContext,
+        loss: LossFn,
+        *,
+        aux: Any = None,
+        purpose: str = "train",
+        epochs: int | None = None,
+        **kwargs: Any,
+    ) -> Fit:
         """``ctx.fit`` over the client's training batches (E epochs unless ``epochs``)."""
         data = TrainBatches(purpose, self.train.local_epochs if epochs is None else epochs)
         return ctx.fit(params, loss, aux=aux, data=data, **kwargs)

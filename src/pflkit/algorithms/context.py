@@ -42,30 +42,43 @@ class TrainSettings(BaseModel):
     batch_size: int = Field(10, ge=1)
     local_epochs: int = Field(1, ge=1)
     lr: float = Field(0.1, gt=0)
-    lr_decay: float = Field(1.0, gt=0, le=1, description="per-round learning-rate factor: round r trains at "
-                            "lr * lr_decay**(r - 1) (FedNH's and FedNTD's code: 0.99; 1: constant)")
+    lr_decay: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="per-round learning-rate factor: round r trains at "
+        "lr * lr_decay**(r - 1) (FedNH's and FedNTD's code: 0.99; 1: constant)",
+    )
     momentum: float = Field(0.0, ge=0, lt=1, description="SGD momentum (optimiser state starts fresh every round)")
     weight_decay: float = Field(0.0, ge=0, description="SGD weight decay (L2 added to the gradient)")
-    mixup: bool = Field(False, description="input mixup in every local training batch (Zhang et al. 2018; "
-                        "FedACD Table 5)")
+    mixup: bool = Field(
+        False, description="input mixup in every local training batch (Zhang et al. 2018; FedACD Table 5)"
+    )
     mixup_alpha: float = Field(1.0, gt=0, description="mixup: lambda ~ Beta(mixup_alpha, mixup_alpha)")
     eval_batch_size: int = Field(1000, ge=1)
-    rounds: int = Field(60, ge=1, description="T, the run's training rounds (the driver's, and FedPHP's, "
-                        "APPLE's and lr_decay's schedules)")
+    rounds: int = Field(
+        60,
+        ge=1,
+        description="T, the run's training rounds (the driver's, and FedPHP's, APPLE's and lr_decay's schedules)",
+    )
     bn_buffers: Literal["local", "global"] = Field(
-        "local", description="batch-norm running statistics: kept by each client (local, reference behaviour) "
-        "or downloaded with the global model (global); the server averages them either way (spec §0.2)")
+        "local",
+        description="batch-norm running statistics: kept by each client (local, reference behaviour) "
+        "or downloaded with the global model (global); the server averages them either way (spec §0.2)",
+    )
 
     def at_round(self, round: int) -> TrainSettings:
         """The settings of round ``round`` (1, 2, ...): lr * lr_decay**(round - 1), as FedNH's and
         FedNTD's code decay it (round 0, the initial evaluation, uses lr; the final pass, round T's rate)."""
         if self.lr_decay == 1.0:
             return self
-        return self.model_copy(update={"lr": self.lr * self.lr_decay ** max(min(round, self.rounds) - 1, 0),
-                                       "lr_decay": 1.0})
+        return self.model_copy(
+            update={"lr": self.lr * self.lr_decay ** max(min(round, self.rounds) - 1, 0), "lr_decay": 1.0}
+        )
 
-    def optimizer(self, lr: float | None = None, *, clip_norm: float | None = None, plain: Iterable[str] = (),
-                  **lrs: float) -> SGD:
+    def optimizer(
+        self, lr: float | None = None, *, clip_norm: float | None = None, plain: Iterable[str] = (), **lrs: float
+    ) -> SGD:
         """The local optimiser at the local lr (or ``lr``); ``lrs`` set per-parameter rates;
         ``clip_norm`` clips the gradients' global norm; ``plain`` parameters get neither weight
         decay nor momentum."""
@@ -152,8 +165,7 @@ class Fit:
 #: ``fn(trainable, *args) -> scalar`` into ``(grads, value)``. A step written for tensors with a
 #: leading client dimension as well is passed with ``fit(vectorized=True)``: batched contexts call
 #: it directly (``value_and_grad`` is then None), without vmap.
-StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn] | None, Params, Params, Any, Any],
-                  tuple[Params, Tensor]]
+StepFn = Callable[[Callable[[Callable[..., Tensor]], GradFn] | None, Params, Params, Any, Any], tuple[Params, Tensor]]
 #: Called after each step on the trainable tensors (in place), e.g. a projection to [0, 1].
 Transform = Callable[[Params], None]
 #: Whether a client stops: called with its list of per-epoch last-step losses.
@@ -211,12 +223,26 @@ class ClientContext(Protocol):
         """The sample with its inputs replaced by the output of units ``0..stop-1`` (training-mode
         forward, no gradient) on the client's parameters (batched: each client's own)."""
 
-    def fit(self, params: Params, loss: LossFn | CarryLossFn | None = None, *, step: StepFn | None = None,
-            vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
-            data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
-            until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
-            carry: Sequence[str] = (), epoch_end: EpochEnd | None = None, stage: str = "local training",
-            start: int = 0) -> Fit:
+    def fit(
+        self,
+        params: Params,
+        loss: LossFn | CarryLossFn | None = None,
+        *,
+        step: StepFn | None = None,
+        vectorized: bool = False,
+        trainable: Sequence[str] | None = None,
+        aux: Any = None,
+        data: DataSpec = TrainBatches(),
+        optimizer: SGD | None = None,
+        transform: Transform | None = None,
+        until: StopRule | None = None,
+        max_epochs: int = 1,
+        active: PerClient | None = None,
+        carry: Sequence[str] = (),
+        epoch_end: EpochEnd | None = None,
+        stage: str = "local training",
+        start: int = 0,
+    ) -> Fit:
         """Train ``trainable`` (default: every parameter, never batch-norm statistics) of
         ``params`` over ``data``: each step either minimises ``loss`` with ``optimizer`` (default:
         the run's SGD) or applies ``step`` (``vectorized``: the step also takes a leading client

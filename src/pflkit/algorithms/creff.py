@@ -47,12 +47,19 @@ MATCHING_HEAD = "creff.head"  # the payload entry: the classifier the clients' g
 class CReFFSettings(Settings):
     features: int = Field(100, ge=1, description="federated features per class (the authors' code: 100)")
     match_steps: int = Field(100, ge=0, description="gradient-matching steps per round (the authors' code: 100)")
-    feature_lr: float = Field(0.1, gt=0, description="learning rate of the federated features (the authors' code: "
-                              "0.1; FedNH's scripts pass 0.01)")
-    retrain_epochs: int = Field(300, ge=0, description="epochs of the fresh classifier's re-training on the "
-                                "federated features (the authors' code: 300)")
-    retrain_batch: int | None = Field(None, ge=1, description="re-training mini-batch (None: the run's batch_size, "
-                                      "as the authors' code)")
+    feature_lr: float = Field(
+        0.1,
+        gt=0,
+        description="learning rate of the federated features (the authors' code: 0.1; FedNH's scripts pass 0.01)",
+    )
+    retrain_epochs: int = Field(
+        300,
+        ge=0,
+        description="epochs of the fresh classifier's re-training on the federated features (the authors' code: 300)",
+    )
+    retrain_batch: int | None = Field(
+        None, ge=1, description="re-training mini-batch (None: the run's batch_size, as the authors' code)"
+    )
     retrain_lr: float = Field(0.01, gt=0, description="re-training learning rate (the authors' code: 0.01)")
     send_retrained: bool = Field(False, description="send the re-trained classifier to the clients too")
 
@@ -60,21 +67,25 @@ class CReFFSettings(Settings):
 def head_gradients(weight: str, bias: str | None, body: int) -> Any:
     """Per sample, the cross-entropy gradient of a linear head: [(p - e_y) h^T, p - e_y] flattened
     (without the bias part for a head without bias)."""
+
     def fn(net: Net, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         h = net(params, x, stop=body, train=False).flatten(1)
         b = params[bias] if bias is not None else None
         err = torch.softmax(F.linear(h, params[weight], b), dim=-1) - one_hot(y, params[weight].shape[0])
         rows = (err[:, :, None] * h[:, None, :]).flatten(1)
         return torch.cat([rows, err], dim=1) if bias is not None else rows
+
     return fn
 
 
-def classifier_gradient(features: torch.Tensor, label: int, weight: torch.Tensor,
-                        bias: torch.Tensor | None) -> torch.Tensor:
+def classifier_gradient(
+    features: torch.Tensor, label: int, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """The mean cross-entropy gradient of the classifier (weight, bias) on ``features`` of one class,
     flattened as ``head_gradients`` (differentiable in ``features``)."""
     err = torch.softmax(F.linear(features, weight, bias), dim=-1) - one_hot(
-        torch.full((len(features),), label, device=features.device), weight.shape[0])
+        torch.full((len(features),), label, device=features.device), weight.shape[0]
+    )
     rows = (err.t() @ features).flatten() / len(features)
     return torch.cat([rows, err.mean(0)]) if bias is not None else rows
 
@@ -83,12 +94,13 @@ def matching_distance(synthetic: torch.Tensor, real: torch.Tensor, classes: int,
     """The authors' 'ours' distance of two flattened classifier gradients [C*d + C]: the sum over
     the C rows of the weight gradient of 1 - cos, plus 1 - cos of the bias gradient, each cosine
     <a, b> / (|a| |b| + 1e-6). Without ``bias`` the gradients are [C*d], the rows only (FedNH's port)."""
+
     def distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return (1 - (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1) + 1e-6)).sum()
 
     d = (synthetic.numel() - (classes if bias else 0)) // classes
-    rows = distance(synthetic[:classes * d].reshape(classes, d), real[:classes * d].reshape(classes, d))
-    return rows + distance(synthetic[classes * d:], real[classes * d:]) if bias else rows
+    rows = distance(synthetic[: classes * d].reshape(classes, d), real[: classes * d].reshape(classes, d))
+    return rows + distance(synthetic[classes * d :], real[classes * d :]) if bias else rows
 
 
 def fresh_linear(dim: int, classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +111,15 @@ def fresh_linear(dim: int, classes: int, generator: torch.Generator) -> tuple[to
     return weight, bias
 
 
-def retrain_classifier(features: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, epochs: int,
-                       batch: int, lr: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None]:
+def retrain_classifier(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    epochs: int,
+    batch: int,
+    lr: float,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Train (``weight``, ``bias``; no bias: ``None``) on the federated features [C, m, d] (labels:
     their class) with plain SGD over ``epochs`` epochs of shuffled mini-batches (the last one smaller).
 
@@ -114,7 +133,7 @@ def retrain_classifier(features: torch.Tensor, weight: torch.Tensor, bias: torch
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator).to(x.device)
         for start in range(0, len(x), batch):
-            rows = order[start:start + batch]
+            rows = order[start : start + batch]
             loss = F.cross_entropy(F.linear(x[rows], *trained), y[rows])
             grads = torch.autograd.grad(loss, trained)
             with torch.no_grad():
@@ -180,19 +199,40 @@ class CReFF(Algorithm):
         g = torch_generator(int(server["seed"]), "server", round, "creff")
         fresh_w, fresh_b = fresh_linear(d, C, g)
         start_b = fresh_b.to(weight) if bias is not None else None
-        new_w, new_b = retrain_classifier(features, fresh_w.to(weight), start_b, cfg.retrain_epochs,
-                                          cfg.retrain_batch or self.train.batch_size, cfg.retrain_lr, g)
-        return {**server, "global": {**server["global"], **merged}, "features": features,
-                "head": self._head(new_w, new_b)}
+        new_w, new_b = retrain_classifier(
+            features,
+            fresh_w.to(weight),
+            start_b,
+            cfg.retrain_epochs,
+            cfg.retrain_batch or self.train.batch_size,
+            cfg.retrain_lr,
+            g,
+        )
+        return {
+            **server,
+            "global": {**server["global"], **merged},
+            "features": features,
+            "head": self._head(new_w, new_b),
+        }
 
-    def match(self, features: torch.Tensor, target: torch.Tensor, classes: list[int], weight: torch.Tensor,
-              bias: torch.Tensor | None) -> torch.Tensor:
+    def match(
+        self,
+        features: torch.Tensor,
+        target: torch.Tensor,
+        classes: list[int],
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
         """``match_steps`` SGD steps on the features, the sum over ``classes`` of the matching distance."""
         features = features.clone().requires_grad_(True)
         C = weight.shape[0]
         for _ in range(self.settings.match_steps if classes else 0):
-            distances = (matching_distance(classifier_gradient(features[c], c, weight, bias), target[c], C,
-                                           bias=bias is not None) for c in classes)
+            distances = (
+                matching_distance(
+                    classifier_gradient(features[c], c, weight, bias), target[c], C, bias=bias is not None
+                )
+                for c in classes
+            )
             loss = cast(torch.Tensor, sum(distances))  # (classes: not empty in this loop)
             (grad,) = torch.autograd.grad(loss, [features])
             with torch.no_grad():

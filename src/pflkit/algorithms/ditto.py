@@ -21,8 +21,10 @@ class DittoSettings(Settings):
     mu: float = Field(0.1, ge=0, description="lambda of the personal proximal term (App. G: 0.1)")
     personal_epochs: int = Field(2, ge=1, description="s, epochs of personal training per round (App. G: 2)")
     ala_target: Literal["model", "personal"] = Field(
-        "model", description="with +ala: which copy ALA initialises: the global-track model (spec §1.8 "
-        "[RECON]) or the personal model (FedALA author, TsingZ0/FedALA issue #9)")
+        "model",
+        description="with +ala: which copy ALA initialises: the global-track model (spec §1.8 "
+        "[RECON]) or the personal model (FedALA author, TsingZ0/FedALA issue #9)",
+    )
 
 
 class DittoState(ModelState):
@@ -41,12 +43,21 @@ class Ditto(Algorithm):
         return DittoState(model=clone(init_params), personal=clone(init_params))  # type: ignore[return-value]
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
-        personal = self.train_model(state["personal"], ctx, proximal_loss(classification_loss, self.settings.mu),
-                                    aux={"anchor": self.parameters_of(payload["global"])}, purpose="personal",
-                                    epochs=self.settings.personal_epochs, stage="personal training")
+        personal = self.train_model(
+            state["personal"],
+            ctx,
+            proximal_loss(classification_loss, self.settings.mu),
+            aux={"anchor": self.parameters_of(payload["global"])},
+            purpose="personal",
+            epochs=self.settings.personal_epochs,
+            stage="personal training",
+        )
         fit = self.train_model(state["model"], ctx, classification_loss)
-        return ({**state, "model": fit.params, "personal": personal.params}, self.upload(fit.params, ctx),
-                {"train_loss": fit.loss, "personal_loss": personal.loss})
+        return (
+            {**state, "model": fit.params, "personal": personal.params},
+            self.upload(fit.params, ctx),
+            {"train_loss": fit.loss, "personal_loss": personal.loss},
+        )
 
     def eval_params(self, state: State) -> Params:
         return state["personal"]

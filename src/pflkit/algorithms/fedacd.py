@@ -37,26 +37,44 @@ P, SUMS, WEIGHTS = "fedacd.P", "fedacd.sums", "fedacd.weights"  # carried throug
 
 
 class FedACDSettings(Settings):
-    lam: float = Field(1.0, ge=0, description="lambda, weight of the flattening loss (Eq. 9; ablation "
-                       "{0.5, 1, 1.5, 2})")
+    lam: float = Field(
+        1.0, ge=0, description="lambda, weight of the flattening loss (Eq. 9; ablation {0.5, 1, 1.5, 2})"
+    )
     gamma: float = Field(0.9, gt=0, lt=1, description="template T_ii of the score (Eq. 10) [UNCERTAIN, spec §3.9]")
-    eps_missing: float = Field(0.01, gt=0, description="P_yj / P_jy for a class j the client lacks "
-                               "[UNCERTAIN, spec §3.6]")
+    eps_missing: float = Field(
+        0.01, gt=0, description="P_yj / P_jy for a class j the client lacks [UNCERTAIN, spec §3.6]"
+    )
     tau_la: float = Field(1.0, ge=0, description="temperature of the logit adjustment (Eq. 8) [RECON, spec §3.5]")
-    mixup: bool = Field(True, description="input mixup in local training (spec §3.7; false: FedACD Table 5's "
-                        "ablation); decides for FedACD whatever the run's mixup (which sets the other methods'); "
-                        "the run's mixup_alpha sets Beta(a, a)")
-    p_ema: float = Field(0.0, ge=0, lt=1, description="per-epoch update of P: P <- ema P + (1 - ema) new "
-                         "(0: replace, spec §3.3 [RECON]; 0.9: the EMA option)")
-    p_update: Literal["epoch", "round"] = Field("epoch", description="when P is re-estimated during local "
-                                                "training: after every epoch (spec §3.3 [RECON]) or never within the "
-                                                "round (the round-start estimate from the received model)")
-    score_rows: Literal["mean", "samples"] = Field("mean", description="the score s averages KL(P_i || T_i) over "
-                                                   "the client's classes (mean, spec §3.9 [RECON]) or weights each "
-                                                   "class by its samples")
+    mixup: bool = Field(
+        True,
+        description="input mixup in local training (spec §3.7; false: FedACD Table 5's "
+        "ablation); decides for FedACD whatever the run's mixup (which sets the other methods'); "
+        "the run's mixup_alpha sets Beta(a, a)",
+    )
+    p_ema: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="per-epoch update of P: P <- ema P + (1 - ema) new "
+        "(0: replace, spec §3.3 [RECON]; 0.9: the EMA option)",
+    )
+    p_update: Literal["epoch", "round"] = Field(
+        "epoch",
+        description="when P is re-estimated during local "
+        "training: after every epoch (spec §3.3 [RECON]) or never within the "
+        "round (the round-start estimate from the received model)",
+    )
+    score_rows: Literal["mean", "samples"] = Field(
+        "mean",
+        description="the score s averages KL(P_i || T_i) over "
+        "the client's classes (mean, spec §3.9 [RECON]) or weights each "
+        "class by its samples",
+    )
     agg: Literal["softmax_neg_score", "inverse_score", "softmax_neg_score_x_n", "uniform", "samples"] = Field(
-        "softmax_neg_score", description="aggregation weights (Eq. 11 [RECON]): softmax(-s), 1/s, n_m softmax(-s), "
-        "uniform (Table 8's ablation) or sample counts")
+        "softmax_neg_score",
+        description="aggregation weights (Eq. 11 [RECON]): softmax(-s), 1/s, n_m softmax(-s), "
+        "uniform (Table 8's ablation) or sample counts",
+    )
 
 
 def adjustment(P: torch.Tensor, counts: torch.Tensor, tau: float, eps_missing: float) -> torch.Tensor:
@@ -81,6 +99,7 @@ def flattening_kl(probs: torch.Tensor, log_probs: torch.Tensor, y: torch.Tensor)
 def fedacd_loss(settings: FedACDSettings, num_classes: int) -> CarryLossFn:
     """L_LA + lam L_KL on the batch, with the class-probability sums of its (detached) outputs
     carried for the end-of-epoch re-estimation of P."""
+
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> tuple[torch.Tensor, Params]:
         logits = net(params, batch.x)
         shift = adjustment(params[P], aux["counts"], settings.tau_la, settings.eps_missing)
@@ -97,17 +116,23 @@ def fedacd_loss(settings: FedACDSettings, num_classes: int) -> CarryLossFn:
         probs = log_probs.exp().detach()
         carried = {P: params[P], SUMS: params[SUMS] + weights.t() @ probs, WEIGHTS: params[WEIGHTS] + weights.sum(0)}
         return la + settings.lam * kl, carried
+
     return loss
 
 
 def reestimate(ema: float) -> EpochEnd:
     """End of epoch: P from the epoch's sums (rows without samples keep theirs), sums reset."""
+
     def epoch_end(carried: Params) -> Params:
         sums, weights, old = carried[SUMS], carried[WEIGHTS], carried[P]
         seen = (weights > 0)[..., None]
         new = torch.where(seen, (sums / weights.clamp(min=1e-12)[..., None]).clamp(min=1e-8), old)
-        return {P: ema * old + (1 - ema) * new if ema else new, SUMS: torch.zeros_like(sums),
-                WEIGHTS: torch.zeros_like(weights)}
+        return {
+            P: ema * old + (1 - ema) * new if ema else new,
+            SUMS: torch.zeros_like(sums),
+            WEIGHTS: torch.zeros_like(weights),
+        }
+
     return epoch_end
 
 
@@ -129,25 +154,44 @@ class FedACD(Algorithm):
         C = P0.shape[-1]
         params = {**model, P: P0, SUMS: torch.zeros_like(P0), WEIGHTS: torch.zeros_like(P0[..., 0])}
         data = TrainBatches("train", self.train.local_epochs, mixup=cfg.mixup)  # its own setting, not the run's
-        fit = ctx.fit(params, fedacd_loss(cfg, C), aux={"counts": counts}, data=data, carry=[P, SUMS, WEIGHTS],
-                      epoch_end=reestimate(cfg.p_ema) if cfg.p_update == "epoch" else None,
-                      trainable=self.parameter_names)
+        fit = ctx.fit(
+            params,
+            fedacd_loss(cfg, C),
+            aux={"counts": counts},
+            data=data,
+            carry=[P, SUMS, WEIGHTS],
+            epoch_end=reestimate(cfg.p_ema) if cfg.p_update == "epoch" else None,
+            trainable=self.parameter_names,
+        )
         trained = {k: fit.params[k] for k in model}
         P_after = probability_matrix(ctx.class_sums(trained, probabilities), counts)
         score = template_kl(P_after, counts, cfg.gamma, cfg.score_rows)
-        return ({**state, "model": trained}, self.upload(trained, ctx, score=score),
-                {"train_loss": fit.loss, "score": score})
+        return (
+            {**state, "model": trained},
+            self.upload(trained, ctx, score=score),
+            {"train_loss": fit.loss, "score": score},
+        )
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         # the ignore: uploads are SentUpload to mypy, score is FedACD's own key
         scores = torch.tensor([float(u["score"]) for u in uploads], dtype=torch.float64)  # type: ignore[typeddict-item]
         n = torch.tensor([float(u["num_samples"]) for u in uploads], dtype=torch.float64)
-        weights = {"softmax_neg_score": torch.softmax(-scores, 0), "inverse_score": 1.0 / scores.clamp(min=1e-12),
-                   "softmax_neg_score_x_n": n * torch.softmax(-scores, 0), "uniform": torch.ones_like(scores),
-                   "samples": n}[self.settings.agg]
+        weights = {
+            "softmax_neg_score": torch.softmax(-scores, 0),
+            "inverse_score": 1.0 / scores.clamp(min=1e-12),
+            "softmax_neg_score_x_n": n * torch.softmax(-scores, 0),
+            "uniform": torch.ones_like(scores),
+            "samples": n,
+        }[self.settings.agg]
         merged = weighted_average([u["params"] for u in uploads], weights.tolist())
         shares = (weights / weights.sum()).tolist()
         # recorded every round: under label skew a client of a few samples may get nearly the largest weight
-        info = {"aggregation": {"clients": [int(u["client_id"]) for u in uploads], "weights": shares,
-                                "scores": scores.tolist(), "samples": [int(x) for x in n.tolist()]}}
+        info = {
+            "aggregation": {
+                "clients": [int(u["client_id"]) for u in uploads],
+                "weights": shares,
+                "scores": scores.tolist(),
+                "samples": [int(x) for x in n.tolist()],
+            }
+        }
         return {**server, "global": {**server["global"], **merged}, ROUND_INFO: info}

@@ -29,21 +29,29 @@ class FedAMPSettings(Settings):
     alpha_k: float = Field(1000.0, gt=0, description="alpha_k, server step size (App. G: 1000)")
     lam: float = Field(1.0, ge=0, description="lambda; the proximal weight is lambda/alpha_k (App. G: 1)")
     sigma: float = Field(0.1, gt=0, description="sigma of the attention function A(x) = 1 - exp(-x/sigma)")
-    convex: bool = Field(True, description="when sum_{j!=i} xi_ij > 1, scale those coefficients to sum to 1 "
-                         "(xi_ii = 0) so u_i stays a convex combination; False = the literal formula, whose "
-                         "negative xi_ii extrapolates and can diverge [ours; spec §2.8, §9.4]")
-    squared_prox: bool = Field(True, description="squared norm in the proximal term (paper); False = the "
-                               "non-squared norm ||w - u_i|| with its gradient (the form of PFLlib's term, whose "
-                               "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib) "
-                               "[spec §2.8; docs/algorithms.md]")
+    convex: bool = Field(
+        True,
+        description="when sum_{j!=i} xi_ij > 1, scale those coefficients to sum to 1 "
+        "(xi_ii = 0) so u_i stays a convex combination; False = the literal formula, whose "
+        "negative xi_ii extrapolates and can diverge [ours; spec §2.8, §9.4]",
+    )
+    squared_prox: bool = Field(
+        True,
+        description="squared norm in the proximal term (paper); False = the "
+        "non-squared norm ||w - u_i|| with its gradient (the form of PFLlib's term, whose "
+        "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib) "
+        "[spec §2.8; docs/algorithms.md]",
+    )
 
 
 def norm_proximal_loss(mu: float) -> LossFn:
     """Cross-entropy + mu/2 ||w - u_i|| (the non-squared norm, with its gradient)."""
+
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         cloud = aux["anchor"]
         distance = torch.sqrt(squared_distance({k: params[k] for k in cloud}, cloud) + 1e-12)
         return classification_loss(net, params, batch) + mu / 2 * distance
+
     return loss
 
 
@@ -64,8 +72,11 @@ class FedAMP(Algorithm):
         """xi_{i, .} (spec §2.8); warns when xi_ii < 0 (alpha_k too large for these distances)."""
         cfg, models = self.settings, server["models"]
         own = models[client_id]
-        xi = {j: cfg.alpha_k * math.exp(-float(squared_distance(own, w)) / cfg.sigma) / cfg.sigma
-              for j, w in models.items() if j != client_id}
+        xi = {
+            j: cfg.alpha_k * math.exp(-float(squared_distance(own, w)) / cfg.sigma) / cfg.sigma
+            for j, w in models.items()
+            if j != client_id
+        }
         others = sum(xi.values())
         if others > 1 and cfg.convex:
             log.debug("FedAMP: client %d: sum of xi_ij = %.4g > 1 scaled to 1 (xi_ii = 0)", client_id, others)
@@ -74,9 +85,14 @@ class FedAMP(Algorithm):
         xi[client_id] = 1.0 - others
         if xi[client_id] < 0 and not self._warned:
             self._warned = True
-            log.warning("FedAMP: xi_ii = %.4g < 0 for client %d (alpha_k=%g, sigma=%g): the cloud model "
-                        "extrapolates away from the client's own model (fedamp.convex=true prevents it)",
-                        xi[client_id], client_id, cfg.alpha_k, cfg.sigma)
+            log.warning(
+                "FedAMP: xi_ii = %.4g < 0 for client %d (alpha_k=%g, sigma=%g): the cloud model "
+                "extrapolates away from the client's own model (fedamp.convex=true prevents it)",
+                xi[client_id],
+                client_id,
+                cfg.alpha_k,
+                cfg.sigma,
+            )
         return xi
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:

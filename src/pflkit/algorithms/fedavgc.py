@@ -24,15 +24,19 @@ from .registry import register
 
 class FineTuneSettings(Settings):
     ft_epochs: int = Field(1, ge=1, description="fine-tuning epochs per round [UNCERTAIN, spec §2.3]")
-    ft_until_converged: bool = Field(False, description="fine-tune until the std of the last ft_window epochs' "
-                                     "last-batch losses < ft_threshold (ALA's criterion, spec §1.6), capped by "
-                                     "ft_max_epochs")
+    ft_until_converged: bool = Field(
+        False,
+        description="fine-tune until the std of the last ft_window epochs' "
+        "last-batch losses < ft_threshold (ALA's criterion, spec §1.6), capped by "
+        "ft_max_epochs",
+    )
     ft_threshold: float = Field(0.01, gt=0, description="convergence threshold with ft_until_converged")
     ft_window: int = Field(10, ge=2, description="epochs in the convergence window")
     ft_max_epochs: int = Field(50, ge=1, description="cap on fine-tuning epochs with ft_until_converged")
     upload_from: Literal["finetuned", "global"] = Field(
-        "finetuned", description="start local training from the fine-tuned or the raw received model "
-        "[UNCERTAIN, spec §2.3]")
+        "finetuned",
+        description="start local training from the fine-tuned or the raw received model [UNCERTAIN, spec §2.3]",
+    )
 
 
 class FineTuning(Algorithm):
@@ -48,15 +52,27 @@ class FineTuning(Algorithm):
         cfg = self.settings
         aux = self.loss_aux(payload, state, ctx)
         if not cfg.ft_until_converged:
-            fit = ctx.fit(state["model"], self.finetune_loss(), aux=aux, data=TrainBatches("finetune", cfg.ft_epochs),
-                          stage="fine-tuning")
+            fit = ctx.fit(
+                state["model"],
+                self.finetune_loss(),
+                aux=aux,
+                data=TrainBatches("finetune", cfg.ft_epochs),
+                stage="fine-tuning",
+            )
             return {**state, "model": fit.params}, {"ft_loss": fit.loss}
 
         def settled(losses: list[float], client: int) -> bool:
-            return len(losses) >= cfg.ft_window and float(np.std(losses[-cfg.ft_window:])) < cfg.ft_threshold
+            return len(losses) >= cfg.ft_window and float(np.std(losses[-cfg.ft_window :])) < cfg.ft_threshold
 
-        fit = ctx.fit(state["model"], self.finetune_loss(), aux=aux, data=TrainBatches("finetune"), until=settled,
-                      max_epochs=cfg.ft_max_epochs, stage="fine-tuning")
+        fit = ctx.fit(
+            state["model"],
+            self.finetune_loss(),
+            aux=aux,
+            data=TrainBatches("finetune"),
+            until=settled,
+            max_epochs=cfg.ft_max_epochs,
+            stage="fine-tuning",
+        )
         return {**state, "model": fit.params}, {"ft_loss": fit.loss, "ft_epochs": fit.epochs}
 
     def training_start(self, payload: Payload, state: State) -> dict[str, Any]:
@@ -65,8 +81,9 @@ class FineTuning(Algorithm):
         return state["model"]
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
-        fit = self.train_model(self.training_start(payload, state), ctx, self.loss(),
-                               aux=self.loss_aux(payload, state, ctx))
+        fit = self.train_model(
+            self.training_start(payload, state), ctx, self.loss(), aux=self.loss_aux(payload, state, ctx)
+        )
         return {**state, "model": fit.params}, self.upload(fit.params, ctx), {"train_loss": fit.loss}
 
 

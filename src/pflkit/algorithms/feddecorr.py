@@ -26,11 +26,17 @@ from .registry import register
 
 
 class FedDecorrSettings(Settings):
-    beta: float = Field(0.1, ge=0, description="weight of the decorrelation term (the authors' CIFAR-10 and "
-                        "Tiny-ImageNet value; 0.05 on CIFAR-100)")
+    beta: float = Field(
+        0.1,
+        ge=0,
+        description="weight of the decorrelation term (the authors' CIFAR-10 and "
+        "Tiny-ImageNet value; 0.05 on CIFAR-100)",
+    )
     form: Literal["reference", "paper"] = Field(
-        "reference", description="reference: the authors' loss.py (mean squared off-diagonal of the unnormalised "
-        "z^T z, divided by the batch size); paper: ||K||_F^2 / d^2 (about N times weaker)")
+        "reference",
+        description="reference: the authors' loss.py (mean squared off-diagonal of the unnormalised "
+        "z^T z, divided by the batch size); paper: ||K||_F^2 / d^2 (about N times weaker)",
+    )
 
 
 def decorrelation(h: torch.Tensor, mask: torch.Tensor | None = None, form: str = "reference") -> torch.Tensor:
@@ -43,12 +49,12 @@ def decorrelation(h: torch.Tensor, mask: torch.Tensor | None = None, form: str =
     centred = (h - mean) * w[:, None]
     d = h.shape[1]
     if form == "paper":
-        z = centred / torch.sqrt((centred ** 2).sum(0) / n + 1e-5)
+        z = centred / torch.sqrt((centred**2).sum(0) / n + 1e-5)
         value = ((z.t() @ z / n) ** 2).sum() / (d * d)
     else:
-        z = centred / torch.sqrt(1e-8 + (centred ** 2).sum(0) / (n - 1).clamp(min=1))
+        z = centred / torch.sqrt(1e-8 + (centred**2).sum(0) / (n - 1).clamp(min=1))
         M = z.t() @ z
-        off_diagonal = (M ** 2).sum() - (torch.diagonal(M) ** 2).sum()
+        off_diagonal = (M**2).sum() - (torch.diagonal(M) ** 2).sum()
         value = off_diagonal / max(d * (d - 1), 1) / n
     return torch.where(n > 1, value, torch.zeros((), dtype=h.dtype, device=h.device))
 
@@ -57,6 +63,7 @@ def feddecorr_loss(beta: float, body: int, form: str = "reference") -> LossFn:
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         h = net(params, batch.x, stop=body)
         return cross_entropy(net(params, h, start=body), batch) + beta * decorrelation(h, batch.mask, form)
+
     return loss
 
 

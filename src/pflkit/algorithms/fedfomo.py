@@ -26,10 +26,12 @@ from .registry import register
 
 
 class FedFomoSettings(Settings):
-    num_models: int | None = Field(None, ge=1, description="M, models sent to each client (None = all other "
-                                   "clients, the FedALA setting M = N)")
-    val_ratio: float = Field(0.2, gt=0, lt=1, description="share of the training data held out for the "
-                             "model weights [REF-CODE, spec §2.10]")
+    num_models: int | None = Field(
+        None, ge=1, description="M, models sent to each client (None = all other clients, the FedALA setting M = N)"
+    )
+    val_ratio: float = Field(
+        0.2, gt=0, lt=1, description="share of the training data held out for the model weights [REF-CODE, spec §2.10]"
+    )
 
 
 @register
@@ -42,13 +44,16 @@ class FedFomo(Algorithm):
 
     def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         n = max(c.client_id for c in clients) + 1
-        return {**server, "models": {c.client_id: server["global"] for c in clients},
-                "affinity": torch.eye(n, dtype=torch.float64)}
+        return {
+            **server,
+            "models": {c.client_id: server["global"] for c in clients},
+            "affinity": torch.eye(n, dtype=torch.float64),
+        }
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         others = [j for j in server["models"] if j != client_id]
         scores = server["affinity"][client_id]
-        chosen = sorted(others, key=lambda j: (-float(scores[j]), j))[:self.settings.num_models or len(others)]
+        chosen = sorted(others, key=lambda j: (-float(scores[j]), j))[: self.settings.num_models or len(others)]
         return {"models": [server["models"][j] for j in chosen], "ids": torch.tensor(chosen, dtype=torch.long)}
 
     def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
@@ -68,9 +73,11 @@ class FedFomo(Algorithm):
         total = float(weights.sum())
         model = dict(old)
         if total > 0:
-            model = {k: old[k] + sum(float(w) / total * (theta[k] - old[k])
-                                     for w, theta in zip(weights, payload["models"]) if w > 0)
-                     for k in old}
+            model = {
+                k: old[k]
+                + sum(float(w) / total * (theta[k] - old[k]) for w, theta in zip(weights, payload["models"]) if w > 0)
+                for k in old
+            }
         return {**state, "model": model, "weights": weights}, {"fomo_models_used": int((weights > 0).sum())}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:

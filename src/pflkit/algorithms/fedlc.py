@@ -34,6 +34,7 @@ def fedlc_loss(tau: float) -> LossFn:
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         z = calibrated_logits(net(params, batch.x), aux["counts"], tau)
         return label_loss(lambda y: F.cross_entropy(z, y, reduction="none"), batch)
+
     return loss
 
 

@@ -34,19 +34,31 @@ from .registry import register
 
 
 class FedNHSettings(Settings):
-    smoothing: float = Field(0.9, ge=0, le=1, description="rho, the prototypes' moving average (spec §3.14; the "
-                             "authors' code: 0.9)")
-    scale: float = Field(1.0, gt=0, description="s of the scaled cosine logits: its start value when learn_scale "
-                         "(the authors' code: 1.0 for the CNN, 20.0 for their ResNet-18), else fixed")
-    learn_scale: bool = Field(True, description="train s with the body and average it on the server (the authors' "
-                              "code); false: s stays fixed")
-    clip_norm: float = Field(10.0, ge=0, description="clip the local gradients' global L2 norm (the authors' "
-                             "code: 10 in every method); 0: no clipping")
-    body_weights: Literal["uniform", "samples"] = Field("uniform", description="server mean of bodies and s: uniform "
-                                                          "(the authors' code) or sample-weighted (FedAvg)")
+    smoothing: float = Field(
+        0.9, ge=0, le=1, description="rho, the prototypes' moving average (spec §3.14; the authors' code: 0.9)"
+    )
+    scale: float = Field(
+        1.0,
+        gt=0,
+        description="s of the scaled cosine logits: its start value when learn_scale "
+        "(the authors' code: 1.0 for the CNN, 20.0 for their ResNet-18), else fixed",
+    )
+    learn_scale: bool = Field(
+        True, description="train s with the body and average it on the server (the authors' code); false: s stays fixed"
+    )
+    clip_norm: float = Field(
+        10.0,
+        ge=0,
+        description="clip the local gradients' global L2 norm (the authors' code: 10 in every method); 0: no clipping",
+    )
+    body_weights: Literal["uniform", "samples"] = Field(
+        "uniform", description="server mean of bodies and s: uniform (the authors' code) or sample-weighted (FedAvg)"
+    )
     prototype_init: Literal["orthogonal", "spread"] = Field(
-        "orthogonal", description="initial prototypes: orthonormal rows of orthogonal_(rand(C, d)) (the authors' "
-        "code) or points pushed apart on the sphere by spread_steps of optimisation")
+        "orthogonal",
+        description="initial prototypes: orthonormal rows of orthogonal_(rand(C, d)) (the authors' "
+        "code) or points pushed apart on the sphere by spread_steps of optimisation",
+    )
     spread_steps: int = Field(500, ge=0, description="steps spreading the initial prototypes (prototype_init = spread)")
 
 
@@ -74,6 +86,7 @@ def spread_prototypes(num: int, dim: int, steps: int, seed: int = 0) -> torch.Te
 def normalised_features(body: int) -> Any:
     def fn(net: Net, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.normalize(net(params, x, stop=body, train=False).flatten(1), dim=1)
+
     return fn
 
 
@@ -85,11 +98,13 @@ def orthogonal_prototypes(num: int, dim: int, seed: int = 0) -> torch.Tensor:
 
 def cosine_loss(body: int, weight: str, scale: float | None = None) -> LossFn:
     """CE of s * <h/|h|, w_c/|w_c|>; s is ``params[SCALE]`` (trained) unless ``scale`` is given."""
+
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         h = F.normalize(net(params, batch.x, stop=body).flatten(1), dim=-1)
         s = params[SCALE] if scale is None else scale
         logits = s * (h @ F.normalize(params[weight], dim=-1).t())
         return cross_entropy(logits, batch)
+
     return loss
 
 
@@ -134,15 +149,23 @@ class FedNH(Algorithm):
         cfg = self.settings
         body = [n for n in self.parameter_names if n not in self.head]
         learn = cfg.learn_scale
-        fit = self.train_model({**state["model"], SCALE: state[SCALE]}, ctx,
-                               cosine_loss(self.body, self.weight, None if learn else cfg.scale),
-                               trainable=body + ([SCALE] if learn else []),
-                               optimizer=ctx.train.optimizer(clip_norm=cfg.clip_norm or None))
+        fit = self.train_model(
+            {**state["model"], SCALE: state[SCALE]},
+            ctx,
+            cosine_loss(self.body, self.weight, None if learn else cfg.scale),
+            trainable=body + ([SCALE] if learn else []),
+            optimizer=ctx.train.optimizer(clip_norm=cfg.clip_norm or None),
+        )
         model = {k: fit.params[k] for k in state["model"]}
         sums = ctx.class_sums(model, normalised_features(self.body))
         counts = ctx.label_counts
-        upload = self.upload(model, ctx, class_means=F.normalize(sums, dim=-1), class_counts=counts.to(sums.dtype),
-                             scale=fit.params[SCALE].detach())
+        upload = self.upload(
+            model,
+            ctx,
+            class_means=F.normalize(sums, dim=-1),
+            class_counts=counts.to(sums.dtype),
+            scale=fit.params[SCALE].detach(),
+        )
         return {**state, "model": model, SCALE: fit.params[SCALE].detach()}, upload, {"train_loss": fit.loss}
 
     def eval_params(self, state: State) -> Params:
@@ -161,8 +184,9 @@ class FedNH(Algorithm):
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         old = server["global"]
-        weights = ([1.0] * len(uploads) if self.settings.body_weights == "uniform"
-                   else [u["num_samples"] for u in uploads])
+        weights = (
+            [1.0] * len(uploads) if self.settings.body_weights == "uniform" else [u["num_samples"] for u in uploads]
+        )
         merged = weighted_average([u["params"] for u in uploads], weights)
         total = sum(weights)
         # the ignores: uploads are SentUpload to mypy, scale/class_counts/class_means are FedNH's own keys
@@ -174,5 +198,8 @@ class FedNH(Algorithm):
         rho = self.settings.smoothing
         moved = F.normalize(rho * old[self.weight] + (1 - rho) * average, dim=-1)
         prototypes = torch.where(seen[:, None], moved, old[self.weight])
-        return {**server, SCALE: scale, "global": {**old, **merged, self.weight: prototypes,
-                                                   **{k: old[k] for k in self.head[1:]}}}
+        return {
+            **server,
+            SCALE: scale,
+            "global": {**old, **merged, self.weight: prototypes, **{k: old[k] for k in self.head[1:]}},
+        }

@@ -22,7 +22,7 @@ def normaliser(steps: torch.Tensor | int, momentum: float) -> torch.Tensor:
     if not momentum:
         return tau
     rho = momentum
-    return (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
 
 
 @register

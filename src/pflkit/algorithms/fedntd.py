@@ -41,6 +41,7 @@ def fedntd_loss(beta: float, tau: float) -> LossFn:
             teacher = net(aux["teacher"], batch.x, train=False)
         ntd = label_loss(lambda y: not_true_kl(logits, teacher, y, tau), batch)
         return cross_entropy(logits, batch) + beta * ntd
+
     return loss
 
 

@@ -38,19 +38,26 @@ class FedPHPSettings(Settings):
     mu: float = Field(0.9, ge=0, le=1, description="HPM momentum; mu_t = mu * t / T (FedALA App. G: 0.9)")
     lam: float = Field(0.01, ge=0, le=1, description="weight of the knowledge-transfer loss (App. G: 0.01)")
     # spec §2.9: the paper studies several KT types; the reference (PFLlib) uses MMD on features
-    kt: Literal["mmd", "kd"] = Field("mmd", description="knowledge transfer from the HPM: MMD on body "
-                                     "features (PFLlib [REF-CODE]) or logit KD (spec §2.9 option)")
-    bandwidths: list[float] = Field([10.0, 15.0, 20.0, 50.0], min_length=1,
-                                    description="RBF kernel bandwidths s of the MMD (spec §2.9 [REF-CODE])")
+    kt: Literal["mmd", "kd"] = Field(
+        "mmd",
+        description="knowledge transfer from the HPM: MMD on body "
+        "features (PFLlib [REF-CODE]) or logit KD (spec §2.9 option)",
+    )
+    bandwidths: list[float] = Field(
+        [10.0, 15.0, 20.0, 50.0], min_length=1, description="RBF kernel bandwidths s of the MMD (spec §2.9 [REF-CODE])"
+    )
     temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd'; spec §2.9 [UNCERTAIN])")
     eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w (spec §2.9 option)")
     variant: Literal["hpm", "pfllib2022"] = Field(
-        "hpm", description="hpm: the paper's inherited private model (spec §2.9); pfllib2022: PFLlib's FedPHP of "
-        "FedALA's time (blend the global into the old local model on receiving, MMD toward the global model)")
+        "hpm",
+        description="hpm: the paper's inherited private model (spec §2.9); pfllib2022: PFLlib's FedPHP of "
+        "FedALA's time (blend the global into the old local model on receiving, MMD toward the global model)",
+    )
 
 
-def mmd_rbf(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float],
-            mask: torch.Tensor | None = None) -> torch.Tensor:
+def mmd_rbf(
+    x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float], mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Biased MMD^2 estimate mean(K_xx + K_yy - 2 K_xy), K = sum_s exp(-||a - b||^2 / (2 s)); with
     ``mask`` (padded batches) the means run over the real samples only."""
     x, y = x.flatten(1), y.flatten(1)
@@ -67,13 +74,13 @@ def mmd_rbf(x: torch.Tensor, y: torch.Tensor, bandwidths: Sequence[float],
     return (total * pairs).sum() / pairs.sum()
 
 
-def kd_loss(student: torch.Tensor, teacher: torch.Tensor, temperature: float,
-            mask: torch.Tensor | None = None) -> torch.Tensor:
+def kd_loss(
+    student: torch.Tensor, teacher: torch.Tensor, temperature: float, mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """T^2 * KL(softmax(teacher / T) || softmax(student / T)), averaged over the (real) samples."""
     t = temperature
     if mask is None:
-        return F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1),
-                        reduction="batchmean") * t * t
+        return F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1), reduction="batchmean") * t * t
     per_sample = F.kl_div(F.log_softmax(student / t, dim=1), F.softmax(teacher / t, dim=1), reduction="none").sum(1)
     return (per_sample * mask).sum() / mask.sum() * t * t
 
@@ -92,9 +99,13 @@ def fedphp_loss(settings: FedPHPSettings, body: int) -> LossFn:
         logits = net(params, features, start=body)
         with torch.no_grad():
             teacher = net(aux["hpm"], batch.x, stop=body if mmd else None)
-        kt = (mmd_rbf(features, teacher, settings.bandwidths, batch.mask) if mmd
-              else kd_loss(logits, teacher, settings.temperature, batch.mask))
+        kt = (
+            mmd_rbf(features, teacher, settings.bandwidths, batch.mask)
+            if mmd
+            else kd_loss(logits, teacher, settings.temperature, batch.mask)
+        )
         return (1 - lam) * cross_entropy(logits, batch) + lam * kt
+
     return loss
 
 
@@ -131,16 +142,24 @@ class FedPHP(Algorithm):
         return {"hpm": clone(state["hpm"])}
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
-        fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state, ctx),
-                               stage="local training (CE + knowledge transfer)")
+        fit = self.train_model(
+            state["model"],
+            ctx,
+            self.loss(),
+            aux=self.loss_aux(payload, state, ctx),
+            stage="local training (CE + knowledge transfer)",
+        )
         w = fit.params
         if self.pfllib2022:
             return {**state, "model": w, "trained": w}, self.upload(w, ctx), {"train_loss": fit.loss}
         mu_t = hpm_coefficient(self.settings.mu, ctx.round, self.train.rounds)
         with torch.no_grad():
             new_hpm = {k: state["hpm"][k] * mu_t + w[k] * (1 - mu_t) for k in state["hpm"]}
-        return ({**state, "model": w, "hpm": new_hpm, "trained": w}, self.upload(w, ctx),
-                {"train_loss": fit.loss, "hpm_mu": mu_t})
+        return (
+            {**state, "model": w, "hpm": new_hpm, "trained": w},
+            self.upload(w, ctx),
+            {"train_loss": fit.loss, "hpm_mu": mu_t},
+        )
 
     def eval_params(self, state: State) -> Params:
         if self.pfllib2022:  # scored after the blend, before training

@@ -19,12 +19,19 @@ from .registry import register
 
 class FedRepSettings(Settings):
     head_epochs: int = Field(5, ge=1, description="tau, head-only epochs per round (App. G: 5)")
-    clip_norm: float = Field(10.0, ge=0, description="clip each step's gradient at this global L2 norm in both "
-                             "phases (pflkit's, not the paper's or PFLlib's: at FedALA's lr 0.1 unclipped "
-                             "FedRep blows up at some seeds; 0: off, PFLlib's)")
-    cache_features: bool = Field(True, description="head epochs on the body's outputs computed once per round "
-                                 "(the body is frozen then; the same function, far fewer forward passes); "
-                                 "false: the whole model runs at every head step, as PFLlib does")
+    clip_norm: float = Field(
+        10.0,
+        ge=0,
+        description="clip each step's gradient at this global L2 norm in both "
+        "phases (pflkit's, not the paper's or PFLlib's: at FedALA's lr 0.1 unclipped "
+        "FedRep blows up at some seeds; 0: off, PFLlib's)",
+    )
+    cache_features: bool = Field(
+        True,
+        description="head epochs on the body's outputs computed once per round "
+        "(the body is frozen then; the same function, far fewer forward passes); "
+        "false: the whole model runs at every head step, as PFLlib does",
+    )
 
 
 @register
@@ -43,10 +50,22 @@ class FedRep(Algorithm):
         head = head_names(self.units)
         body = [k for k in state["model"] if k not in head]
         opt = ctx.train.optimizer(clip_norm=self.settings.clip_norm or None)
-        head_fit = self.train_model(state["model"], ctx, classification_loss, purpose="head",
-                                    epochs=self.settings.head_epochs, trainable=head, stage="head training",
-                                    optimizer=opt, start=len(self.units) - 1 if self.settings.cache_features else 0)
-        fit = self.train_model(head_fit.params, ctx, classification_loss, trainable=body, stage="body training",
-                               optimizer=opt)
-        return ({**state, "model": fit.params}, self.upload(subset(fit.params, body), ctx),
-                {"train_loss": fit.loss, "head_loss": head_fit.loss})
+        head_fit = self.train_model(
+            state["model"],
+            ctx,
+            classification_loss,
+            purpose="head",
+            epochs=self.settings.head_epochs,
+            trainable=head,
+            stage="head training",
+            optimizer=opt,
+            start=len(self.units) - 1 if self.settings.cache_features else 0,
+        )
+        fit = self.train_model(
+            head_fit.params, ctx, classification_loss, trainable=body, stage="body training", optimizer=opt
+        )
+        return (
+            {**state, "model": fit.params},
+            self.upload(subset(fit.params, body), ctx),
+            {"train_loss": fit.loss, "head_loss": head_fit.loss},
+        )

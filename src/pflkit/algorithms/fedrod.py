@@ -35,6 +35,7 @@ def fedrod_loss(body: int, head: list[str]) -> LossFn:
         generic = label_loss(lambda y: F.cross_entropy(balanced, y, reduction="none"), batch)
         z_p = net({**params, **{k: params[PERSONAL + k] for k in head}}, h.detach(), start=body)
         return generic + cross_entropy(z_g.detach() + z_p, batch)
+
     return loss
 
 
@@ -54,9 +55,14 @@ class FedROD(Algorithm):
         params = {**state["model"], **{PERSONAL + k: v for k, v in state["personal"].items()}}
         personal_names = [PERSONAL + k for k in self.head]
         # the personal head's optimiser is plain SGD at the lr (PFLlib clientrod.py, FedNH FedROD.py)
-        fit = self.train_model(params, ctx, fedrod_loss(self.body, self.head), aux={"counts": ctx.label_counts},
-                               trainable=[*self.parameter_names, *personal_names],
-                               optimizer=ctx.train.optimizer(plain=personal_names))
+        fit = self.train_model(
+            params,
+            ctx,
+            fedrod_loss(self.body, self.head),
+            aux={"counts": ctx.label_counts},
+            trainable=[*self.parameter_names, *personal_names],
+            optimizer=ctx.train.optimizer(plain=personal_names),
+        )
         model = {k: fit.params[k] for k in state["model"]}
         personal = {k: fit.params[PERSONAL + k] for k in self.head}
         return ({**state, "model": model, "personal": personal}, self.upload(model, ctx), {"train_loss": fit.loss})

@@ -59,20 +59,27 @@ from .registry import register
 
 class PartialFedSettings(Settings):
     # spec §2.12 [RECON]: every item below is our reconstruction of PartialFed-Adaptive
-    load: Literal["round", "batch"] = Field("round", description="when the gates load global units into the "
-                                            "local model: once per round after receipt (partial initialisation) "
-                                            "or again before every model batch from the fixed received global "
-                                            "(discards the steps a reloaded unit took)")
+    load: Literal["round", "batch"] = Field(
+        "round",
+        description="when the gates load global units into the "
+        "local model: once per round after receipt (partial initialisation) "
+        "or again before every model batch from the fixed received global "
+        "(discards the steps a reloaded unit took)",
+    )
     tau0: float = Field(5.0, gt=0, description="initial Gumbel-softmax temperature (FedALA App. G: 5.0)")
     decay: float = Field(0.965, gt=0, le=1, description="per-round temperature decay (App. G: 0.965)")
     tau_min: float = Field(0.05, gt=0, description="temperature floor (spec §2.12 [UNCERTAIN])")
     model_batches: int = Field(8, ge=0, description="f_m, model batches per cycle (App. G: 8)")
     strategy_batches: int = Field(2, ge=0, description="f_s, strategy batches per cycle (App. G: 2)")
-    strategy_lr: float | None = Field(None, gt=0, description="SGD lr of the strategy logits; None = local "
-                                      "lr (spec §2.12 [UNCERTAIN])")
-    continue_cycle: bool = Field(True, description="the f_m/f_s cycle continues across rounds (position kept "
-                                 "in the client state), so clients with fewer than f_m + 1 batches per round "
-                                 "still train S; False restarts it every round (spec §2.12 [RECON])")
+    strategy_lr: float | None = Field(
+        None, gt=0, description="SGD lr of the strategy logits; None = local lr (spec §2.12 [UNCERTAIN])"
+    )
+    continue_cycle: bool = Field(
+        True,
+        description="the f_m/f_s cycle continues across rounds (position kept "
+        "in the client state), so clients with fewer than f_m + 1 batches per round "
+        "still train S; False restarts it every round (spec §2.12 [RECON])",
+    )
 
     @model_validator(mode="after")
     def _some_batches(self) -> PartialFedSettings:
@@ -83,7 +90,7 @@ class PartialFedSettings(Settings):
 
 def temperature(tau0: float, decay: float, tau_min: float, round: int) -> float:
     """tau_t = max(tau0 * decay^t, tau_min)."""
-    return max(tau0 * decay ** round, tau_min)
+    return max(tau0 * decay**round, tau_min)
 
 
 def gumbel_noise(generator: torch.Generator, shape: Sequence[int]) -> torch.Tensor:
@@ -116,8 +123,12 @@ S, POS = "partialfed.strategy", "partialfed.cycle_pos"  # carried through the fi
 INIT_LOCAL = "init_local"  # load="round": the kept local model this round's initialisation chose from
 # running sums carried through the fit for the round's metrics
 MODEL_LOSS, MODEL_STEPS, STRATEGY_LOSS, STRATEGY_STEPS, PICKS = (
-    "partialfed.model_loss", "partialfed.model_steps", "partialfed.strategy_loss", "partialfed.strategy_steps",
-    "partialfed.global_picks")
+    "partialfed.model_loss",
+    "partialfed.model_steps",
+    "partialfed.strategy_loss",
+    "partialfed.strategy_steps",
+    "partialfed.global_picks",
+)
 COUNTERS = (MODEL_LOSS, MODEL_STEPS, STRATEGY_LOSS, STRATEGY_STEPS, PICKS)
 
 
@@ -130,8 +141,11 @@ class PartialFed(Algorithm):
 
     def init_client(self, init_params: Params, client_id: int) -> State:
         device = next(iter(init_params.values())).device
-        return {"model": clone(init_params), "strategy": torch.zeros(len(self.units), 2, device=device),
-                "cycle_pos": torch.zeros((), dtype=torch.int64)}
+        return {
+            "model": clone(init_params),
+            "strategy": torch.zeros(len(self.units), 2, device=device),
+            "cycle_pos": torch.zeros((), dtype=torch.int64),
+        }
 
     def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         """No overwrite: the local model is kept; the global enters through the gates."""
@@ -188,6 +202,7 @@ class PartialFed(Algorithm):
             # kinds of step. Each kind sums its loss and steps in its own entries of the step's state
             # (trainable only in name: the step sets them), checked by kind after the fit; fit sees 0.
             return out, torch.zeros((), device=value.device)
+
         return step
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
@@ -204,21 +219,35 @@ class PartialFed(Algorithm):
         if cfg.load == "round":
             kept = state[INIT_LOCAL] if INIT_LOCAL in state else state["model"]  # without after_receive: the model
             aux["init_local"] = {k: kept[k].detach() for k in names}
-        fit = ctx.fit(params, step=self.batch_step(ctx, tau, ctx.generator("gates")),
-                      trainable=[*names, S, POS, *COUNTERS], aux=aux,
-                      data=TrainBatches("train", self.train.local_epochs), stage="local training")
+        fit = ctx.fit(
+            params,
+            step=self.batch_step(ctx, tau, ctx.generator("gates")),
+            trainable=[*names, S, POS, *COUNTERS],
+            aux=aux,
+            data=TrainBatches("train", self.train.local_epochs),
+            stage="local training",
+        )
         out = fit.params
-        for name, total in ((MODEL_LOSS, "local training (model batches)"),
-                            (STRATEGY_LOSS, "strategy training (gate logits)")):
+        for name, total in (
+            (MODEL_LOSS, "local training (model batches)"),
+            (STRATEGY_LOSS, "strategy training (gate logits)"),
+        ):
             check_finite(out[name], ctx.where(total))
         model_steps, strategy_steps = int(out[MODEL_STEPS]), int(out[STRATEGY_STEPS])
         strategy = out[S]
-        metrics = {"train_loss": float(out[MODEL_LOSS]) / max(model_steps, 1),
-                   "strategy_loss": float(out[STRATEGY_LOSS]) / max(strategy_steps, 1), "tau": tau,
-                   "global_share": float(torch.softmax(strategy, dim=1)[:, 0].mean())}
+        metrics = {
+            "train_loss": float(out[MODEL_LOSS]) / max(model_steps, 1),
+            "strategy_loss": float(out[STRATEGY_LOSS]) / max(strategy_steps, 1),
+            "tau": tau,
+            "global_share": float(torch.softmax(strategy, dim=1)[:, 0].mean()),
+        }
         if cfg.load == "batch":  # load="round" reports its picks from after_receive
             metrics["global_picks"] = float(out[PICKS]) / max(model_steps * len(self.units), 1)
         local = {k: out[k] for k in state["model"]}
-        new_state = {**{k: v for k, v in state.items() if k != INIT_LOCAL}, "model": local, "strategy": strategy,
-                     "cycle_pos": torch.tensor(int(out[POS]) % cycle, dtype=torch.int64)}
+        new_state = {
+            **{k: v for k, v in state.items() if k != INIT_LOCAL},
+            "model": local,
+            "strategy": strategy,
+            "cycle_pos": torch.tensor(int(out[POS]) % cycle, dtype=torch.int64),
+        }
         return new_state, self.upload(local, ctx), metrics

@@ -34,27 +34,45 @@ from .registry import register
 
 
 class PerFedAvgSettings(Settings):
-    alpha: float | None = Field(None, gt=0, description="inner (personalisation) step size; None = the local "
-                                "lr (FedALA App. G: alpha = local lr)")
-    beta: float | None = Field(None, gt=0, description="outer (meta) step size; None = the local lr "
-                               "(spec §2.4 [REF-CODE])")
-    hessian_free: bool = Field(False, description="Hessian-free variant with a Hessian-vector product on a "
-                               "third batch B'' (spec §2.4 [PAPER]); default first order (reference)")
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        description="inner (personalisation) step size; None = the local lr (FedALA App. G: alpha = local lr)",
+    )
+    beta: float | None = Field(
+        None, gt=0, description="outer (meta) step size; None = the local lr (spec §2.4 [REF-CODE])"
+    )
+    hessian_free: bool = Field(
+        False,
+        description="Hessian-free variant with a Hessian-vector product on a "
+        "third batch B'' (spec §2.4 [PAPER]); default first order (reference)",
+    )
     # spec §2.4: the paper draws B and B' independently; PFLlib splits one batch of size 2b in halves
     batch_pairs: Literal["independent", "split"] = Field(
-        "independent", description="independent: B, B' from two independent shuffles (paper); split: "
-        "one batch of 2b split in halves (PFLlib [REF-CODE]) (spec §2.4)")
-    train_calls: int = Field(1, ge=1, description="local training passes per round; PFLlib's server calls "
-                             "client.train() twice (spec §2.4 quirk: 2 reproduces it)")
-    clip_norm: float = Field(10.0, ge=0, description="clip the meta-gradient grad f(w'; B') at this global "
-                             "L2 norm before the beta step (not in the paper or PFLlib; 0: off). In "
-                             "FedALA's MNIST setting (lr 0.1) a two-class client ran away at 3 of 5 seeds "
-                             "(inner loss 81 -> 1e8 in 4 steps); the clip touches ~1 % of steps there")
+        "independent",
+        description="independent: B, B' from two independent shuffles (paper); split: "
+        "one batch of 2b split in halves (PFLlib [REF-CODE]) (spec §2.4)",
+    )
+    train_calls: int = Field(
+        1,
+        ge=1,
+        description="local training passes per round; PFLlib's server calls "
+        "client.train() twice (spec §2.4 quirk: 2 reproduces it)",
+    )
+    clip_norm: float = Field(
+        10.0,
+        ge=0,
+        description="clip the meta-gradient grad f(w'; B') at this global "
+        "L2 norm before the beta step (not in the paper or PFLlib; 0: off). In "
+        "FedALA's MNIST setting (lr 0.1) a two-class client ran away at 3 of 5 seeds "
+        "(inner loss 81 -> 1e8 in 4 steps); the clip touches ~1 % of steps there",
+    )
 
 
 def maml_step(net: Net, alpha: float, beta: float, hessian_free: bool, clip_norm: float | None = None) -> StepFn:
     """One Per-FedAvg step on ``(B, B')`` (and ``B''`` with ``hessian_free``), a pure function;
     ``clip_norm`` caps the meta-gradient's global norm."""
+
     def loss(params: Params, frozen: Params, batch: Batch) -> torch.Tensor:
         return cross_entropy(net({**frozen, **params}, batch.x), batch)
 
@@ -72,17 +90,20 @@ def maml_step(net: Net, alpha: float, beta: float, hessian_free: bool, clip_norm
             g_outer = dict(zip(g_outer, clip_by_global_norm(list(g_outer.values()), clip_norm)))
         # reported: the inner loss; the outer one enters as 0 * outer so that a NaN still stops the run
         return {k: w[k] - beta * g_outer[k] for k in w}, inner + 0.0 * outer
+
     return step
 
 
-def hessian_vector_product(loss: Callable[..., torch.Tensor], params: Params, frozen: Params, batch: Batch,
-                           vector: Params) -> Params:
+def hessian_vector_product(
+    loss: Callable[..., torch.Tensor], params: Params, frozen: Params, batch: Batch, vector: Params
+) -> Params:
     """hess loss(params; batch) @ vector by double backward (one client, or under vmap)."""
     vector = {k: vector[k].detach() for k in params}
 
     def directional(p: Params) -> torch.Tensor:
         g = torch.func.grad(loss)(p, frozen, batch)
         return sum((g[k] * vector[k]).sum() for k in p)
+
     return torch.func.grad(directional)(dict(params))
 
 
@@ -103,8 +124,10 @@ class PerFedAvg(Algorithm):
     def rates(self, ctx: ClientContext) -> tuple[float, float]:
         """This round's alpha and beta: the round's local lr (``lr_decay``) where they are unset."""
         lr = ctx.train.lr
-        return (lr if self.settings.alpha is None else self.settings.alpha,
-                lr if self.settings.beta is None else self.settings.beta)
+        return (
+            lr if self.settings.alpha is None else self.settings.alpha,
+            lr if self.settings.beta is None else self.settings.beta,
+        )
 
     def pairs(self, call: int) -> DataSpec:
         suffix = "" if call == 0 else f"#{call}"
@@ -122,8 +145,13 @@ class PerFedAvg(Algorithm):
 
     def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         """The evaluated model: one SGD step (lr alpha) from the initialised model on one batch."""
-        fit = ctx.fit(state["model"], classification_loss, data=TrainBatches("adapt", max_steps=1),
-                      optimizer=SGD(self.rates(ctx)[0]), stage="one-step adaptation for evaluation")
+        fit = ctx.fit(
+            state["model"],
+            classification_loss,
+            data=TrainBatches("adapt", max_steps=1),
+            optimizer=SGD(self.rates(ctx)[0]),
+            stage="one-step adaptation for evaluation",
+        )
         return {**state, "eval": fit.params}, {}
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:

@@ -30,30 +30,41 @@ from .registry import register
 
 
 class PFedMeSettings(Settings):
-    personal_lr: float = Field(0.01, gt=0, description="eta_p, step size of the K inner steps on theta "
-                               "(FedALA App. G: 0.01)")
+    personal_lr: float = Field(
+        0.01, gt=0, description="eta_p, step size of the K inner steps on theta (FedALA App. G: 0.01)"
+    )
     lam: float = Field(15.0, ge=0, description="lambda, Moreau-envelope regularisation (App. G: 15)")
     inner_steps: int = Field(5, ge=1, description="K, inner steps on theta per mini-batch (App. G: 5)")
     beta: float = Field(1.0, gt=0, le=1, description="server mixing (1 - beta) old + beta avg (App. G: 1.0)")
-    l2: float = Field(0.0, ge=0, description="extra l2 * theta in the inner step; the reference uses 0.001 "
-                      "(spec §2.6 [REF-CODE] option, default off)")
+    l2: float = Field(
+        0.0,
+        ge=0,
+        description="extra l2 * theta in the inner step; the reference uses 0.001 "
+        "(spec §2.6 [REF-CODE] option, default off)",
+    )
     # spec §2.6: the paper averages uniformly over sampled clients, PFLlib weights by samples
     server_weights: Literal["samples", "uniform"] = Field(
-        "samples", description="server average weighted by sample counts (PFLlib, library rule §0.2) or "
-        "uniform over the sampled clients (paper) (spec §2.6)")
+        "samples",
+        description="server average weighted by sample counts (PFLlib, library rule §0.2) or "
+        "uniform over the sampled clients (paper) (spec §2.6)",
+    )
     # spec §1.8/§2.6: with +ala only w is ALA-initialised; where theta starts is our choice
     theta_init: Literal["received", "local"] = Field(
-        "received", description="theta's start each round: the received global (spec §2.6) or the "
-        "(ALA-)initialised local w; identical without +ala")
+        "received",
+        description="theta's start each round: the received global (spec §2.6) or the "
+        "(ALA-)initialised local w; identical without +ala",
+    )
 
 
 THETA = "pfedme.theta."  # prefix of the personalised copy in the parameters a fit trains
 
 
-def pfedme_step(net: Net, names: list[str], personal_lr: float, lam: float, inner_steps: int, l2: float,
-                lr: float) -> StepFn:
+def pfedme_step(
+    net: Net, names: list[str], personal_lr: float, lam: float, inner_steps: int, l2: float, lr: float
+) -> StepFn:
     """One pFedMe mini-batch: K steps on theta toward min f(theta) + lam/2 ||theta - w||^2 (+ l2 theta),
     then w <- w - lr * lam * (w - theta); a pure function of the batch."""
+
     def loss(theta: Params, frozen: Params, batch: Batch) -> torch.Tensor:
         return cross_entropy(net({**frozen, **theta}, batch.x), batch)
 
@@ -71,6 +82,7 @@ def pfedme_step(net: Net, names: list[str], personal_lr: float, lam: float, inne
         w = {k: w[k] - lr * lam * (w[k] - theta[k]) for k in names}
         # reported: the last inner loss; the others enter as 0 * loss so that a NaN still stops the run
         return {**w, **{THETA + k: theta[k] for k in names}}, losses[-1] + 0.0 * sum(losses[:-1])
+
     return step
 
 
@@ -84,8 +96,9 @@ class PFedMe(Algorithm):
         return {"model": clone(init_params), "personal": clone(init_params)}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        weights = ([u["num_samples"] for u in uploads] if self.settings.server_weights == "samples"
-                   else [1.0] * len(uploads))
+        weights = (
+            [u["num_samples"] for u in uploads] if self.settings.server_weights == "samples" else [1.0] * len(uploads)
+        )
         avg = weighted_average([u["params"] for u in uploads], weights)
         beta, old = self.settings.beta, server["global"]
         trainable = set(self.parameter_names)
@@ -99,9 +112,13 @@ class PFedMe(Algorithm):
         start = payload["global"] if cfg.theta_init == "received" else state["model"]
         params = {**state["model"], **{THETA + k: start[k] for k in names}}
         step = pfedme_step(ctx.net, names, cfg.personal_lr, cfg.lam, cfg.inner_steps, cfg.l2, ctx.train.lr)
-        fit = ctx.fit(params, step=step, trainable=names + [THETA + k for k in names],
-                      data=TrainBatches("train", self.train.local_epochs),
-                      stage="local training (personalised inner steps)")
+        fit = ctx.fit(
+            params,
+            step=step,
+            trainable=names + [THETA + k for k in names],
+            data=TrainBatches("train", self.train.local_epochs),
+            stage="local training (personalised inner steps)",
+        )
         w = {k: fit.params[k] for k in state["model"]}
         theta = {**w, **{k: fit.params[THETA + k] for k in names}}
         return {**state, "model": w, "personal": theta}, self.upload(w, ctx), {"train_loss": fit.loss}

@@ -119,8 +119,10 @@ class Registry:
             if base not in self._external:
                 cls = import_method(base) if ":" in base else self._entry_point(base)
                 if cls is None:
-                    raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(self.available())} (or a "
-                                     "class by dotted path, \"package.module:Class\")")
+                    raise ValueError(
+                        f"unknown algorithm {name!r}; available: {', '.join(self.available())} (or a "
+                        'class by dotted path, "package.module:Class")'
+                    )
                 self._check_external(cls, base)
                 self._external[base] = cls
             return self._external[base], True
@@ -133,16 +135,20 @@ class Registry:
         try:
             cls = point.load()
         except Exception as exc:  # an installed plug-in that fails to import: say which
-            raise ValueError(f"method {name!r} (entry point {point.value!r} of group {ENTRY_POINT_GROUP!r}) "
-                             f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
+            raise ValueError(
+                f"method {name!r} (entry point {point.value!r} of group {ENTRY_POINT_GROUP!r}) "
+                f"cannot be loaded: {type(exc).__name__}: {exc}"
+            ) from exc
         check_method(cls, f"entry point {name!r} ({point.value})")
         return cls
 
     def _check_external(self, cls: type[Algorithm], written: str) -> None:
         taken = {section_of(c) for c in self.algorithms.values()} | {m.section for m in self.modifiers.values()}
         if section_of(cls) in taken and self.algorithms.get(cls.name) is not cls:
-            raise ValueError(f"{written}: its config section [{section_of(cls)}] is already a section of pflkit's "
-                             "methods; give the class another name (or section)")
+            raise ValueError(
+                f"{written}: its config section [{section_of(cls)}] is already a section of pflkit's "
+                "methods; give the class another name (or section)"
+            )
         for other, known in self._external.items():
             if known is not cls and section_of(known) == section_of(cls):
                 raise ValueError(f"{written} and {other} both use the config section [{section_of(cls)}]")
@@ -161,8 +167,7 @@ class Registry:
     def config_sections(self, names: Iterable[str] = ()) -> dict[str, type[Settings]]:
         """Every config section pflkit's methods and modifiers own, by section name, plus those of
         the outside methods among ``names``."""
-        sections: dict[str, type[Settings]] = {section_of(cls): cls.settings_class
-                                               for cls in self.algorithms.values()}
+        sections: dict[str, type[Settings]] = {section_of(cls): cls.settings_class for cls in self.algorithms.values()}
         sections.update({m.section: m.settings_class for m in self.modifiers.values()})
         for name in names:
             resolved = self.resolve(name)
@@ -186,8 +191,10 @@ def check_method(cls: object, written: str) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ValueError(f"{written} is not a subclass of pflkit.algorithms.Algorithm")
     if not cls.name or not cls.name.isidentifier():
-        raise ValueError(f"{written} needs a class attribute name = \"...\" (a Python identifier: it names the "
-                         f"config section), got {cls.name!r}")
+        raise ValueError(
+            f'{written} needs a class attribute name = "..." (a Python identifier: it names the '
+            f"config section), got {cls.name!r}"
+        )
     if not (isinstance(cls.settings_class, type) and issubclass(cls.settings_class, Settings)):
         raise ValueError(f"{written}: settings_class must subclass pflkit.algorithms.Settings")
 
@@ -196,12 +203,13 @@ def import_method(path: str) -> type[Algorithm]:
     """The class at ``"package.module:Class"``; ValueError naming what is missing."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"{path!r} is not a dotted path of the form \"package.module:Class\"")
+        raise ValueError(f'{path!r} is not a dotted path of the form "package.module:Class"')
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"method {path!r}: module {module_name!r} cannot be imported ({exc}); is it on "
-                         "PYTHONPATH or installed?") from exc
+        raise ValueError(
+            f"method {path!r}: module {module_name!r} cannot be imported ({exc}); is it on PYTHONPATH or installed?"
+        ) from exc
     cls = module
     for part in attribute.split("."):
         if not hasattr(cls, part):

@@ -58,8 +58,9 @@ def make_endpoints(params: Mapping[str, torch.Tensor], names: list[str], num_end
     return out
 
 
-def realise(params: Mapping[str, torch.Tensor], names: list[str], num_endpoints: int,
-            alpha: torch.Tensor) -> dict[str, torch.Tensor]:
+def realise(
+    params: Mapping[str, torch.Tensor], names: list[str], num_endpoints: int, alpha: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """The ordinary parameter dict at simplex point ``alpha``: W = sum_m alpha_m W_m for each of
     ``names``, other entries as they are. ``alpha`` [M+1], or [K, M+1] with every tensor carrying
     a leading client dimension (batched contexts). Differentiable: the gradient reaching W_m is
@@ -86,8 +87,10 @@ def lda_points(counts: np.ndarray, num_endpoints: int, seed: int) -> np.ndarray:
     counts = np.asarray(counts, dtype=np.float64)
     labels = counts.shape[1]
     if num_endpoints >= labels:
-        raise SimplexError(f"sosicfl.num_endpoints={num_endpoints} needs fewer simplex endpoints than the "
-                           f"dataset's {labels} labels (LDA with M + 1 topics needs M + 1 < L)")
+        raise SimplexError(
+            f"sosicfl.num_endpoints={num_endpoints} needs fewer simplex endpoints than the "
+            f"dataset's {labels} labels (LDA with M + 1 topics needs M + 1 < L)"
+        )
     lda = LatentDirichletAllocation(n_components=num_endpoints, learning_method="online", random_state=seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=UserWarning)
@@ -129,8 +132,16 @@ class Clustering:
     cost: float
 
 
-def cluster(points: np.ndarray, num_clusters: int, metric: Metric = "l1", algo: str = "kmeans",
-            n_init: int = 10, max_iter: int = 100, seed: int = 0, eps: float = 1e-6) -> Clustering:
+def cluster(
+    points: np.ndarray,
+    num_clusters: int,
+    metric: Metric = "l1",
+    algo: str = "kmeans",
+    n_init: int = 10,
+    max_iter: int = 100,
+    seed: int = 0,
+    eps: float = 1e-6,
+) -> Clustering:
     """Center-based clustering of simplex points (spec §4.4): k-means++ or k-center
     (farthest-first) seeding, Lloyd iterations with the metric's center, ``n_init`` restarts,
     the lowest cost kept. Fewer distinct points than ``num_clusters`` reduce it (warned).
@@ -141,8 +152,12 @@ def cluster(points: np.ndarray, num_clusters: int, metric: Metric = "l1", algo: 
         raise SimplexError(f"sosicfl.cluster_algo must be 'kmeans' or 'kcenter', got {algo!r}")
     distinct = np.unique(np.round(points, 12), axis=0)
     if len(distinct) < num_clusters:
-        log.warning("sosicfl: %d clusters asked but the clients have only %d distinct LDA points; using %d",
-                    num_clusters, len(distinct), len(distinct))
+        log.warning(
+            "sosicfl: %d clusters asked but the clients have only %d distinct LDA points; using %d",
+            num_clusters,
+            len(distinct),
+            len(distinct),
+        )
         num_clusters = len(distinct)
     rng = np.random.default_rng(seed)
     best: Clustering | None = None
@@ -164,22 +179,23 @@ def cluster(points: np.ndarray, num_clusters: int, metric: Metric = "l1", algo: 
                 else:
                     centers[c] = one_center(members, metric, eps=eps)
         d = distances(points, centers, metric, eps)[np.arange(len(points)), assignment]
-        cost = float(d.max() if algo == "kcenter" else (d ** 2).sum())
+        cost = float(d.max() if algo == "kcenter" else (d**2).sum())
         if best is None or cost < best.cost - 1e-12:
             best = Clustering(assignment.copy(), centers.copy(), cost)
     assert best is not None
     return best
 
 
-def _seed_centers(points: np.ndarray, k: int, metric: Metric, algo: str, rng: np.random.Generator,
-                  eps: float = 1e-6) -> np.ndarray:
+def _seed_centers(
+    points: np.ndarray, k: int, metric: Metric, algo: str, rng: np.random.Generator, eps: float = 1e-6
+) -> np.ndarray:
     centers = [points[int(rng.integers(len(points)))]]
     for _ in range(1, k):
         d = distances(points, np.array(centers), metric, eps).min(1)
         if algo == "kcenter":
             centers.append(points[int(np.argmax(d))])
         else:
-            weights = d ** 2
+            weights = d**2
             total = weights.sum()
             i = int(rng.choice(len(points), p=weights / total)) if total > 0 else int(rng.integers(len(points)))
             centers.append(points[i])
@@ -194,8 +210,9 @@ def mean_distance_to_simplex(centers: np.ndarray, draws: int = 100_000, seed: in
     return float(np.mean([np.abs(a - c).sum(1).mean() for c in centers]))
 
 
-def sample_region(center: np.ndarray, eta: float, n: int, rng: np.random.Generator,
-                  max_proposals: int = 100_000_000) -> np.ndarray:
+def sample_region(
+    center: np.ndarray, eta: float, n: int, rng: np.random.Generator, max_proposals: int = 100_000_000
+) -> np.ndarray:
     """``n`` points uniform on {a in Δ^M : ||a - center||_1 <= eta} (spec §4.5): uniform proposals
     on the scaled simplex {a_i >= max(0, mu_i - eta/2)}, which contains the region, accepted
     when inside the ball (exact)."""
@@ -213,8 +230,10 @@ def sample_region(center: np.ndarray, eta: float, n: int, rng: np.random.Generat
         got += len(keep)
         proposed += batch
         if proposed > max_proposals:
-            raise SimplexError(f"sampling the subregion of radius {eta:.3g} accepted {got} of {proposed} "
-                               "proposals; raise sosicfl.rho or lower sosicfl.num_endpoints")
+            raise SimplexError(
+                f"sampling the subregion of radius {eta:.3g} accepted {got} of {proposed} "
+                "proposals; raise sosicfl.rho or lower sosicfl.num_endpoints"
+            )
     return np.concatenate(out)[:n]
 
 
@@ -231,22 +250,43 @@ class SimplexPlan:
 
 def coincident_centres(centers: np.ndarray, tol: float = 1e-3) -> list[tuple[int, int]]:
     """Pairs of cluster centres closer than ``tol`` (L1): clusters that would share a subregion."""
-    return [(i, j) for i in range(len(centers)) for j in range(i + 1, len(centers))
-            if np.abs(centers[i] - centers[j]).sum() < tol]
+    return [
+        (i, j)
+        for i in range(len(centers))
+        for j in range(i + 1, len(centers))
+        if np.abs(centers[i] - centers[j]).sum() < tol
+    ]
 
 
-def prepare_simplex(counts: np.ndarray, *, num_endpoints: int, num_clusters: int, rho: float, metric: Metric,
-                    algo: str, n_init: int, pool_size: int, seed: int, eps: float = 1e-6) -> SimplexPlan:
+def prepare_simplex(
+    counts: np.ndarray,
+    *,
+    num_endpoints: int,
+    num_clusters: int,
+    rho: float,
+    metric: Metric,
+    algo: str,
+    n_init: int,
+    pool_size: int,
+    seed: int,
+    eps: float = 1e-6,
+) -> SimplexPlan:
     """Stages 1-3 of spec §4.3-4.5 from the clients' label counts [K, L]."""
     if not rho > 0:
         raise SimplexError(f"sosicfl.rho must be > 0, got {rho}")
     points = lda_points(counts, num_endpoints, seed)
     clusters = cluster(points, num_clusters, metric, algo, n_init, seed=seed, eps=eps)
     for i, j in coincident_centres(clusters.centers):
-        log.warning("sosicfl: clusters %d and %d share one centre %s: clients of different label distributions "
-                    "share a subregion. With M + 1 = %d endpoints LDA cannot place %d clusters apart; raise "
-                    "sosicfl.num_endpoints (5-Fold needs 6 on MNIST)", i, j, np.round(clusters.centers[i], 3),
-                    num_endpoints, num_clusters)
+        log.warning(
+            "sosicfl: clusters %d and %d share one centre %s: clients of different label distributions "
+            "share a subregion. With M + 1 = %d endpoints LDA cannot place %d clusters apart; raise "
+            "sosicfl.num_endpoints (5-Fold needs 6 on MNIST)",
+            i,
+            j,
+            np.round(clusters.centers[i], 3),
+            num_endpoints,
+            num_clusters,
+        )
     eta = rho * mean_distance_to_simplex(clusters.centers, seed=seed)
     rng = np.random.default_rng(seed)
     pools = np.stack([sample_region(c, eta, pool_size, rng) for c in clusters.centers])

@@ -37,49 +37,84 @@ ALPHAS, STEP = "sosicfl.alphas", "sosicfl.step"  # frozen and carried entries of
 
 
 class SosicFLSettings(Settings):
-    num_endpoints: int = Field(3, ge=2, description="M + 1, the simplex's endpoints (spec §4.12: M = 2 "
-                               "[UNCERTAIN], M = 1 in the 2-Fold SqueezeNet study)")
+    num_endpoints: int = Field(
+        3,
+        ge=2,
+        description="M + 1, the simplex's endpoints (spec §4.12: M = 2 "
+        "[UNCERTAIN], M = 1 in the 2-Fold SqueezeNet study)",
+    )
     num_clusters: int = Field(10, ge=1, description="C (paper: 10 for Dirichlet splits, 2 / 5 for 2-/5-Fold)")
-    rho: float = Field(0.4, gt=0, description="subregion size: eta = rho * mean L1 distance from the centres "
-                       "to the simplex (paper: 0.6 for 2-Fold, 0.4 otherwise)")
+    rho: float = Field(
+        0.4,
+        gt=0,
+        description="subregion size: eta = rho * mean L1 distance from the centres "
+        "to the simplex (paper: 0.6 for 2-Fold, 0.4 otherwise)",
+    )
     metric: Literal["l1", "hilbert"] = Field("l1", description="clustering distance (spec §4.4 [UNCERTAIN])")
-    cluster_algo: Literal["kmeans", "kcenter"] = Field("kmeans", description="k-means++ (Lloyd) or k-center "
-                                                       "(farthest-first) clustering")
+    cluster_algo: Literal["kmeans", "kcenter"] = Field(
+        "kmeans", description="k-means++ (Lloyd) or k-center (farthest-first) clustering"
+    )
     n_init: int = Field(10, ge=1, description="clustering restarts; the lowest cost is kept")
-    hilbert_eps: float = Field(1e-6, gt=0, lt=1, description="the Hilbert metric's smoothing of boundary points: "
-                               "p <- (p + eps) / (1 + (M+1) eps)")
+    hilbert_eps: float = Field(
+        1e-6,
+        gt=0,
+        lt=1,
+        description="the Hilbert metric's smoothing of boundary points: p <- (p + eps) / (1 + (M+1) eps)",
+    )
     pool_size: int = Field(10_000, ge=1, description="uniform points pre-sampled per cluster subregion")
-    late_start: int = Field(1, ge=0, description="t~: round from which clients sample their subregion "
-                            "(before: the whole simplex, scored at the centroid); 0 = never (t~ = infinity)")
+    late_start: int = Field(
+        1,
+        ge=0,
+        description="t~: round from which clients sample their subregion "
+        "(before: the whole simplex, scored at the centroid); 0 = never (t~ = infinity)",
+    )
     alpha_resample: Literal["per_step", "per_round"] = Field(
-        "per_step", description="a fresh alpha draw per local step (the paper's §3.2 step 2 and FLOCO's code), or "
-        "samples_per_round draws per client and round that the steps cycle over")
-    samples_per_round: int = Field(1, ge=1, description="Omega_tr of SosicFL's own training with alpha_resample = "
-                                   "per_round (the paper's Appendix A: 1)")
-    eval_samples: int = Field(1, ge=1, description="Omega_te: a client's model is the single model at its cluster "
-                              "centre (1, the paper's setting) or the softmax ensemble of this many models at "
-                              "points of its subregion")
+        "per_step",
+        description="a fresh alpha draw per local step (the paper's §3.2 step 2 and FLOCO's code), or "
+        "samples_per_round draws per client and round that the steps cycle over",
+    )
+    samples_per_round: int = Field(
+        1,
+        ge=1,
+        description="Omega_tr of SosicFL's own training with alpha_resample = per_round (the paper's Appendix A: 1)",
+    )
+    eval_samples: int = Field(
+        1,
+        ge=1,
+        description="Omega_te: a client's model is the single model at its cluster "
+        "centre (1, the paper's setting) or the softmax ensemble of this many models at "
+        "points of its subregion",
+    )
     server_weights: Literal["participants", "literal"] = Field(
-        "participants", description="Eq. 9 weights N_k / N over the round's participants (default), or "
-        "'literal': N over all clients (the paper's formula; shrinks the step with partial participation)")
+        "participants",
+        description="Eq. 9 weights N_k / N over the round's participants (default), or "
+        "'literal': N over all clients (the paper's formula; shrinks the step with partial participation)",
+    )
     simplex_bias: bool = Field(False, description="biases are simplex endpoints too (default: one shared bias)")
-    plus_lam: float = Field(1.0, ge=0, description="SosicFL+: lambda of the personal proximal term "
-                            "(spec §4.10 [UNCERTAIN]: 1.0, FLOCO's default; 0.1 as FedALA's Ditto)")
+    plus_lam: float = Field(
+        1.0,
+        ge=0,
+        description="SosicFL+: lambda of the personal proximal term "
+        "(spec §4.10 [UNCERTAIN]: 1.0, FLOCO's default; 0.1 as FedALA's Ditto)",
+    )
     plus_samples: int = Field(10, ge=1, description="SosicFL+: Omega_tr of the personal training (paper: 10)")
     plus_mode: Literal["every_round", "post_hoc"] = Field(
-        "every_round", description="SosicFL+: personalise each time a client participates (like Ditto), or "
+        "every_round",
+        description="SosicFL+: personalise each time a client participates (like Ditto), or "
         "post hoc: after the last round every client fine-tunes personal endpoints from the final global ones "
-        "before its final evaluation (\"applying Ditto after SosicFL training\"); until then it is scored "
-        "with the global endpoints")
+        'before its final evaluation ("applying Ditto after SosicFL training"); until then it is scored '
+        "with the global endpoints",
+    )
 
 
 def simplex_loss(names: list[str], num_endpoints: int, prox: float = 0.0) -> LossFn:
     """Cross-entropy at the simplex point alphas[step mod Omega] (a one-hot pick, which vmap
     batches), plus ``prox``/2 ||params - aux["anchor"]||^2 on the endpoint and shared tensors
     (SosicFL+); returns the carried step counter + 1."""
+
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> Any:
         alphas, step = params[ALPHAS], params[STEP]
-        pick = (torch.arange(alphas.shape[0], device=alphas.device) == torch.remainder(step, alphas.shape[0]))
+        pick = torch.arange(alphas.shape[0], device=alphas.device) == torch.remainder(step, alphas.shape[0])
         alpha = pick.to(alphas.dtype) @ alphas
         realised = realise({k: v for k, v in params.items() if k not in (ALPHAS, STEP)}, names, num_endpoints, alpha)
         value = classification_loss(net, realised, batch)
@@ -87,6 +122,7 @@ def simplex_loss(names: list[str], num_endpoints: int, prox: float = 0.0) -> Los
             anchor = aux["anchor"]
             value = value + prox / 2 * squared_distance({k: params[k] for k in anchor}, anchor)
         return value, {STEP: step + 1}
+
     return loss
 
 
@@ -128,17 +164,33 @@ class SosicFL(Algorithm):
     def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         s = self.settings
         counts = np.stack([np.asarray(c.label_counts, dtype=np.float64) for c in clients])
-        plan = prepare_simplex(counts, num_endpoints=self.M1, num_clusters=s.num_clusters, rho=s.rho,
-                               metric=s.metric, algo=s.cluster_algo, n_init=s.n_init, pool_size=s.pool_size,
-                               seed=seed, eps=s.hilbert_eps)
+        plan = prepare_simplex(
+            counts,
+            num_endpoints=self.M1,
+            num_clusters=s.num_clusters,
+            rho=s.rho,
+            metric=s.metric,
+            algo=s.cluster_algo,
+            n_init=s.n_init,
+            pool_size=s.pool_size,
+            seed=seed,
+            eps=s.hilbert_eps,
+        )
         b, E = self.train.batch_size, self.train.local_epochs
         steps = max(E * max(1, c.num_train // b) for c in clients)  # the most local steps of any client
-        return {**server, "simplex": {
-            "seed": seed, "points": torch.as_tensor(plan.points, dtype=torch.float32),
-            "assignment": torch.as_tensor(plan.assignment),
-            "centers": torch.as_tensor(plan.centers, dtype=torch.float32),
-            "eta": plan.eta, "pools": torch.as_tensor(plan.pools, dtype=torch.float32),
-            "num_samples": {c.client_id: c.num_train for c in clients}, "max_steps": steps}}
+        return {
+            **server,
+            "simplex": {
+                "seed": seed,
+                "points": torch.as_tensor(plan.points, dtype=torch.float32),
+                "assignment": torch.as_tensor(plan.assignment),
+                "centers": torch.as_tensor(plan.centers, dtype=torch.float32),
+                "eta": plan.eta,
+                "pools": torch.as_tensor(plan.pools, dtype=torch.float32),
+                "num_samples": {c.client_id: c.num_train for c in clients},
+                "max_steps": steps,
+            },
+        }
 
     def assigned(self, round: int) -> bool:
         """Whether clients use their subregions in ``round`` (the late start t~)."""
@@ -150,8 +202,9 @@ class SosicFL(Algorithm):
             return self.centroid.clone()
         return simplex["centers"][int(simplex["assignment"][client_id])].clone()
 
-    def draw_alphas(self, server: State, client_id: int, round: int, count: int,
-                    purpose: str = "sosicfl-alpha") -> torch.Tensor:
+    def draw_alphas(
+        self, server: State, client_id: int, round: int, count: int, purpose: str = "sosicfl-alpha"
+    ) -> torch.Tensor:
         """``count`` simplex points for this client and round: from its cluster's pool, or
         uniform on the simplex before the late start (a stream keyed by seed, round, client)."""
         simplex = server["simplex"]
@@ -167,16 +220,21 @@ class SosicFL(Algorithm):
         return self.settings.samples_per_round
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
-        payload = {"global": super().downlink(server, client_id, round)["global"],
-                   "center": self.center(server, client_id, round),
-                   "alphas": self.draw_alphas(server, client_id, round, self.omega(server))}
+        payload = {
+            "global": super().downlink(server, client_id, round)["global"],
+            "center": self.center(server, client_id, round),
+            "alphas": self.draw_alphas(server, client_id, round, self.omega(server)),
+        }
         if self.personal:
-            payload["personal_alphas"] = self.draw_alphas(server, client_id, round, self.settings.plus_samples,
-                                                          "sosicfl-personal-alpha")
+            payload["personal_alphas"] = self.draw_alphas(
+                server, client_id, round, self.settings.plus_samples, "sosicfl-personal-alpha"
+            )
         if self.settings.eval_samples > 1:  # before the late start: the centroid's single model
-            payload["eval_alphas"] = (self.draw_alphas(server, client_id, round, self.settings.eval_samples,
-                                                       "sosicfl-eval-alpha") if self.assigned(round)
-                                      else payload["center"].expand(self.settings.eval_samples, -1).clone())
+            payload["eval_alphas"] = (
+                self.draw_alphas(server, client_id, round, self.settings.eval_samples, "sosicfl-eval-alpha")
+                if self.assigned(round)
+                else payload["center"].expand(self.settings.eval_samples, -1).clone()
+            )
         return payload
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
@@ -184,8 +242,10 @@ class SosicFL(Algorithm):
             return super().aggregate(server, uploads, round)
         total = float(sum(server["simplex"]["num_samples"].values()))  # Eq. 9 literally: N over all clients
         old = server["global"]
-        new = {k: old[k] + sum((float(u["num_samples"]) / total) * (u["params"][k] - old[k]) for u in uploads)
-               for k in uploads[0]["params"]}
+        new = {
+            k: old[k] + sum((float(u["num_samples"]) / total) * (u["params"][k] - old[k]) for u in uploads)
+            for k in uploads[0]["params"]
+        }
         return {**server, "global": {**old, **new}}
 
     def global_params(self, server: State) -> Params:
@@ -230,26 +290,48 @@ class SosicFL(Algorithm):
         toward the endpoints received this round (spec §4.10)."""
         anchor = {k: v for k, v in payload["global"].items() if k in set(self.trainable)}
         loss = simplex_loss(self.simplex, self.M1, self.settings.plus_lam)
-        personal, personal_loss = self.fit_simplex(state["personal"], payload["personal_alphas"], ctx, loss,
-                                                   aux={"anchor": anchor}, purpose="personal",
-                                                   stage="personal training")
+        personal, personal_loss = self.fit_simplex(
+            state["personal"],
+            payload["personal_alphas"],
+            ctx,
+            loss,
+            aux={"anchor": anchor},
+            purpose="personal",
+            stage="personal training",
+        )
         return {**state, "personal": personal}, personal_loss
 
-    def fit_simplex(self, params: Params, alphas: torch.Tensor, ctx: ClientContext, loss: LossFn, *,
-                    aux: Any = None, purpose: str = "train", epochs: int | None = None,
-                    stage: str = "local training") -> tuple[Params, Any]:
+    def fit_simplex(
+        self,
+        params: Params,
+        alphas: torch.Tensor,
+        ctx: ClientContext,
+        loss: LossFn,
+        *,
+        aux: Any = None,
+        purpose: str = "train",
+        epochs: int | None = None,
+        stage: str = "local training",
+    ) -> tuple[Params, Any]:
         step = torch.zeros(ctx.client_shape, dtype=alphas.dtype, device=alphas.device)
-        fit = ctx.fit({**params, ALPHAS: alphas, STEP: step}, loss, aux=aux, trainable=self.trainable,
-                      carry=[STEP], stage=stage,
-                      data=TrainBatches(purpose, self.train.local_epochs if epochs is None else epochs))
+        fit = ctx.fit(
+            {**params, ALPHAS: alphas, STEP: step},
+            loss,
+            aux=aux,
+            trainable=self.trainable,
+            carry=[STEP],
+            stage=stage,
+            data=TrainBatches(purpose, self.train.local_epochs if epochs is None else epochs),
+        )
         return {k: v for k, v in fit.params.items() if k not in (ALPHAS, STEP)}, fit.loss
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         metrics: dict[str, Any] = {}
         if self.personal and not self.post_hoc:
             state, metrics["personal_loss"] = self.personalise(payload, state, ctx)
-        model, metrics["train_loss"] = self.fit_simplex(state["model"], payload["alphas"], ctx,
-                                                        simplex_loss(self.simplex, self.M1))
+        model, metrics["train_loss"] = self.fit_simplex(
+            state["model"], payload["alphas"], ctx, simplex_loss(self.simplex, self.M1)
+        )
         return {**state, "model": model}, self.upload(model, ctx), metrics
 
     def eval_params(self, state: State) -> Params | Ensemble:
@@ -258,8 +340,9 @@ class SosicFL(Algorithm):
         endpoints = state["personal" if self.personal else "model"]
         if self.settings.eval_samples > 1:
             alphas = state["eval_alphas"]
-            return Ensemble(realise(endpoints, self.simplex, self.M1, alphas[..., j, :])
-                            for j in range(alphas.shape[-2]))
+            return Ensemble(
+                realise(endpoints, self.simplex, self.M1, alphas[..., j, :]) for j in range(alphas.shape[-2])
+            )
         return realise(endpoints, self.simplex, self.M1, state["center"])
 
 

@@ -27,10 +27,31 @@ from .overrides import apply_override, merge, parse_override, split_overrides
 from .schema import BaseConfig, config_model
 from .sections import MetricsSettings, RunSettings, TraceSettings
 
-__all__ = ["FLAT_KEYS", "SECTIONS", "Written", "canonical_path", "nest", "ConfigError", "format_errors",
-           "build_config", "describe_keys", "load_config", "read_toml", "resolved", "to_dict", "unused_keys",
-           "apply_override", "merge", "parse_override", "split_overrides", "BaseConfig", "config_model",
-           "MetricsSettings", "RunSettings", "TraceSettings"]
+__all__ = [
+    "FLAT_KEYS",
+    "SECTIONS",
+    "Written",
+    "canonical_path",
+    "nest",
+    "ConfigError",
+    "format_errors",
+    "build_config",
+    "describe_keys",
+    "load_config",
+    "read_toml",
+    "resolved",
+    "to_dict",
+    "unused_keys",
+    "apply_override",
+    "merge",
+    "parse_override",
+    "split_overrides",
+    "BaseConfig",
+    "config_model",
+    "MetricsSettings",
+    "RunSettings",
+    "TraceSettings",
+]
 
 
 def __getattr__(name: str) -> Any:

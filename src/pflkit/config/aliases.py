@@ -12,18 +12,59 @@ from pydantic import ValidationInfo
 #: The flat keys users typed before the sections existed, still accepted at the top level (in
 #: files, overrides, sweep grids and old results folders): flat key -> (section, field).
 FLAT_KEYS: dict[str, tuple[str, str]] = {
-    "partition": ("partition", "method"), "partition_rng": ("partition", "rng"),
+    "partition": ("partition", "method"),
+    "partition_rng": ("partition", "rng"),
     "partition_seed": ("partition", "seed"),
-    **{key: ("partition", key) for key in (
-        "num_clients", "alpha", "classes_per_client", "balanced", "min_samples_per_client", "balance_cap",
-        "train_fraction", "num_folds", "primary_fraction", "test_set")},
-    **{key: ("train", key) for key in (
-        "batch_size", "local_epochs", "lr", "lr_decay", "momentum", "weight_decay", "mixup", "mixup_alpha",
-        "eval_batch_size", "rounds", "bn_buffers")},
-    **{key: ("run", key) for key in (
-        "join_ratio", "eval_every", "eval_all_clients", "engine", "workers", "device", "threads",
-        "checkpoint_every", "state_store", "state_cache", "tracker", "plateau_evaluations", "plateau_points",
-        "plateau_metric")},
+    **{
+        key: ("partition", key)
+        for key in (
+            "num_clients",
+            "alpha",
+            "classes_per_client",
+            "balanced",
+            "min_samples_per_client",
+            "balance_cap",
+            "train_fraction",
+            "num_folds",
+            "primary_fraction",
+            "test_set",
+        )
+    },
+    **{
+        key: ("train", key)
+        for key in (
+            "batch_size",
+            "local_epochs",
+            "lr",
+            "lr_decay",
+            "momentum",
+            "weight_decay",
+            "mixup",
+            "mixup_alpha",
+            "eval_batch_size",
+            "rounds",
+            "bn_buffers",
+        )
+    },
+    **{
+        key: ("run", key)
+        for key in (
+            "join_ratio",
+            "eval_every",
+            "eval_all_clients",
+            "engine",
+            "workers",
+            "device",
+            "threads",
+            "checkpoint_every",
+            "state_store",
+            "state_cache",
+            "tracker",
+            "plateau_evaluations",
+            "plateau_points",
+            "plateau_metric",
+        )
+    },
 }
 
 #: The sections that flat keys belong to.
@@ -56,8 +97,9 @@ def nest(data: Mapping[str, Any], written: Written | None = None) -> dict[str, A
         if not isinstance(table, dict):
             raise ValueError(f"{key} is a key of the section {section}, but {section} = {table!r} is no table")
         if field in table:
-            raise ValueError(f"{key} and {section}.{field} are the same setting ({key} is its flat spelling): "
-                             "set it once")
+            raise ValueError(
+                f"{key} and {section}.{field} are the same setting ({key} is its flat spelling): set it once"
+            )
         table[field] = value
         if written is not None:
             written[(section, field)] = key

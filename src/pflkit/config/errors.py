@@ -60,6 +60,7 @@ def format_errors(error: ValidationError, source: str, written: Written | None, 
         if not err["loc"]:  # a rule across keys: its message names them
             lines.append(f"  {_message(err, schema)}")
             continue
-        lines.append(f"  {_as_written(tuple(err['loc']), written or {})}: {_message(err, schema)} "
-                     f"(got {err.get('input')!r})")
+        lines.append(
+            f"  {_as_written(tuple(err['loc']), written or {})}: {_message(err, schema)} (got {err.get('input')!r})"
+        )
     return "\n".join(lines)

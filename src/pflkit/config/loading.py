@@ -36,12 +36,18 @@ _PARTITION_KEYS: dict[str, tuple[str, Any]] = {
     "classes_per_client": ("partition = pathological", lambda p: p.method == "pathological"),
     # PFLlib's iid is its pathological rule with every class
     "balanced": ("partition = pathological (or iid with partition_rng = pfllib)", _pathological_rule),
-    "min_samples_per_client": ("partition = dirichlet or pathological (or iid with partition_rng = pfllib)",
-                               lambda p: p.method == "dirichlet" or _pathological_rule(p)),
+    "min_samples_per_client": (
+        "partition = dirichlet or pathological (or iid with partition_rng = pfllib)",
+        lambda p: p.method == "dirichlet" or _pathological_rule(p),
+    ),
     # the official split still sizes PFLlib's default minimum with it
-    "train_fraction": ('test_set = "client_split", or the default minimum of partition = dirichlet or pathological',
-                       lambda p: p.test_set == "client_split" or (p.min_samples_per_client is None and (
-                           p.method == "dirichlet" or _pathological_rule(p)))),
+    "train_fraction": (
+        'test_set = "client_split", or the default minimum of partition = dirichlet or pathological',
+        lambda p: (
+            p.test_set == "client_split"
+            or (p.min_samples_per_client is None and (p.method == "dirichlet" or _pathological_rule(p)))
+        ),
+    ),
 }
 
 
@@ -73,8 +79,9 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), *,
-                data: Mapping[str, Any] | None = None) -> BaseConfig:
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), *, data: Mapping[str, Any] | None = None
+) -> BaseConfig:
     """Read a TOML file (none: all defaults, the digits demo), or take its already read ``data``,
     and apply dotted overrides (each replaces the file's value, whether either spells the key flat
     or in its section)."""
@@ -105,8 +112,9 @@ def _is_default(model: type[BaseModel], key: str, value: Any) -> bool:
     return field is not None and field.default is not PydanticUndefined and value == field.default
 
 
-def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | None = None,
-                written: Written | None = None) -> list[str]:
+def unused_keys(
+    data: Mapping[str, Any], config: BaseConfig, typed: set[str] | None = None, written: Written | None = None
+) -> list[str]:
     """The keys set in ``data`` (flat or in sections) that the chosen setting never reads, each
     named as written with what would read it: a partition's parameter under another partition,
     and a method's section that no method in ``algorithms`` reads, where the user ``typed`` it on
@@ -116,9 +124,11 @@ def unused_keys(data: Mapping[str, Any], config: BaseConfig, typed: set[str] | N
     data = nest(data, written)
     partition = data.get("partition")
     table = partition if isinstance(partition, dict) else {}
-    lines = [f"{written[('partition', key)]} = {table[key]!r} is not used: only {reader} reads it"
-             for key, (reader, used) in _PARTITION_KEYS.items()
-             if key in table and not used(config.partition) and not _is_default(PartitionSpec, key, table[key])]
+    lines = [
+        f"{written[('partition', key)]} = {table[key]!r} is not used: only {reader} reads it"
+        for key, (reader, used) in _PARTITION_KEYS.items()
+        if key in table and not used(config.partition) and not _is_default(PartitionSpec, key, table[key])
+    ]
     sections = config_sections(config.algorithms)
     read = set()
     for name in config.algorithms:
@@ -153,8 +163,14 @@ def describe_keys() -> list[tuple[str, str, Any, str]]:
         model = field.annotation
         if isinstance(model, type) and issubclass(model, BaseModel):
             for key, sub in model.model_fields.items():
-                rows.append((f"{name}.{key}", flat.get((name, key), ""), sub.get_default(call_default_factory=True),
-                             sub.description or ""))
+                rows.append(
+                    (
+                        f"{name}.{key}",
+                        flat.get((name, key), ""),
+                        sub.get_default(call_default_factory=True),
+                        sub.description or "",
+                    )
+                )
         else:
             rows.append((name, "", field.get_default(call_default_factory=True), field.description or ""))
     return rows

@@ -70,7 +70,7 @@ def apply_override(data: dict[str, Any], item: str, written: Written) -> None:
     target = canonical_path(path, value)
     merge(data, target, value)
     replaced = [tuple(target)] if not isinstance(value, dict) else [(*target, field) for field in value]
-    for key in [k for k in written if any(k[:len(r)] == r for r in replaced)]:
+    for key in [k for k in written if any(k[: len(r)] == r for r in replaced)]:
         del written[key]
     if len(target) == 2 and target[0] in SECTIONS:
         written[(target[0], target[1])] = ".".join(path)

@@ -25,21 +25,33 @@ class BaseConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     name: str = Field("digits-demo", min_length=1, description="label used for the default results folder")
-    paper_table: str | None = Field(None, description="the paper's cell this config reproduces, \"<table>/<column>\" "
-                                    "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours")
+    paper_table: str | None = Field(
+        None,
+        description='the paper\'s cell this config reproduces, "<table>/<column>" '
+        "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours",
+    )
     dataset: DatasetName = "digits"
-    data_dir: str | None = Field(None, description="folder with the dataset's files (every dataset but digits "
-                                 "and synthetic)")
-    model: str = Field("auto", description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
-                       "fasttext for AG News; pfllib: by its data")
-    pretrained: str | None = Field(None, description="a local state dict in torchvision's key layout (ImageNet "
-                                   "weights) to start the model from; a head of another size stays freshly "
-                                   "initialised (SosicFL Table 3: squeezenet1_1, resnet18)")
-    algorithms: list[str] = Field(default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"],
-                                  min_length=1)
+    data_dir: str | None = Field(
+        None, description="folder with the dataset's files (every dataset but digits and synthetic)"
+    )
+    model: str = Field(
+        "auto",
+        description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
+        "fasttext for AG News; pfllib: by its data",
+    )
+    pretrained: str | None = Field(
+        None,
+        description="a local state dict in torchvision's key layout (ImageNet "
+        "weights) to start the model from; a head of another size stays freshly "
+        "initialised (SosicFL Table 3: squeezenet1_1, resnet18)",
+    )
+    algorithms: list[str] = Field(
+        default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"], min_length=1
+    )
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
-    partition: PartitionSpec = Field(default_factory=lambda: PartitionSpec(),
-                                     description="how the data is split over clients")
+    partition: PartitionSpec = Field(
+        default_factory=lambda: PartitionSpec(), description="how the data is split over clients"
+    )
     train: TrainSettings = Field(default_factory=lambda: TrainSettings(), description="local training")
     run: RunSettings = Field(default_factory=lambda: RunSettings(), description="how the rounds execute")
 
@@ -55,19 +67,27 @@ class BaseConfig(BaseModel):
     @field_validator("name")
     @classmethod
     def _plain_name(cls, name: str) -> str:
-        if (name in (".", "..") or any(c in name for c in "/\\\0") or len(name) > 100
-                or any(not c.isprintable() for c in name)):
-            raise ValueError("must be a plain folder name (no path separators or control characters such as a "
-                             "newline, not '.' or '..', at most 100 characters): it names the default results "
-                             "folder results/<name>-<timestamp>")
+        if (
+            name in (".", "..")
+            or any(c in name for c in "/\\\0")
+            or len(name) > 100
+            or any(not c.isprintable() for c in name)
+        ):
+            raise ValueError(
+                "must be a plain folder name (no path separators or control characters such as a "
+                "newline, not '.' or '..', at most 100 characters): it names the default results "
+                "folder results/<name>-<timestamp>"
+            )
         return name
 
     @model_validator(mode="after")
     def _data_dir_is_read(self) -> BaseConfig:
         if self.data_dir and self.dataset not in FILE_DATASETS:
-            raise ValueError(f"data_dir is set ({self.data_dir!r}) but dataset = {self.dataset!r} reads no files "
-                             f"(it is built in); set the dataset that lives there (e.g. dataset=mnist), or drop "
-                             "data_dir")
+            raise ValueError(
+                f"data_dir is set ({self.data_dir!r}) but dataset = {self.dataset!r} reads no files "
+                f"(it is built in); set the dataset that lives there (e.g. dataset=mnist), or drop "
+                "data_dir"
+            )
         return self
 
     @field_validator("paper_table")
@@ -76,7 +96,7 @@ class BaseConfig(BaseModel):
         # which tables exist is the reporting layer's knowledge: `pflkit run`, `sweep` and `report`
         # check the name against it before anything runs
         if name is not None and not re.fullmatch(r"[^/\s]+/[^/\s]+", name):
-            raise ValueError(f"must be \"<table>/<column>\" (e.g. fedala-table2/cifar10-dir0.1), got {name!r}")
+            raise ValueError(f'must be "<table>/<column>" (e.g. fedala-table2/cifar10-dir0.1), got {name!r}')
         return name
 
     @field_validator("algorithms")
@@ -92,8 +112,10 @@ class BaseConfig(BaseModel):
     def _full_participation(self, info: ValidationInfo) -> BaseConfig:
         for name in self.algorithms:
             if REGISTRY.method_class(name).requires_full_participation and self.run.join_ratio < 1:
-                raise ValueError(f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
-                                 f"{_named(info, 'run', 'join_ratio')} must be 1, got {self.run.join_ratio}")
+                raise ValueError(
+                    f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
+                    f"{_named(info, 'run', 'join_ratio')} must be 1, got {self.run.join_ratio}"
+                )
         return self
 
     @field_validator("seeds")
@@ -110,8 +132,7 @@ class BaseConfig(BaseModel):
             raise ValueError(f"unknown model; available: auto, {', '.join(sorted(MODELS))}")
         return name
 
-    metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(),
-                                     description="optional, costly metrics")
+    metrics: MetricsSettings = Field(default_factory=lambda: MetricsSettings(), description="optional, costly metrics")
     trace: TraceSettings = Field(default_factory=lambda: TraceSettings(), description="models saved per round")
 
     @model_validator(mode="after")
@@ -119,42 +140,54 @@ class BaseConfig(BaseModel):
         clients = self.partition.num_clients
         wrong = [c for c in self.trace.clients if not 0 <= c < clients]
         if wrong:
-            raise ValueError(f"trace.clients {wrong} are not clients of this run (ids 0..{clients - 1}, "
-                             f"{_named(info, 'partition', 'num_clients')} = {clients})")
+            raise ValueError(
+                f"trace.clients {wrong} are not clients of this run (ids 0..{clients - 1}, "
+                f"{_named(info, 'partition', 'num_clients')} = {clients})"
+            )
         return self
 
     @model_validator(mode="after")
     def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> BaseConfig:
         if self.metrics.adaptability and not self.partition.official:
-            raise ValueError("metrics.adaptability scores local models on the global test set: it needs "
-                             f"{_named(info, 'partition', 'test_set')} = \"official\"")
+            raise ValueError(
+                "metrics.adaptability scores local models on the global test set: it needs "
+                f'{_named(info, "partition", "test_set")} = "official"'
+            )
         return self
 
     @model_validator(mode="after")
     def _plateau_metric_is_recorded(self, info: ValidationInfo) -> BaseConfig:
         metric = self.run.plateau_metric
         if self.run.plateau_evaluations is not None and metric != "accuracy" and not self.partition.official:
-            raise ValueError(f"{_named(info, 'run', 'plateau_metric')} = {metric!r} is recorded only under "
-                             f"{_named(info, 'partition', 'test_set')} = \"official\" (the global test set), so the "
-                             "plateau rule would never fire: use test_set = \"official\" or plateau_metric = "
-                             "\"accuracy\"")
+            raise ValueError(
+                f"{_named(info, 'run', 'plateau_metric')} = {metric!r} is recorded only under "
+                f'{_named(info, "partition", "test_set")} = "official" (the global test set), so the '
+                'plateau rule would never fire: use test_set = "official" or plateau_metric = '
+                '"accuracy"'
+            )
         return self
 
     @model_validator(mode="after")
     def _official_needs_a_pool(self, info: ValidationInfo) -> BaseConfig:
         if self.partition.official and self.dataset == "pfllib":
             key = _named(info, "partition", "test_set")
-            raise ValueError(f"{key} = \"official\" needs the dataset's official test split, and a PFLlib "
-                             f"folder holds only per-client splits: use {key} = \"client_split\" or a dataset")
+            raise ValueError(
+                f'{key} = "official" needs the dataset\'s official test split, and a PFLlib '
+                f'folder holds only per-client splits: use {key} = "client_split" or a dataset'
+            )
         return self
 
     @model_validator(mode="after")
     def _dataset_needs(self) -> BaseConfig:
         if self.dataset in FILE_DATASETS and not self.data_dir:
-            hint = "" if self.dataset == "pfllib" else \
-                f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"
-            raise ValueError(f"dataset {self.dataset!r} needs data_dir: a folder with "
-                             f"{FILE_DATASETS[self.dataset]}{hint}")
+            hint = (
+                ""
+                if self.dataset == "pfllib"
+                else f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"
+            )
+            raise ValueError(
+                f"dataset {self.dataset!r} needs data_dir: a folder with {FILE_DATASETS[self.dataset]}{hint}"
+            )
         return self
 
     @property

@@ -12,11 +12,15 @@ class MetricsSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    adaptability: bool = Field(False, description="after training, score every participant's local model by "
-                               "its risk over the clients' distributions and KL(P||T) (FedACD Tables 3 and 9; "
-                               "a pass over its training data and the global test set; test_set = official)")
-    template_gamma: float = Field(0.9, gt=0, lt=1, description="gamma of the template T of KL(P||T) "
-                                  "(spec §3.9 [UNCERTAIN])")
+    adaptability: bool = Field(
+        False,
+        description="after training, score every participant's local model by "
+        "its risk over the clients' distributions and KL(P||T) (FedACD Tables 3 and 9; "
+        "a pass over its training data and the global test set; test_set = official)",
+    )
+    template_gamma: float = Field(
+        0.9, gt=0, lt=1, description="gamma of the template T of KL(P||T) (spec §3.9 [UNCERTAIN])"
+    )
 
 
 class TraceSettings(BaseModel):
@@ -24,9 +28,12 @@ class TraceSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    clients: list[int] = Field(default_factory=list, description="client ids whose scored model is saved after "
-                               "every round under trace/ in the results folder (pflkit plot trajectory; "
-                               "simulator only)")
+    clients: list[int] = Field(
+        default_factory=list,
+        description="client ids whose scored model is saved after "
+        "every round under trace/ in the results folder (pflkit plot trajectory; "
+        "simulator only)",
+    )
 
 
 class RunSettings(BaseModel):
@@ -38,35 +45,53 @@ class RunSettings(BaseModel):
 
     join_ratio: float = Field(1.0, gt=0, le=1, description="share of the clients sampled each round")
     eval_every: int = Field(1, ge=1, description="rounds between evaluations")
-    eval_all_clients: bool = Field(False, description="score every client at each evaluation, not only the "
-                                   "next round's participants (SosicFL protocol; simulator only)")
+    eval_all_clients: bool = Field(
+        False,
+        description="score every client at each evaluation, not only the "
+        "next round's participants (SosicFL protocol; simulator only)",
+    )
     engine: Literal["auto", "loop", "parallel", "vmap"] = Field(
-        "auto", description="loop: one client at a time; parallel: clients over worker threads; vmap: "
-        "many clients batched with torch.func (for GPUs); auto: vmap on CUDA, parallel on CPU")
+        "auto",
+        description="loop: one client at a time; parallel: clients over worker threads; vmap: "
+        "many clients batched with torch.func (for GPUs); auto: vmap on CUDA, parallel on CPU",
+    )
     workers: int | None = Field(None, ge=1, description="parallel engine workers (default: all cores)")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
-    threads: int = Field(1, ge=1, le=1024, description="torch intra-op threads per worker (set explicitly; see "
-                         "docs)")
+    threads: int = Field(1, ge=1, le=1024, description="torch intra-op threads per worker (set explicitly; see docs)")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
     state_store: Literal["memory", "disk"] = Field(
-        "memory", description="where clients' states live between rounds: memory, or disk (one file per client "
+        "memory",
+        description="where clients' states live between rounds: memory, or disk (one file per client "
         "under states/ in the results folder, read when sampled, written back after its round; checkpoints use "
-        "the same files), for many stateful clients")
-    state_cache: int | None = Field(None, ge=1, description="state_store = disk: client states kept in memory "
-                                    "(default: the clients of one round, at most 64; a client's state is read when "
-                                    "its job starts, so memory holds the clients in flight and this cache)")
+        "the same files), for many stateful clients",
+    )
+    state_cache: int | None = Field(
+        None,
+        ge=1,
+        description="state_store = disk: client states kept in memory "
+        "(default: the clients of one round, at most 64; a client's state is read when "
+        "its job starts, so memory holds the clients in flight and this cache)",
+    )
     plateau_evaluations: int | None = Field(
-        None, ge=1, description="stop a run once its best plateau_metric has not improved by more than "
+        None,
+        ge=1,
+        description="stop a run once its best plateau_metric has not improved by more than "
         "plateau_points over the last this many evaluations (rounds is then the cap; FedALA's convergence rule: "
-        "20; a method's own schedule, APPLE's lambda(r), is waited for); default: run every round")
-    plateau_points: float = Field(0.1, ge=0, description="plateau rule: the improvement, in percentage points, "
-                                  "that counts as progress")
+        "20; a method's own schedule, APPLE's lambda(r), is waited for); default: run every round",
+    )
+    plateau_points: float = Field(
+        0.1, ge=0, description="plateau rule: the improvement, in percentage points, that counts as progress"
+    )
     plateau_metric: Literal["accuracy", "global_accuracy", "local_accuracy"] = Field(
-        "accuracy", description="plateau rule: the record's metric it watches (global_accuracy: methods without "
-        "a global model fall back to accuracy)")
+        "accuracy",
+        description="plateau rule: the record's metric it watches (global_accuracy: methods without "
+        "a global model fall back to accuracy)",
+    )
     tracker: Literal["none", "tensorboard"] = Field(
-        "none", description="also write every record to TensorBoard event files under tensorboard/ in the results "
-        "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')")
+        "none",
+        description="also write every record to TensorBoard event files under tensorboard/ in the results "
+        "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')",
+    )
 
     @field_validator("device")
     @classmethod

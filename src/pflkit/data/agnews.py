@@ -57,8 +57,9 @@ def build_vocab(token_lists: Iterable[Sequence[str]]) -> dict[str, int]:
 def encode(token_lists: Sequence[Sequence[str]], vocab: dict[str, int], max_len: int = MAX_LEN) -> np.ndarray:
     """int64 ``[n, max_len]``: ids (unknown tokens -> 0), truncated or right-padded with 0."""
     lengths = np.fromiter((min(len(t), max_len) for t in token_lists), dtype=np.int64, count=len(token_lists))
-    ids = np.fromiter((vocab.get(t, 0) for tokens in token_lists for t in tokens[:max_len]), dtype=np.int64,
-                      count=int(lengths.sum()))
+    ids = np.fromiter(
+        (vocab.get(t, 0) for tokens in token_lists for t in tokens[:max_len]), dtype=np.int64, count=int(lengths.sum())
+    )
     out = np.zeros((len(token_lists), max_len), dtype=np.int64)
     out[np.arange(max_len) < lengths[:, None]] = ids  # row-major: each row's ids, then its zero padding
     return out
@@ -73,8 +74,9 @@ def read_agnews_csv(path: Path) -> tuple[list[str], np.ndarray]:
             for row in csv.reader(fh):
                 line = len(labels) + 1
                 if len(row) != 3:
-                    raise DataError(f"{path}, row {line}: expected 3 fields (class index, title, "
-                                    f"description), got {len(row)}")
+                    raise DataError(
+                        f"{path}, row {line}: expected 3 fields (class index, title, description), got {len(row)}"
+                    )
                 label = int(row[0]) if row[0].strip().isascii() and row[0].strip().isdigit() else 0
                 if not 1 <= label <= NUM_CLASSES:
                     raise DataError(f"{path}, row {line}: class index must be 1..{NUM_CLASSES}, got {row[0]!r}")
@@ -94,8 +96,10 @@ def load_agnews(data_dir: str | Path, max_len: int = MAX_LEN) -> Dataset:
     data_dir = Path(data_dir)
     missing = [name for name in FILES if not (data_dir / name).is_file()]
     if missing:
-        raise DataError(f"AG News directory {data_dir} lacks {', '.join(missing)}; fetch the files with "
-                        f"pflkit download agnews {data_dir}")
+        raise DataError(
+            f"AG News directory {data_dir} lacks {', '.join(missing)}; fetch the files with "
+            f"pflkit download agnews {data_dir}"
+        )
     parts = [read_agnews_csv(data_dir / name) for name in FILES]
     tokens = [basic_english(text) for texts, _ in parts for text in texts]
     vocab = build_vocab(tokens)

@@ -36,19 +36,39 @@ class _Layout:
 
 
 CIFAR = {
-    "cifar10": _Layout("cifar-10-batches-py", "cifar-10-python.tar.gz",
-                       tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",),
-                       b"labels", "batches.meta", b"label_names", 10),
-    "cifar100": _Layout("cifar-100-python", "cifar-100-python.tar.gz", ("train", "test"),
-                        b"fine_labels", "meta", b"fine_label_names", 100),
+    "cifar10": _Layout(
+        "cifar-10-batches-py",
+        "cifar-10-python.tar.gz",
+        tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch",),
+        b"labels",
+        "batches.meta",
+        b"label_names",
+        10,
+    ),
+    "cifar100": _Layout(
+        "cifar-100-python",
+        "cifar-100-python.tar.gz",
+        ("train", "test"),
+        b"fine_labels",
+        "meta",
+        b"fine_label_names",
+        100,
+    ),
 }
 
 # The pickles hold only numpy arrays, lists, ints and bytes: refuse anything else, so that a
 # tampered file cannot run code while being read.
-_ALLOWED = {("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "_reconstruct"),
-            ("numpy._core.multiarray", "_reconstruct"), ("numpy.core.multiarray", "scalar"),
-            ("numpy._core.multiarray", "scalar"), ("numpy.core.numeric", "_frombuffer"),
-            ("numpy._core.numeric", "_frombuffer"), ("_codecs", "encode")}
+_ALLOWED = {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("_codecs", "encode"),
+}
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -84,8 +104,10 @@ class _Source:
         elif (data_dir / layout.archive).is_file():
             self.archive = data_dir / layout.archive
         else:
-            raise DataError(f"{name}: {data_dir} holds neither {layout.folder}/ nor {layout.archive}; "
-                            f"fetch it with: pflkit download {name} {data_dir}")
+            raise DataError(
+                f"{name}: {data_dir} holds neither {layout.folder}/ nor {layout.archive}; "
+                f"fetch it with: pflkit download {name} {data_dir}"
+            )
         self.layout = layout
         self._tar: tarfile.TarFile | None = None
 
@@ -107,8 +129,9 @@ class _Source:
             path = self.folder / member
             if not path.is_file():
                 if required:
-                    raise DataError(f"{path} is missing (expected the {self.layout.folder} files "
-                                    f"{', '.join(self.layout.splits)})")
+                    raise DataError(
+                        f"{path} is missing (expected the {self.layout.folder} files {', '.join(self.layout.splits)})"
+                    )
                 return None, str(path)
             return path.read_bytes(), str(path)
         assert self._tar is not None
@@ -141,13 +164,14 @@ def _read_split(source: _Source, member: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{where}: {layout.label_key!r} is not a list of integers") from exc
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
         shape = getattr(data, "shape", None)
-        raise DataError(f"{where}: b'data' must be uint8 [n, 3072] (3x32x32 images), got "
-                        f"{getattr(data, 'dtype', type(data).__name__)} {shape}")
+        raise DataError(
+            f"{where}: b'data' must be uint8 [n, 3072] (3x32x32 images), got "
+            f"{getattr(data, 'dtype', type(data).__name__)} {shape}"
+        )
     if labels.ndim != 1 or len(labels) != len(data):
         raise DataError(f"{where}: {len(data)} images but labels of shape {labels.shape}")
     if labels.size and (labels.min() < 0 or labels.max() >= layout.num_classes):
-        raise DataError(f"{where}: labels must be in 0..{layout.num_classes - 1}, "
-                        f"found {labels.min()}..{labels.max()}")
+        raise DataError(f"{where}: labels must be in 0..{layout.num_classes - 1}, found {labels.min()}..{labels.max()}")
     return data, labels
 
 
@@ -164,14 +188,16 @@ def load_cifar(name: str, data_dir: str | Path) -> Dataset:
         if meta is not None:
             names = _unpickle(meta, where).get(source.layout.names_key)
             if not isinstance(names, list) or len(names) != source.layout.num_classes:
-                raise DataError(f"{where}: expected {source.layout.num_classes} names under "
-                                f"{source.layout.names_key!r} (is this {name}?)")
+                raise DataError(
+                    f"{where}: expected {source.layout.num_classes} names under "
+                    f"{source.layout.names_key!r} (is this {name}?)"
+                )
         parts = [_read_split(source, member) for member in source.layout.splits]
     n = sum(len(y) for _, y in parts)
     x = torch.empty((n, 3072), dtype=torch.float32)
     offset = 0
     for data, labels in parts:  # fill in place: no float64 temporaries of the whole pool
-        x[offset:offset + len(labels)] = torch.from_numpy(data)
+        x[offset : offset + len(labels)] = torch.from_numpy(data)
         offset += len(labels)
     x.div_(255.0).sub_(0.5).div_(0.5)
     y = torch.from_numpy(np.concatenate([labels for _, labels in parts]))

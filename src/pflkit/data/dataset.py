@@ -34,11 +34,14 @@ class Dataset:
     def __post_init__(self) -> None:
         if self.x.dtype == torch.int64 and self.x.dim() == 2:
             if self.vocab_size is None or self.vocab_size < 1:
-                raise ValueError(f"Dataset {self.name!r}: token ids x (int64 [n, L]) need vocab_size >= 1, "
-                                 f"got {self.vocab_size}")
+                raise ValueError(
+                    f"Dataset {self.name!r}: token ids x (int64 [n, L]) need vocab_size >= 1, got {self.vocab_size}"
+                )
             if self.x.numel() and (int(self.x.min()) < 0 or int(self.x.max()) >= self.vocab_size):
-                raise ValueError(f"Dataset {self.name!r}: token ids must be in 0..{self.vocab_size - 1}, "
-                                 f"found {int(self.x.min())}..{int(self.x.max())}")
+                raise ValueError(
+                    f"Dataset {self.name!r}: token ids must be in 0..{self.vocab_size - 1}, "
+                    f"found {int(self.x.min())}..{int(self.x.max())}"
+                )
         elif self.x.dtype != torch.float32 or self.x.dim() != 4:
             raise ValueError(
                 f"Dataset {self.name!r}: x must be float32 [n, C, H, W] (images) or int64 [n, L] "
@@ -47,14 +50,13 @@ class Dataset:
         elif self.vocab_size is not None:
             raise ValueError(f"Dataset {self.name!r}: vocab_size is only for token ids, not images")
         if self.y.dtype != torch.int64 or self.y.dim() != 1:
-            raise ValueError(
-                f"Dataset {self.name!r}: y must be int64 [n], got {self.y.dtype} {tuple(self.y.shape)}"
-            )
+            raise ValueError(f"Dataset {self.name!r}: y must be int64 [n], got {self.y.dtype} {tuple(self.y.shape)}")
         if len(self.x) != len(self.y):
             raise ValueError(f"Dataset {self.name!r}: {len(self.x)} images but {len(self.y)} labels")
         if self.official_train is not None and not 0 <= self.official_train <= len(self.y):
-            raise ValueError(f"Dataset {self.name!r}: official_train={self.official_train} is outside its "
-                             f"{len(self.y)} samples")
+            raise ValueError(
+                f"Dataset {self.name!r}: official_train={self.official_train} is outside its {len(self.y)} samples"
+            )
 
     @property
     def input_shape(self) -> tuple[int, ...]:

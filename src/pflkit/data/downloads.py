@@ -18,8 +18,14 @@ from pflkit.data.errors import DataError
 from pflkit.data.fetch import check_present, fetch, md5_check
 from pflkit.data.sources import download_mnist
 
-__all__ = ["DOWNLOADS", "download", "download_agnews", "download_cifar10", "download_cifar100",
-           "download_tiny_imagenet"]
+__all__ = [
+    "DOWNLOADS",
+    "download",
+    "download_agnews",
+    "download_cifar10",
+    "download_cifar100",
+    "download_tiny_imagenet",
+]
 
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/"
 _CIFAR_MD5 = {"cifar10": "c58f30108f718f92721af3b95e74349a", "cifar100": "eb9058c3a382ffc7106e4002c42a8d85"}
@@ -119,7 +125,9 @@ def download(name: str, data_dir: str | Path) -> Path:
     Files already there are kept; pass the same ``data_dir`` to :func:`pflkit.data.load_dataset`.
     """
     if name not in DOWNLOADS:
-        raise ValueError(f"no download for dataset {name!r}; downloadable: {', '.join(DOWNLOADS)} "
-                         "(digits and synthetic are built in; pfllib folders come from PFLlib)")
+        raise ValueError(
+            f"no download for dataset {name!r}; downloadable: {', '.join(DOWNLOADS)} "
+            "(digits and synthetic are built in; pfllib folders come from PFLlib)"
+        )
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     return DOWNLOADS[name](data_dir)

@@ -19,8 +19,10 @@ def official_split(data: Dataset) -> tuple[np.ndarray, np.ndarray]:
     n = len(data)
     if data.official_train is not None:
         if not 0 < data.official_train < n:
-            raise DataError(f"dataset {data.name!r} holds {data.official_train} official training and "
-                            f"{n - data.official_train} official test samples: test_set = \"official\" needs both")
+            raise DataError(
+                f"dataset {data.name!r} holds {data.official_train} official training and "
+                f'{n - data.official_train} official test samples: test_set = "official" needs both'
+            )
         return np.arange(data.official_train), np.arange(data.official_train, n)
     return stratified_test_split(data.y.numpy())
 
@@ -93,8 +95,9 @@ class FederatedData:
         return np.bincount(y, minlength=self.num_classes)
 
     @classmethod
-    def build(cls, data: Dataset, spec: PartitionSpec, seed: int, *, batch_size: int = 10,
-              device: torch.device | str = "cpu") -> FederatedData:
+    def build(
+        cls, data: Dataset, spec: PartitionSpec, seed: int, *, batch_size: int = 10, device: torch.device | str = "cpu"
+    ) -> FederatedData:
         """Partition ``data`` over clients by ``spec`` with partition seed ``seed``, split each
         client into training and test data (spec §5.5), move tensors to ``device``;
         ``batch_size`` (the run's training batch) sizes PFLlib's default minimum client size.
@@ -106,8 +109,9 @@ class FederatedData:
         try:
             split = split_clients(labels, spec, seed, pools, batch_size=batch_size)
         except PartitionError as exc:
-            raise PartitionError(f"dataset {data.name!r} ({len(labels)} samples, {data.num_classes} classes): "
-                                 f"{exc}") from None
+            raise PartitionError(
+                f"dataset {data.name!r} ({len(labels)} samples, {data.num_classes} classes): {exc}"
+            ) from None
         x, y = data.x.to(device), data.y.to(device)
         if pools is not None and data.official_train is None:
             split.info["official_split"] = "none shipped: a fixed stratified 75/25 split (seed 0) of the dataset"
@@ -117,26 +121,41 @@ class FederatedData:
             te_t = torch.as_tensor(te, device=device)
             clients.append(ClientData(i, x[tr_t], y[tr_t], x[te_t], y[te_t], tr_t, te_t))
         parts = [np.concatenate([tr, te]) for tr, te in zip(split.train, split.test)]
-        return cls(dataset=data.name, num_classes=data.num_classes, input_shape=tuple(data.input_shape),
-                   train_indices=split.train, test_indices=split.test, clients=clients,
-                   counts=class_counts(labels, parts, data.num_classes), x=x, y=y, vocab_size=data.vocab_size,
-                   partition_info=split.info,
-                   global_test_rows=None if pools is None else torch.as_tensor(pools[1], device=device))
+        return cls(
+            dataset=data.name,
+            num_classes=data.num_classes,
+            input_shape=tuple(data.input_shape),
+            train_indices=split.train,
+            test_indices=split.test,
+            clients=clients,
+            counts=class_counts(labels, parts, data.num_classes),
+            x=x,
+            y=y,
+            vocab_size=data.vocab_size,
+            partition_info=split.info,
+            global_test_rows=None if pools is None else torch.as_tensor(pools[1], device=device),
+        )
 
     def partition_record(self) -> dict[str, Any]:
         """What a results folder keeps of the partition: how it was drawn and, per client, the
         class counts of its training and test samples."""
+
         def counts(labels: torch.Tensor) -> list[int]:
             return np.bincount(labels.cpu().numpy(), minlength=self.num_classes).tolist()
 
-        return {"dataset": self.dataset, "num_clients": self.num_clients, "num_classes": self.num_classes,
-                **self.partition_info,
-                "train_class_counts": [counts(c.train_y) for c in self.clients],
-                "test_class_counts": [counts(c.test_y) for c in self.clients]}
+        return {
+            "dataset": self.dataset,
+            "num_clients": self.num_clients,
+            "num_classes": self.num_classes,
+            **self.partition_info,
+            "train_class_counts": [counts(c.train_y) for c in self.clients],
+            "test_class_counts": [counts(c.test_y) for c in self.clients],
+        }
 
     @classmethod
-    def from_clients(cls, clients: list[ClientData], num_classes: int, name: str = "custom",
-                     vocab_size: int | None = None) -> FederatedData:
+    def from_clients(
+        cls, clients: list[ClientData], num_classes: int, name: str = "custom", vocab_size: int | None = None
+    ) -> FederatedData:
         """Wrap ready-made client tensors (tests, custom pipelines) into a FederatedData."""
         xs = [t for c in clients for t in (c.train_x, c.test_x)]
         ys = [t for c in clients for t in (c.train_y, c.test_y)]
@@ -148,9 +167,18 @@ class FederatedData:
             offset += c.num_train + c.num_test
             out.append(ClientData(c.client_id, c.train_x, c.train_y, c.test_x, c.test_y, tr, te))
             rows.append((tr, te))
-        counts = np.stack([np.bincount(torch.cat([c.train_y, c.test_y]).cpu().numpy(), minlength=num_classes)
-                           for c in clients])
-        return cls(dataset=name, num_classes=num_classes, input_shape=tuple(x.shape[1:]),
-                   train_indices=[tr.cpu().numpy() for tr, _ in rows],
-                   test_indices=[te.cpu().numpy() for _, te in rows], clients=out, counts=counts, x=x, y=y,
-                   vocab_size=vocab_size)
+        counts = np.stack(
+            [np.bincount(torch.cat([c.train_y, c.test_y]).cpu().numpy(), minlength=num_classes) for c in clients]
+        )
+        return cls(
+            dataset=name,
+            num_classes=num_classes,
+            input_shape=tuple(x.shape[1:]),
+            train_indices=[tr.cpu().numpy() for tr, _ in rows],
+            test_indices=[te.cpu().numpy() for _, te in rows],
+            clients=out,
+            counts=counts,
+            x=x,
+            y=y,
+            vocab_size=vocab_size,
+        )

@@ -71,5 +71,6 @@ def check_present(path: Path, verify: Callable[[Path], None]) -> None:
     try:
         verify(path)
     except (DataError, OSError, ValueError) as exc:
-        raise DataError(f"{path} is already there but is not the expected file ({exc}): delete it and run "
-                        "pflkit download again") from None
+        raise DataError(
+            f"{path} is already there but is not the expected file ({exc}): delete it and run pflkit download again"
+        ) from None

@@ -31,9 +31,7 @@ _CODE_TO_DTYPE: dict[int, np.dtype] = {
     0x0D: np.dtype(">f4"),
     0x0E: np.dtype(">f8"),
 }
-_KIND_SIZE_TO_CODE: dict[tuple[str, int], int] = {
-    (dt.kind, dt.itemsize): code for code, dt in _CODE_TO_DTYPE.items()
-}
+_KIND_SIZE_TO_CODE: dict[tuple[str, int], int] = {(dt.kind, dt.itemsize): code for code, dt in _CODE_TO_DTYPE.items()}
 
 
 def _decompress(raw: bytes, path: Path) -> bytes:
@@ -60,9 +58,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     if len(raw) < 4:
         raise DataError(f"{path}: too short for an IDX header ({len(raw)} bytes, need at least 4)")
     if raw[0] != 0 or raw[1] != 0:
-        raise DataError(
-            f"{path}: bad IDX magic: expected the first two bytes to be 00 00, got {raw[:2].hex(' ')}"
-        )
+        raise DataError(f"{path}: bad IDX magic: expected the first two bytes to be 00 00, got {raw[:2].hex(' ')}")
     code, ndim = raw[2], raw[3]
     if code not in _CODE_TO_DTYPE:
         known = ", ".join(f"0x{c:02X}" for c in _CODE_TO_DTYPE)
@@ -72,8 +68,7 @@ def read_idx(path: str | Path) -> np.ndarray:
     header_size = 4 + 4 * ndim
     if len(raw) < header_size:
         raise DataError(
-            f"{path}: truncated IDX header: {ndim} dimensions need {header_size} header bytes, "
-            f"file has {len(raw)}"
+            f"{path}: truncated IDX header: {ndim} dimensions need {header_size} header bytes, file has {len(raw)}"
         )
     dims = struct.unpack(f">{ndim}I", raw[4:header_size])
     dtype = _CODE_TO_DTYPE[code]
@@ -101,8 +96,7 @@ def write_idx(path: str | Path, array: np.ndarray, compress: bool | None = None)
     code = _KIND_SIZE_TO_CODE.get((array.dtype.kind, array.dtype.itemsize))
     if code is None:
         raise ValueError(
-            f"write_idx: dtype {array.dtype} has no IDX type code; "
-            "use uint8, int8, int16, int32, float32 or float64"
+            f"write_idx: dtype {array.dtype} has no IDX type code; use uint8, int8, int16, int32, float32 or float64"
         )
     if not 1 <= array.ndim <= 255:
         raise ValueError(f"write_idx: IDX needs 1 to 255 dimensions, array has {array.ndim}")

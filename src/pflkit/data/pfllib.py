@@ -38,8 +38,10 @@ def read_pfllib_config(root: Path) -> dict[str, Any]:
     """``config.json`` of a PFLlib folder, with ``num_clients`` (int >= 1) checked."""
     path = root / "config.json"
     if not path.is_file():
-        raise DataError(f"{root} is no PFLlib dataset folder: it lacks config.json "
-                        "(expected config.json, train/<i>.npz and test/<i>.npz)")
+        raise DataError(
+            f"{root} is no PFLlib dataset folder: it lacks config.json "
+            "(expected config.json, train/<i>.npz and test/<i>.npz)"
+        )
     try:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -58,8 +60,8 @@ def _client_number(split: str, path: Path) -> int | None:
     stem = path.stem
     if stem.isdigit():
         return int(stem)
-    if stem.startswith(split) and stem.endswith("_") and stem[len(split):-1].isdigit():
-        return int(stem[len(split):-1])
+    if stem.startswith(split) and stem.endswith("_") and stem[len(split) : -1].isdigit():
+        return int(stem[len(split) : -1])
     return None
 
 
@@ -69,8 +71,10 @@ def client_files(root: Path, num_clients: int) -> dict[tuple[str, int], Path]:
     for split in SPLITS:
         folder = root / split
         if not folder.is_dir():
-            raise DataError(f"PFLlib folder {root} lacks {split}/ (expected {split}/0.npz .. "
-                            f"{split}/{num_clients - 1}.npz, or {split}/{split}0_.npz .. as the FedALA repository)")
+            raise DataError(
+                f"PFLlib folder {root} lacks {split}/ (expected {split}/0.npz .. "
+                f"{split}/{num_clients - 1}.npz, or {split}/{split}0_.npz .. as the FedALA repository)"
+            )
         found: dict[int, Path] = {}
         for path in sorted(folder.glob("*.npz")):
             i = _client_number(split, path)
@@ -82,12 +86,16 @@ def client_files(root: Path, num_clients: int) -> dict[tuple[str, int], Path]:
         missing = sorted(set(range(num_clients)) - set(found))
         if missing:
             names = ", ".join(f"{i}.npz" for i in missing[:5]) + (" ..." if len(missing) > 5 else "")
-            raise DataError(f"{root}/config.json lists {num_clients} clients but {folder} lacks the files of "
-                            f"{len(missing)} of them ({names}; {split}{missing[0]}_.npz is accepted too)")
+            raise DataError(
+                f"{root}/config.json lists {num_clients} clients but {folder} lacks the files of "
+                f"{len(missing)} of them ({names}; {split}{missing[0]}_.npz is accepted too)"
+            )
         extra = sorted(set(found) - set(range(num_clients)))
         if extra:
-            raise DataError(f"{root}/config.json lists {num_clients} clients but {folder} also holds "
-                            f"{', '.join(found[i].name for i in extra[:5])}: client count mismatch")
+            raise DataError(
+                f"{root}/config.json lists {num_clients} clients but {folder} also holds "
+                f"{', '.join(found[i].name for i in extra[:5])}: client count mismatch"
+            )
         files.update({(split, i): path for i, path in found.items()})
     return files
 
@@ -96,8 +104,13 @@ def _inputs(x: Any, path: Path) -> np.ndarray:
     """The input array of one file: images/ids as they are, or the ids of (ids, length) pairs."""
     if isinstance(x, np.ndarray) and x.dtype != object:
         return x
-    if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], np.ndarray) and x[0].ndim == 2 \
-            and x[0].dtype != object:
+    if (
+        isinstance(x, (tuple, list))
+        and len(x) == 2
+        and isinstance(x[0], np.ndarray)
+        and x[0].ndim == 2
+        and x[0].dtype != object
+    ):
         return x[0]  # one pair of arrays: (ids [n, L], lengths [n])
     try:
         return np.stack([np.asarray(sample[0]) for sample in x])  # per-sample (ids, length) pairs
@@ -107,11 +120,17 @@ def _inputs(x: Any, path: Path) -> np.ndarray:
 
 #: what a PFLlib pickle may name: NumPy's array, dtype and scalar reconstruction (both module paths
 #: of NumPy 1 and 2), and the codec NumPy's protocol-2 pickles write bytes with
-SAFE_GLOBALS = frozenset({
-    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
-    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
-})
+SAFE_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+)
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -131,8 +150,7 @@ def read_data_member(path: Path) -> Any:
     """The object stored under ``data`` in a PFLlib ``.npz`` (``data.npy``), unpickled safely."""
     with zipfile.ZipFile(path) as archive, archive.open("data.npy") as fp:
         version = np.lib.format.read_magic(fp)
-        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-            np.lib.format.read_array_header_2_0
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         shape, fortran, dtype = read_header(fp)
         if dtype.hasobject:
             array = _ArrayUnpickler(fp).load()
@@ -145,8 +163,10 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
         data = read_data_member(path)
     except UnsafePickle as exc:
-        raise DataError(f"{path}: its pickle calls {exc}, which a PFLlib dataset never holds: refused (unpickling "
-                        "it would run that code)") from None
+        raise DataError(
+            f"{path}: its pickle calls {exc}, which a PFLlib dataset never holds: refused (unpickling "
+            "it would run that code)"
+        ) from None
     except (OSError, ValueError, KeyError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile) as exc:
         raise DataError(f"{path} is not a readable PFLlib .npz file (a pickled dict under 'data'): {exc}") from exc
     if not isinstance(data, dict) or "x" not in data or "y" not in data:
@@ -160,8 +180,7 @@ def _read(path: Path) -> tuple[np.ndarray, np.ndarray]:
         if x.size and x.min() < 0:
             raise DataError(f"{path}: token ids must be >= 0, found {x.min()}")
         return x.astype(np.int64), y.astype(np.int64)
-    raise DataError(f"{path}: x must be float images [n, C, H, W] or integer token ids [n, L], "
-                    f"got {x.dtype} {x.shape}")
+    raise DataError(f"{path}: x must be float images [n, C, H, W] or integer token ids [n, L], got {x.dtype} {x.shape}")
 
 
 def load_pfllib(data_dir: str | Path, *, device: torch.device | str = "cpu") -> FederatedData:
@@ -175,15 +194,16 @@ def load_pfllib(data_dir: str | Path, *, device: torch.device | str = "cpu") -> 
     kind, shape = arrays[("train", 0)][0].dtype, arrays[("train", 0)][0].shape[1:]
     for (split, i), (x, _) in arrays.items():
         if x.dtype != kind or x.shape[1:] != shape:
-            raise DataError(f"{files[(split, i)]}: inputs {x.dtype} {x.shape[1:]} differ from "
-                            f"{first}'s {kind} {shape}")
+            raise DataError(f"{files[(split, i)]}: inputs {x.dtype} {x.shape[1:]} differ from {first}'s {kind} {shape}")
     num_classes = config.get("num_classes")
     if num_classes is None:  # older folders: infer it from the labels
         num_classes = max((int(y.max()) for _, y in arrays.values() if y.size), default=0) + 1
     for (split, i), (_, y) in arrays.items():
         if y.size and (y.min() < 0 or y.max() >= num_classes):
-            raise DataError(f"{files[(split, i)]}: labels must be in 0..{num_classes - 1} "
-                            f"(num_classes of config.json), found {y.min()}..{y.max()}")
+            raise DataError(
+                f"{files[(split, i)]}: labels must be in 0..{num_classes - 1} "
+                f"(num_classes of config.json), found {y.min()}..{y.max()}"
+            )
     vocab_size = None
     if kind == np.int64:  # the largest id seen + 1: every id the model can meet has an embedding row
         vocab_size = max((int(x.max()) for x, _ in arrays.values() if x.size), default=0) + 1

@@ -109,18 +109,11 @@ def _read_mnist_split(images_path: Path, labels_path: Path) -> tuple[np.ndarray,
     images = read_idx(images_path)
     labels = read_idx(labels_path)
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28):
-        raise DataError(
-            f"{images_path}: expected uint8 images of shape [n, 28, 28], "
-            f"got {images.dtype} {images.shape}"
-        )
+        raise DataError(f"{images_path}: expected uint8 images of shape [n, 28, 28], got {images.dtype} {images.shape}")
     if labels.dtype != np.uint8 or labels.ndim != 1:
-        raise DataError(
-            f"{labels_path}: expected uint8 labels of shape [n], got {labels.dtype} {labels.shape}"
-        )
+        raise DataError(f"{labels_path}: expected uint8 labels of shape [n], got {labels.dtype} {labels.shape}")
     if len(images) != len(labels):
-        raise DataError(
-            f"{images_path} holds {len(images)} images but {labels_path} holds {len(labels)} labels"
-        )
+        raise DataError(f"{images_path} holds {len(images)} images but {labels_path} holds {len(labels)} labels")
     if labels.size and labels.max() > 9:
         raise DataError(f"{labels_path}: labels must be in 0..9, found {int(labels.max())}")
     return images, labels
@@ -156,8 +149,9 @@ def _load_mnist(data_dir: str | Path | None) -> Dataset:
 
 def _require_dir(name: str, data_dir: str | Path | None) -> Path:
     if data_dir is None:
-        raise DataError(f"dataset {name!r} needs data_dir: {FILE_DATASETS[name]}; "
-                        f"fetch it with: pflkit download {name} DIR")
+        raise DataError(
+            f"dataset {name!r} needs data_dir: {FILE_DATASETS[name]}; fetch it with: pflkit download {name} DIR"
+        )
     return Path(data_dir)
 
 
@@ -167,9 +161,11 @@ def data_folder(data_dir: str | Path) -> Path:
     text = os.path.expandvars(os.path.expanduser(str(data_dir)))
     unset = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text)
     if unset:
-        raise DataError(f"data_dir {str(data_dir)!r} names the environment variable {unset[0]}, which is not set; "
-                        f"set it to the folder that holds the datasets (e.g. export {unset[0]}=/path/to/datasets) "
-                        "or give data_dir=DIR")
+        raise DataError(
+            f"data_dir {str(data_dir)!r} names the environment variable {unset[0]}, which is not set; "
+            f"set it to the folder that holds the datasets (e.g. export {unset[0]}=/path/to/datasets) "
+            "or give data_dir=DIR"
+        )
     return Path(text)
 
 
@@ -196,9 +192,11 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test
     if name == "agnews":
         return load_agnews(_require_dir(name, data_dir))
     if name == "pfllib":
-        raise DataError("dataset 'pfllib' holds per-client splits, not one pool: "
-                        "run it with dataset = \"pfllib\" (its clients are adopted) or read it with "
-                        "pflkit.data.load_pfllib(data_dir)")
+        raise DataError(
+            "dataset 'pfllib' holds per-client splits, not one pool: "
+            'run it with dataset = "pfllib" (its clients are adopted) or read it with '
+            "pflkit.data.load_pfllib(data_dir)"
+        )
     raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
 
 
@@ -222,14 +220,16 @@ def _verify_download(tmp: Path, filename: str) -> None:
         return
     images = read_idx(tmp)
     if images.dtype != np.uint8 or images.shape != (60000, 28, 28):
-        raise DataError(
-            f"{filename}: expected 60000 uint8 images of 28x28, got {images.dtype} {images.shape}"
-        )
+        raise DataError(f"{filename}: expected 60000 uint8 images of 28x28, got {images.dtype} {images.shape}")
 
 
 #: the shape of each MNIST file's array
-_MNIST_SHAPES = {"train-images-idx3-ubyte": (60000, 28, 28), "train-labels-idx1-ubyte": (60000,),
-                 "t10k-images-idx3-ubyte": (10000, 28, 28), "t10k-labels-idx1-ubyte": (10000,)}
+_MNIST_SHAPES = {
+    "train-images-idx3-ubyte": (60000, 28, 28),
+    "train-labels-idx1-ubyte": (60000,),
+    "t10k-images-idx3-ubyte": (10000, 28, 28),
+    "t10k-labels-idx1-ubyte": (10000,),
+}
 
 
 def _check_mnist_file(path: Path, base: str) -> None:
@@ -257,6 +257,9 @@ def download_mnist(data_dir: str | Path) -> Path:
             missing.append(base)
     for base in missing:
         filename = f"{base}.gz"
-        fetch([mirror + filename for mirror in _MNIST_MIRRORS], data_dir / filename,
-              functools.partial(_verify_download, filename=filename))
+        fetch(
+            [mirror + filename for mirror in _MNIST_MIRRORS],
+            data_dir / filename,
+            functools.partial(_verify_download, filename=filename),
+        )
     return data_dir

@@ -39,8 +39,10 @@ def _root(data_dir: Path) -> Path:
     for candidate in (data_dir / FOLDER, data_dir):
         if (candidate / "wnids.txt").is_file():
             return candidate
-    raise DataError(f"tiny_imagenet: neither {data_dir / FOLDER} nor {data_dir} holds wnids.txt; expected the "
-                    f"{FOLDER}/ tree (fetch it with: pflkit download tiny_imagenet {data_dir})")
+    raise DataError(
+        f"tiny_imagenet: neither {data_dir / FOLDER} nor {data_dir} holds wnids.txt; expected the "
+        f"{FOLDER}/ tree (fetch it with: pflkit download tiny_imagenet {data_dir})"
+    )
 
 
 def _listing(root: Path, include_val: bool) -> tuple[list[Path], np.ndarray, list[str]]:
@@ -73,8 +75,9 @@ def _listing(root: Path, include_val: bool) -> tuple[list[Path], np.ndarray, lis
             if not line.strip():
                 continue
             if len(fields) < 2 or fields[1] not in index:
-                raise DataError(f"{ann}, line {lineno}: expected '<file>\\t<wnid>...' with a wnid of "
-                                f"wnids.txt, got {line[:80]!r}")
+                raise DataError(
+                    f"{ann}, line {lineno}: expected '<file>\\t<wnid>...' with a wnid of wnids.txt, got {line[:80]!r}"
+                )
             paths.append(root / "val" / "images" / fields[0])
             labels.append(index[fields[1]])
     return paths, np.asarray(labels, dtype=np.int64), wnids
@@ -122,8 +125,7 @@ def _write_cache(path: Path, images: np.ndarray) -> None:
             if stale != path:
                 stale.unlink(missing_ok=True)
     except OSError as exc:
-        log.warning("cannot write the Tiny-ImageNet cache %s (%s); images will be decoded again next time",
-                    path, exc)
+        log.warning("cannot write the Tiny-ImageNet cache %s (%s); images will be decoded again next time", path, exc)
 
 
 def _read_cache(path: Path, n: int) -> np.ndarray | None:
@@ -135,14 +137,16 @@ def _read_cache(path: Path, n: int) -> np.ndarray | None:
         log.warning("ignoring the unreadable cache %s: %s", path, exc)
         return None
     if images.dtype != np.uint8 or images.shape != (n, 3, SIDE, SIDE):
-        log.warning("ignoring the cache %s: %s %s instead of uint8 %s", path, images.dtype, images.shape,
-                    (n, 3, SIDE, SIDE))
+        log.warning(
+            "ignoring the cache %s: %s %s instead of uint8 %s", path, images.dtype, images.shape, (n, 3, SIDE, SIDE)
+        )
         return None
     return images
 
 
-def load_tiny_imagenet(data_dir: str | Path, *, include_val: bool = False,
-                       cache_dir: str | Path | None = None) -> Dataset:
+def load_tiny_imagenet(
+    data_dir: str | Path, *, include_val: bool = False, cache_dir: str | Path | None = None
+) -> Dataset:
     """Load Tiny-ImageNet-200 as one normalised pool (train only by default, as FedALA).
 
     ``data_dir`` holds (or is) the ``tiny-imagenet-200`` folder; ``cache_dir``

@@ -23,6 +23,18 @@ def build_engine(name: str, *, workers: int | None = None, device: str = "cpu") 
     raise ValueError(f"unknown engine {name!r}; available: auto, {', '.join(ENGINES)}")
 
 
-__all__ = ["ClientJob", "ClientResult", "Engine", "RoundSetup", "run_client", "BatchedClientContext",
-           "SingleClientContext", "ClientExecutor", "LoopEngine", "ParallelEngine", "VmapEngine", "build_engine",
-           "default_workers"]
+__all__ = [
+    "ClientJob",
+    "ClientResult",
+    "Engine",
+    "RoundSetup",
+    "run_client",
+    "BatchedClientContext",
+    "SingleClientContext",
+    "ClientExecutor",
+    "LoopEngine",
+    "ParallelEngine",
+    "VmapEngine",
+    "build_engine",
+    "default_workers",
+]

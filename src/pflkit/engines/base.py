@@ -68,8 +68,17 @@ class RoundSetup:
     cancel: threading.Event | None = None
 
     def context(self, client_id: int, round: int) -> SingleClientContext:
-        return SingleClientContext(client_id, round, self.seed, self.data.client(client_id), self.model,
-                                   self.units, self.train, self.algorithm.name, cancel=self.cancel)
+        return SingleClientContext(
+            client_id,
+            round,
+            self.seed,
+            self.data.client(client_id),
+            self.model,
+            self.units,
+            self.train,
+            self.algorithm.name,
+            cancel=self.cancel,
+        )
 
 
 class Engine(Protocol):

@@ -82,9 +82,18 @@ class BatchedClientContext:
 
     provides: frozenset[str] = frozenset()
 
-    def __init__(self, client_ids: list[int], round: int, seed: int, data: FederatedData, model: UnitModel,
-                 units: Units, train: TrainSettings, algorithm: str = "",
-                 cancel: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        client_ids: list[int],
+        round: int,
+        seed: int,
+        data: FederatedData,
+        model: UnitModel,
+        units: Units,
+        train: TrainSettings,
+        algorithm: str = "",
+        cancel: threading.Event | None = None,
+    ) -> None:
         """``cancel``: once set, training stops at its next step (JobsAbandoned)."""
         self.cancel = cancel
         if data.x is None or data.y is None:
@@ -141,9 +150,20 @@ class BatchedClientContext:
         # each client's pass is a few large evaluation batches: vmapping them would pad every client
         # to the largest one for little gain
         _log_once("class_sums run client by client (a few large batches each)")
-        return torch.stack([class_sums(self._net, {k: v[i] for k, v in params.items()}, fn, c.train_x, c.train_y,
-                                       self.num_classes, self.train.eval_batch_size)
-                            for i, c in enumerate(self.clients)])
+        return torch.stack(
+            [
+                class_sums(
+                    self._net,
+                    {k: v[i] for k, v in params.items()},
+                    fn,
+                    c.train_x,
+                    c.train_y,
+                    self.num_classes,
+                    self.train.eval_batch_size,
+                )
+                for i, c in enumerate(self.clients)
+            ]
+        )
 
     # ---- tensors ---------------------------------------------------------------------------
     def differs(self, a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor:
@@ -160,17 +180,20 @@ class BatchedClientContext:
         if sample.x.device.type == "cpu":
             # vmapped convolutions become grouped convolutions, slow on CPU: one large batch per client
             _log_once("features on CPU run client by client (vmapped convolutions are slow on CPU)")
-            parts = [features_of(self.model, {k: v[i] for k, v in params.items()}, sample.x[i, :n], stop)
-                     for i, n in enumerate(lengths)]
+            parts = [
+                features_of(self.model, {k: v[i] for k, v in params.items()}, sample.x[i, :n], stop)
+                for i, n in enumerate(lengths)
+            ]
             out = parts[0].new_zeros((len(parts), sample.x.shape[1], *parts[0].shape[1:]))
             for i, part in enumerate(parts):
-                out[i, :len(part)] = part
+                out[i, : len(part)] = part
             return sample.with_inputs(out)
         run = vmap(lambda p, xb: forward(self.model, p, xb, stop=stop, train=True))
         per_step = max(1, self.train.eval_batch_size // max(len(lengths), 1))
         x = sample.x
-        return sample.with_inputs(torch.cat([run(params, x[:, i:i + per_step]) for i in range(0, x.shape[1], per_step)],
-                                            dim=1))
+        return sample.with_inputs(
+            torch.cat([run(params, x[:, i : i + per_step]) for i in range(0, x.shape[1], per_step)], dim=1)
+        )
 
     def holdout(self, fraction: float) -> Sample:
         return self._padded([_rows(c.train_rows)[holdout_positions(c.num_train, fraction)] for c in self.clients])
@@ -180,14 +203,19 @@ class BatchedClientContext:
         lengths = torch.tensor([len(r) for r in rows], device=self.device)
         padded = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long, device=self.device)
         for i, r in enumerate(rows):
-            padded[i, :len(r)] = r
+            padded[i, : len(r)] = r
         assert self.fed.x is not None and self.fed.y is not None
         return Sample(self.fed.x[padded], self.fed.y[padded], lengths)
 
     def sample(self, purpose: str, fraction: float, sampling: str = "random") -> Sample:
-        return self._padded([_rows(c.train_rows)[sample_positions(c.num_train, fraction, sampling,
-                                                                  self.generator(purpose, k))
-                                          .to(self.device)] for k, c in enumerate(self.clients)])
+        return self._padded(
+            [
+                _rows(c.train_rows)[
+                    sample_positions(c.num_train, fraction, sampling, self.generator(purpose, k)).to(self.device)
+                ]
+                for k, c in enumerate(self.clients)
+            ]
+        )
 
     @torch.no_grad()
     def evaluate(self, params: Params | Ensemble) -> list[dict[str, float]]:
@@ -198,15 +226,15 @@ class BatchedClientContext:
         rows = torch.zeros(K, max(T, 1), dtype=torch.long, device=self.device)
         mask = torch.zeros(K, max(T, 1), dtype=torch.bool, device=self.device)
         for k, c in enumerate(self.clients):
-            rows[k, :c.num_test] = _rows(c.test_rows)
-            mask[k, :c.num_test] = True
+            rows[k, : c.num_test] = _rows(c.test_rows)
+            mask[k, : c.num_test] = True
         correct = torch.zeros(K, device=self.device)
         loss = torch.zeros(K, device=self.device)
         per_step = max(1, self.train.eval_batch_size // max(K, 1))
         run = vmap(lambda p, x: forward(self.model, p, x, train=False))
         assert self.fed.x is not None and self.fed.y is not None
         for start in range(0, T, per_step):
-            r, m = rows[:, start:start + per_step], mask[:, start:start + per_step]
+            r, m = rows[:, start : start + per_step], mask[:, start : start + per_step]
             logits = prediction_logits(self.model, params, self.fed.x[r], run)
             y = self.fed.y[r]
             correct += ((logits.argmax(-1) == y) & m).sum(1)
@@ -239,15 +267,18 @@ class BatchedClientContext:
         """Units ``0..start-1`` over every client's training data, each on its own parameters:
         the outputs stacked client after client, and where each client's begin."""
         assert self.fed.x is not None
-        outputs = [features_of(self.model, {name: value[k] for name, value in params.items()}, self.fed.x[c.train_rows],
-                               start) for k, c in enumerate(self.clients)]
+        outputs = [
+            features_of(self.model, {name: value[k] for name, value in params.items()}, self.fed.x[c.train_rows], start)
+            for k, c in enumerate(self.clients)
+        ]
         offsets = [0]
         for c in self.clients[:-1]:
             offsets.append(offsets[-1] + c.num_train)
         return torch.cat(outputs), offsets
 
-    def _source(self, params: Params, data: DataSpec, start: int) -> tuple[Tensor, Tensor, Callable[[int, Tensor],
-                                                                                                     Tensor]]:
+    def _source(
+        self, params: Params, data: DataSpec, start: int
+    ) -> tuple[Tensor, Tensor, Callable[[int, Tensor], Tensor]]:
         """The flat (x, y) the fit's batches are gathered from, and how a client's positions map to its rows."""
         if isinstance(data, SampleBatches):
             sample = data.sample
@@ -265,21 +296,39 @@ class BatchedClientContext:
         if isinstance(data, SampleBatches):
             assert data.sample.lengths is not None  # (a batched context's samples: [K, n_max] and their lengths)
             lengths = data.sample.lengths.tolist()
-        return [ClientPlan(data, c.num_train, self.train, self.seed, self.round, i, n)
-                for i, c, n in zip(self._ids, self.clients, lengths)]
+        return [
+            ClientPlan(data, c.num_train, self.train, self.seed, self.round, i, n)
+            for i, c, n in zip(self._ids, self.clients, lengths)
+        ]
 
     # ---- training --------------------------------------------------------------------------
-    def fit(self, params: Params, loss: LossFn | CarryLossFn | None = None, *, step: StepFn | None = None,
-            vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
-            data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
-            until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
-            carry: Sequence[str] = (), epoch_end: EpochEnd | None = None, stage: str = "local training",
-            start: int = 0) -> Fit:
+    def fit(
+        self,
+        params: Params,
+        loss: LossFn | CarryLossFn | None = None,
+        *,
+        step: StepFn | None = None,
+        vectorized: bool = False,
+        trainable: Sequence[str] | None = None,
+        aux: Any = None,
+        data: DataSpec = TrainBatches(),
+        optimizer: SGD | None = None,
+        transform: Transform | None = None,
+        until: StopRule | None = None,
+        max_epochs: int = 1,
+        active: PerClient | None = None,
+        carry: Sequence[str] = (),
+        epoch_end: EpochEnd | None = None,
+        stage: str = "local training",
+        start: int = 0,
+    ) -> Fit:
         check_fit_arguments(loss, step, carry, epoch_end)
         start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
         if [k for k in buffer_names(self.model) if k in params]:
-            raise NotImplementedError(f"batched training does not support models with buffers (batch norm: "
-                                      f"{type(self.model).__name__}); engines run them client by client")
+            raise NotImplementedError(
+                f"batched training does not support models with buffers (batch norm: "
+                f"{type(self.model).__name__}); engines run them client by client"
+            )
         names = [k for k in (list(params) if trainable is None else list(trainable)) if k not in set(carry)]
         train = {k: params[k].detach().clone() for k in names}
         carried = {k: params[k].detach().clone() for k in carry}
@@ -292,6 +341,7 @@ class BatchedClientContext:
 
             def objective(tp: Params, fz: Params, b: Any, a: Any) -> tuple[Tensor, Params]:
                 return loss_value(loss, net, {**fz, **tp}, b, a, carry)
+
             batched = _vmapped(grad_and_value(objective, has_aux=True), aux)
         elif vectorized:
             batched = partial(step, None)
@@ -322,8 +372,9 @@ class BatchedClientContext:
                 head.update({k: v[:n] for k, v in sub_carried.items()})
                 prefix_aux = tree_map(lambda t, n=n: t[:n], sub_aux) if sub_aux is not None else None
                 if step is None:
-                    grads, (values, updates) = batched({k: v[:n] for k, v in sub_train.items()}, head, batch,
-                                                       prefix_aux)
+                    grads, (values, updates) = batched(
+                        {k: v[:n] for k, v in sub_train.items()}, head, batch, prefix_aux
+                    )
                     opt.update_(sub_train, grads, sub_state, rows=slice(0, n))
                     with torch.no_grad():
                         for k in carry:
@@ -357,8 +408,16 @@ class BatchedClientContext:
                         opt_state[k][idx] = sub_state[k]
             return ran
 
-        totals = run_epochs(self._ids, self.device, plans[0].epochs if plans else 0, run_epoch, until=until,
-                            max_epochs=max_epochs, active=active, where=lambda k: self.where(stage, k))
+        totals = run_epochs(
+            self._ids,
+            self.device,
+            plans[0].epochs if plans else 0,
+            run_epoch,
+            until=until,
+            max_epochs=max_epochs,
+            active=active,
+            where=lambda k: self.where(stage, k),
+        )
         out = {**frozen, **carried, **train}
         return totals.fit({k: out[k] for k in params}, self.client_shape, until is not None)
 
@@ -366,9 +425,11 @@ class BatchedClientContext:
 def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:
     """``fn(trainable, frozen, batch, aux)`` vmapped over the clients (``aux`` None: not mapped;
     a batch's absent fields, e.g. no mixup, are not mapped either)."""
+
     def call(trainable: Params, frozen: Params, batch: Any, aux_values: Any) -> Any:
         dims = (0, 0, _batch_dims(batch), None if aux_values is None else 0)
         return vmap(fn, in_dims=dims)(trainable, frozen, batch, aux_values)
+
     return call
 
 
@@ -376,25 +437,6 @@ def _batch_dims(batch: Any) -> Any:
     if isinstance(batch, Batch):
         return Batch._make(None if field is None else 0 for field in batch)  # vmap's in_dims of each field
     return tuple(_batch_dims(b) for b in batch)
-
-
-# ---- running a round's jobs in chunks of batched contexts ------------------------------------
-def batching_blocker(algorithm: Any, model: UnitModel, data: FederatedData) -> str | None:
-    """Why ``algorithm``'s clients cannot share a batched context here, or None if they can."""
-    missing = set(algorithm.needs) - BatchedClientContext.provides
-    if missing:
-        return f"{algorithm.name} needs {', '.join(sorted(missing))} client code"
-    if buffer_names(model):
-        return (f"{type(model).__name__} has buffers (batch-norm running statistics, updated in place by "
-                "training-mode forwards, which vmap does not support)")
-    if data.x is None:
-        return "the data holds no dataset tensors to gather batches from"
-    return None
-
-
-def size_order(data: FederatedData, client_ids: Sequence[int]) -> list[int]:
-    """Positions of ``client_ids`` by training-set size, largest first (step counts decrease)."""
-    return sorted(range(len(client_ids)), key=lambda j: -data.client(client_ids[j]).num_train)
 
 
 def item(value: Any, k: int) -> Any:

@@ -55,8 +55,18 @@ class SingleClientContext:
     provides = frozenset({PER_CLIENT})
     client_shape: tuple[int, ...] = ()  # per-client values are 0-dim tensors
 
-    def __init__(self, client_id: int, round: int, seed: int, data: ClientData, model: UnitModel, units: Units,
-                 train: TrainSettings, algorithm: str = "", cancel: threading.Event | None = None) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        round: int,
+        seed: int,
+        data: ClientData,
+        model: UnitModel,
+        units: Units,
+        train: TrainSettings,
+        algorithm: str = "",
+        cancel: threading.Event | None = None,
+    ) -> None:
         """``cancel``: once set, training stops at its next step (JobsAbandoned)."""
         self.cancel = cancel
         self.client_id = client_id
@@ -101,8 +111,15 @@ class SingleClientContext:
     # ---- data ------------------------------------------------------------------------------
     def plan(self, spec: DataSpec, sample: Sample | None = None) -> ClientPlan:
         """This client's steps of ``spec`` (see ``pflkit.engines.plan``)."""
-        return ClientPlan(spec, self.data.num_train, self.train, self.seed, self.round, self.client_id,
-                          None if sample is None else len(sample.y))
+        return ClientPlan(
+            spec,
+            self.data.num_train,
+            self.train,
+            self.seed,
+            self.round,
+            self.client_id,
+            None if sample is None else len(sample.y),
+        )
 
     def batches(self, spec: TrainBatches = TrainBatches()) -> Iterator[Batch]:
         """The mini-batches of ``spec``, every epoch in turn (what ``fit`` steps through)."""
@@ -130,8 +147,9 @@ class SingleClientContext:
 
     @torch.no_grad()
     def class_sums(self, params: Params, fn: SampleMap) -> Tensor:
-        return class_sums(self.net, params, fn, self.data.train_x, self.data.train_y, self.num_classes,
-                          self.train.eval_batch_size)
+        return class_sums(
+            self.net, params, fn, self.data.train_x, self.data.train_y, self.num_classes, self.train.eval_batch_size
+        )
 
     @torch.no_grad()
     def features(self, params: Params, sample: Sample, stop: int) -> Sample:
@@ -160,19 +178,35 @@ class SingleClientContext:
         return {key: v.item() if isinstance(v, Tensor) and v.dim() == 0 else v for key, v in metrics.items()}
 
     # ---- training --------------------------------------------------------------------------
-    def fit(self, params: Params, loss: LossFn | CarryLossFn | None = None, *, step: StepFn | None = None,
-            vectorized: bool = False, trainable: Sequence[str] | None = None, aux: Any = None,
-            data: DataSpec = TrainBatches(), optimizer: SGD | None = None, transform: Transform | None = None,
-            until: StopRule | None = None, max_epochs: int = 1, active: PerClient | None = None,
-            carry: Sequence[str] = (), epoch_end: EpochEnd | None = None, stage: str = "local training",
-            start: int = 0) -> Fit:
+    def fit(
+        self,
+        params: Params,
+        loss: LossFn | CarryLossFn | None = None,
+        *,
+        step: StepFn | None = None,
+        vectorized: bool = False,
+        trainable: Sequence[str] | None = None,
+        aux: Any = None,
+        data: DataSpec = TrainBatches(),
+        optimizer: SGD | None = None,
+        transform: Transform | None = None,
+        until: StopRule | None = None,
+        max_epochs: int = 1,
+        active: PerClient | None = None,
+        carry: Sequence[str] = (),
+        epoch_end: EpochEnd | None = None,
+        stage: str = "local training",
+        start: int = 0,
+    ) -> Fit:
         check_fit_arguments(loss, step, carry, epoch_end)
         start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
         if isinstance(data, SampleBatches):
             x, y = data.sample.x, data.sample.y
         else:
-            x, y = (features_of(self.model, params, self.data.train_x, start) if start else self.data.train_x,
-                    self.data.train_y)
+            x, y = (
+                features_of(self.model, params, self.data.train_x, start) if start else self.data.train_x,
+                self.data.train_y,
+            )
         plan = self.plan(data, data.sample if isinstance(data, SampleBatches) else None)
         buffers = [k for k in buffer_names(self.model) if k in params]
         skip = set(buffers) | set(carry)
@@ -181,8 +215,10 @@ class SingleClientContext:
         carried = {k: params[k].detach().clone() for k in carry}
         # training-mode forwards update batch-norm statistics in place: the caller's stay untouched
         stats = {k: params[k].detach().clone() for k in buffers}
-        frozen = {**{k: v.detach() for k, v in params.items()
-                     if k not in train and k not in stats and k not in carried}, **stats}
+        frozen = {
+            **{k: v.detach() for k, v in params.items() if k not in train and k not in stats and k not in carried},
+            **stats,
+        }
         net = self.net if not start else from_unit(self.net, start)
         current = {**frozen, **carried, **train}
         if step is None:
@@ -224,8 +260,16 @@ class SingleClientContext:
             return [0]
 
         device = next(iter(params.values())).device
-        totals = run_epochs([self.client_id], device, plan.epochs, run_epoch, until=until, max_epochs=max_epochs,
-                            active=active, where=lambda k: self.where(stage))
+        totals = run_epochs(
+            [self.client_id],
+            device,
+            plan.epochs,
+            run_epoch,
+            until=until,
+            max_epochs=max_epochs,
+            active=active,
+            where=lambda k: self.where(stage),
+        )
         carried = {k: current[k] for k in carry}
         out = {**frozen, **carried, **{k: v.detach() for k, v in train.items()}}
         return totals.fit({k: out[k] for k in params}, self.client_shape, until is not None)
@@ -241,8 +285,9 @@ def as_template(value: Any, template: Any) -> Any:
     return value
 
 
-def cached_prefix(model: UnitModel, units: Units, train: TrainSettings, data: DataSpec, start: int,
-                  trainable: Sequence[str]) -> int:
+def cached_prefix(
+    model: UnitModel, units: Units, train: TrainSettings, data: DataSpec, start: int, trainable: Sequence[str]
+) -> int:
     """``start`` where ``fit`` may compute units ``0..start-1`` once (see ``ClientContext.fit``), else 0."""
     if start <= 0:
         return 0
@@ -250,8 +295,13 @@ def cached_prefix(model: UnitModel, units: Units, train: TrainSettings, data: Da
     below = sorted(lower & set(trainable))
     if below:
         raise ValueError(f"fit(start={start}) would train parameters of the units below it: {below}")
-    if not (isinstance(data, TrainBatches) and not train.mixup and getattr(model, "prefix_is_deterministic", False)
-            and getattr(model, "apply_units", None) is not None and not buffer_names(model)):
+    if not (
+        isinstance(data, TrainBatches)
+        and not train.mixup
+        and getattr(model, "prefix_is_deterministic", False)
+        and getattr(model, "apply_units", None) is not None
+        and not buffer_names(model)
+    ):
         return 0
     return start
 
@@ -260,19 +310,22 @@ def from_unit(net: Net, start: int) -> Net:
     """``net`` on inputs that are already the output of units ``0..start-1``."""
     offset = start
 
-    def shifted(params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *,
-                train: bool = True) -> Tensor:
+    def shifted(
+        params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *, train: bool = True
+    ) -> Tensor:
         return net(params, x, offset + start, stop, train=train)
+
     return shifted
 
 
 @torch.no_grad()
-def class_sums(net: Net, params: Params, fn: SampleMap, x: Tensor, y: Tensor, num_classes: int,
-               batch_size: int) -> Tensor:
+def class_sums(
+    net: Net, params: Params, fn: SampleMap, x: Tensor, y: Tensor, num_classes: int, batch_size: int
+) -> Tensor:
     """Per true class, the sum of ``fn(net, params, x, y)`` over the samples (in evaluation batches)."""
     out: Tensor | None = None
     for start in range(0, len(y), batch_size):
-        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         values = fn(net, params, xb, yb)
         if out is None:
             out = values.new_zeros((num_classes, *values.shape[1:]))

@@ -30,13 +30,14 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..algorithms.base import Upload
 from ..algorithms.context import Metrics
-from ..models import UnitModel
+from ..data.federated import FederatedData
+from ..models import UnitModel, buffer_names
 from .base import ClientJob, ClientResult, RoundSetup
-from .batched import BatchedClientContext, batching_blocker, size_order
+from .batched import BatchedClientContext
 from .client import SingleClientContext
 
 log = logging.getLogger(__name__)
@@ -48,17 +49,51 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+def batching_blocker(algorithm: Any, model: UnitModel, data: FederatedData) -> str | None:
+    """Why ``algorithm``'s clients cannot share a batched context here, or None if they can."""
+    missing = set(algorithm.needs) - BatchedClientContext.provides
+    if missing:
+        return f"{algorithm.name} needs {', '.join(sorted(missing))} client code"
+    if buffer_names(model):
+        return (
+            f"{type(model).__name__} has buffers (batch-norm running statistics, updated in place by "
+            "training-mode forwards, which vmap does not support)"
+        )
+    if data.x is None:
+        return "the data holds no dataset tensors to gather batches from"
+    return None
+
+
+def size_order(data: FederatedData, client_ids: Sequence[int]) -> list[int]:
+    """Positions of ``client_ids`` by training-set size, largest first (step counts decrease)."""
+    return sorted(range(len(client_ids)), key=lambda j: -data.client(client_ids[j]).num_train)
+
+
 def group_context(setup: RoundSetup, client_ids: Sequence[int], round: int, batched: bool) -> Context:
     """The context of a group: the reference per-client context, or a batched one."""
     if batched:
-        return BatchedClientContext(list(client_ids), round, setup.seed, setup.data, setup.model, setup.units,
-                                    setup.train, setup.algorithm.name, cancel=setup.cancel)
+        return BatchedClientContext(
+            list(client_ids),
+            round,
+            setup.seed,
+            setup.data,
+            setup.model,
+            setup.units,
+            setup.train,
+            setup.algorithm.name,
+            cancel=setup.cancel,
+        )
     (client_id,) = client_ids
     return setup.context(client_id, round)
 
 
-def run_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int, ctx: Context,
-              received: Sequence[Metrics | None] | None = None) -> list[ClientResult]:
+def run_group(
+    setup: RoundSetup,
+    jobs: Sequence[ClientJob],
+    round: int,
+    ctx: Context,
+    received: Sequence[Metrics | None] | None = None,
+) -> list[ClientResult]:
     """local_init -> (evaluate) -> (local_train) for the group's clients on ``ctx``.
 
     ``received`` holds the metrics of a ``receive`` step that already ran (:func:`receive_group`);
@@ -101,15 +136,19 @@ def run_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int, ctx: Con
     return out
 
 
-def receive_group(setup: RoundSetup, jobs: Sequence[ClientJob], round: int,
-                  ctx: Context) -> tuple[list[ClientJob], list[Metrics]]:
+def receive_group(
+    setup: RoundSetup, jobs: Sequence[ClientJob], round: int, ctx: Context
+) -> tuple[list[ClientJob], list[Metrics]]:
     """Only ``receive`` for the group's clients: their jobs with the received states, and its metrics."""
     t0 = time.perf_counter()
-    state, info = setup.algorithm.receive(ctx.gather([job.payload for job in jobs]),
-                                          ctx.gather([job.state for job in jobs]), ctx)
+    state, info = setup.algorithm.receive(
+        ctx.gather([job.payload for job in jobs]), ctx.gather([job.state for job in jobs]), ctx
+    )
     seconds = (time.perf_counter() - t0) / len(jobs)
-    return ([replace(job, state=ctx.split(state, k, job.state)) for k, job in enumerate(jobs)],
-            [{**ctx.split_metrics(info, k), "init_seconds": seconds} for k in range(len(jobs))])
+    return (
+        [replace(job, state=ctx.split(state, k, job.state)) for k, job in enumerate(jobs)],
+        [{**ctx.split_metrics(info, k), "init_seconds": seconds} for k in range(len(jobs))],
+    )
 
 
 def run_client(setup: RoundSetup, job: ClientJob, round: int) -> ClientResult:
@@ -148,8 +187,9 @@ class ClientExecutor:
         for _group, out in self._group_results(setup, jobs, round):
             yield from out
 
-    def _group_results(self, setup: RoundSetup, jobs: list[ClientJob],
-                       round: int) -> Iterator[tuple[list[int], list[ClientResult]]]:
+    def _group_results(
+        self, setup: RoundSetup, jobs: list[ClientJob], round: int
+    ) -> Iterator[tuple[list[int], list[ClientResult]]]:
         """(job positions, results) group by group. Where the ``receive`` step runs batched first
         (``trains_on_receive`` on the parallel engine), the round goes in waves of ``wave`` clients (whole receive
         chunks, in size order): each wave is received, then trained, so only a wave's received
@@ -160,13 +200,14 @@ class ClientExecutor:
         order = size_order(setup.data, [job.client_id for job in jobs])
         step = self.wave if receives else max(1, len(order))
         for begin in range(0, len(order), step):
-            wave = order[begin:begin + step]
+            wave = order[begin : begin + step]
             wave_jobs, received = self.receive(setup, [jobs[j] for j in wave], round)
             for group, out in self._run_groups(setup, wave_jobs, received, round):
                 yield [wave[k] for k in group], out
 
-    def _run_groups(self, setup: RoundSetup, jobs: list[ClientJob], received: list[Metrics | None],
-                    round: int) -> Iterator[tuple[list[int], list[ClientResult]]]:
+    def _run_groups(
+        self, setup: RoundSetup, jobs: list[ClientJob], received: list[Metrics | None], round: int
+    ) -> Iterator[tuple[list[int], list[ClientResult]]]:
         batched = self.chunk_size > 1 and self._batchable(setup, "clients")
         groups = self._groups(setup, jobs, self.chunk_size if batched else 1)
         pending: list[ClientJob | None] = list(jobs)
@@ -183,22 +224,25 @@ class ClientExecutor:
             ctx_setup, _, _, ctx = self._on_worker(setup, group_jobs, round, batched)
             before = [received[j] for j in group]
             return self._run_group(ctx_setup, group_jobs, round, ctx, None if before[0] is None else before)
+
         for group, out in zip(groups, self._map(run, groups, start)):
             for j in group:
                 pending[j] = None  # the job's state is the result's now
             yield group, out
 
     def _receives_first(self, setup: RoundSetup) -> bool:
-        return bool(self.receive_chunk and setup.algorithm.trains_on_receive
-                    and self._batchable(setup, "local initialisation"))
+        return bool(
+            self.receive_chunk and setup.algorithm.trains_on_receive and self._batchable(setup, "local initialisation")
+        )
 
     @property
     def wave(self) -> int:
         """Clients received together before they train (a multiple of ``receive_chunk``)."""
         return (self.receive_chunk or 1) * 4 * self.workers
 
-    def receive(self, setup: RoundSetup, jobs: list[ClientJob],
-                round: int) -> tuple[list[ClientJob], list[Metrics | None]]:
+    def receive(
+        self, setup: RoundSetup, jobs: list[ClientJob], round: int
+    ) -> tuple[list[ClientJob], list[Metrics | None]]:
         """With ``receive_chunk``, the ``receive`` step of an algorithm that trains in it, on batched
         groups: the jobs with their received states and the step's metrics (else the jobs as they are)."""
         received: list[Metrics | None] = [None] * len(jobs)
@@ -209,14 +253,16 @@ class ClientExecutor:
 
         def run(group: list[int], group_jobs: list[ClientJob]) -> tuple[list[ClientJob], list[Metrics]]:
             return receive_group(*self._on_worker(setup, group_jobs, round, True))
+
         out = list(jobs)
         for group, (new_jobs, metrics) in zip(groups, self._map(run, groups, lambda g: [jobs[j].loaded() for j in g])):
             for j, job, info in zip(group, new_jobs, metrics):
                 out[j], received[j] = job, info
         return out, received
 
-    def _run_group(self, setup: RoundSetup, jobs: list[ClientJob], round: int, ctx: Context,
-                   received: list[Metrics | None] | None) -> list[ClientResult]:
+    def _run_group(
+        self, setup: RoundSetup, jobs: list[ClientJob], round: int, ctx: Context, received: list[Metrics | None] | None
+    ) -> list[ClientResult]:
         return run_group(setup, jobs, round, ctx, received)
 
     def _batchable(self, setup: RoundSetup, what: str) -> bool:
@@ -229,10 +275,11 @@ class ClientExecutor:
     @staticmethod
     def _groups(setup: RoundSetup, jobs: Sequence[ClientJob], size: int) -> list[list[int]]:
         order = size_order(setup.data, [job.client_id for job in jobs])
-        return [order[start:start + size] for start in range(0, len(order), size)]
+        return [order[start : start + size] for start in range(0, len(order), size)]
 
-    def _on_worker(self, setup: RoundSetup, group_jobs: list[ClientJob], round: int,
-                   batched: bool) -> tuple[RoundSetup, list[ClientJob], int, Context]:
+    def _on_worker(
+        self, setup: RoundSetup, group_jobs: list[ClientJob], round: int, batched: bool
+    ) -> tuple[RoundSetup, list[ClientJob], int, Context]:
         """The setup (this thread's model skeleton), jobs, round and context of a group."""
         if self._pool is not None:
             setup = replace(setup, model=self._model(setup.model))
@@ -251,8 +298,12 @@ class ClientExecutor:
         large client at the head keeps no worker idle, few enough that memory stays flat."""
         return 16 * self.workers
 
-    def _map(self, fn: Callable[[list[int], list[ClientJob]], T], groups: list[list[int]],
-             start: Callable[[list[int]], list[ClientJob]]) -> Iterator[T]:
+    def _map(
+        self,
+        fn: Callable[[list[int], list[ClientJob]], T],
+        groups: list[list[int]],
+        start: Callable[[list[int]], list[ClientJob]],
+    ) -> Iterator[T]:
         """``fn(group, start(group))`` for every group, yielded in the groups' order; ``start`` runs
         on the calling thread as a group is submitted, at most ``window`` groups ahead."""
         pool = self._pool
@@ -266,6 +317,7 @@ class ClientExecutor:
             group = next(queue, None)
             if group is not None:
                 pending.append(pool.submit(fn, group, start(group)))
+
         try:
             for _ in range(self.window):
                 submit()

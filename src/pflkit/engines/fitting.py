@@ -41,13 +41,17 @@ class FitTotals:
 
     @classmethod
     def zeros(cls, K: int, device: torch.device) -> FitTotals:
-        return cls(torch.zeros(K, device=device), torch.zeros(K, dtype=torch.long, device=device),
-                   torch.full((K,), math.nan, device=device), torch.zeros(K, dtype=torch.long, device=device),
-                   [[] for _ in range(K)])
+        return cls(
+            torch.zeros(K, device=device),
+            torch.zeros(K, dtype=torch.long, device=device),
+            torch.full((K,), math.nan, device=device),
+            torch.zeros(K, dtype=torch.long, device=device),
+            [[] for _ in range(K)],
+        )
 
     def fit(self, params: Params, client_shape: tuple[int, ...], open_ended: bool) -> Fit:
         """The result of the fit, each number of shape ``client_shape`` (one client: 0-dim)."""
-        shape = (lambda t: t.reshape(client_shape))  # noqa: E731
+        shape = lambda t: t.reshape(client_shape)  # noqa: E731
         mean = self.loss_sum.double() / self.count.clamp(min=1)
         history: list[float] | list[list[float]] | None = None
         if open_ended:
@@ -67,9 +71,17 @@ def active_clients(active: PerClient | None, K: int) -> list[int]:
     return torch.nonzero(torch.as_tensor(active).reshape(-1)).flatten().tolist()
 
 
-def run_epochs(client_ids: list[int], device: torch.device, epochs: int, run_epoch: EpochRunner, *,
-               until: StopRule | None, max_epochs: int, active: PerClient | None,
-               where: Callable[[int], str]) -> FitTotals:
+def run_epochs(
+    client_ids: list[int],
+    device: torch.device,
+    epochs: int,
+    run_epoch: EpochRunner,
+    *,
+    until: StopRule | None,
+    max_epochs: int,
+    active: PerClient | None,
+    where: Callable[[int], str],
+) -> FitTotals:
     """Epoch after epoch (``epochs`` of them, or with ``until`` open-ended up to ``max_epochs``)
     over the active clients; a client leaves once an epoch gives it no step or ``until`` says so."""
     totals = FitTotals.zeros(len(client_ids), device)
@@ -86,8 +98,9 @@ def run_epochs(client_ids: list[int], device: torch.device, epochs: int, run_epo
         if until is not None:
             for k, value in zip(ran, totals.last[ran_index].tolist()):
                 totals.history[k].append(value)
-            running = [k for k in ran if not (until(totals.history[k], client_ids[k])
-                                              or len(totals.history[k]) >= max_epochs)]
+            running = [
+                k for k in ran if not (until(totals.history[k], client_ids[k]) or len(totals.history[k]) >= max_epochs)
+            ]
         else:
             running = [k for k in running if k in set(ran)]
     return totals
@@ -99,16 +112,21 @@ def check_losses(loss_sum: Tensor, clients: list[int], where: Callable[[int], st
     bad = (~torch.isfinite(sums)).nonzero().flatten()
     if len(bad):
         k = clients[int(bad[0])] if len(loss_sum) > 1 else 0
-        raise NonFiniteLossError(f"training loss became {float(loss_sum[k])} ({where(k)}); lower the learning "
-                                 "rate or check the data for NaN/inf values")
+        raise NonFiniteLossError(
+            f"training loss became {float(loss_sum[k])} ({where(k)}); lower the learning "
+            "rate or check the data for NaN/inf values"
+        )
 
 
 def check_cancel(cancel: threading.Event | None, where: str) -> None:
     """Raise JobsAbandoned when the executor abandons the jobs in flight (a stopping run)."""
     if cancel is not None and cancel.is_set():
         raise JobsAbandoned(f"abandoned ({where}): the run is stopping")
-def loss_value(loss: LossFn | CarryLossFn, net: Net, params: Params, batch: Any, aux: Any,
-               carry: Sequence[str]) -> tuple[Tensor, Params]:
+
+
+def loss_value(
+    loss: LossFn | CarryLossFn, net: Net, params: Params, batch: Any, aux: Any, carry: Sequence[str]
+) -> tuple[Tensor, Params]:
     """``loss`` on one batch of the fit's data (a Batch, or a tuple of them with PairedBatches) as
     (value, the carried tensors): with ``carry`` the loss returns both, else its value alone."""
     out = loss(net, params, batch, aux)

@@ -58,22 +58,41 @@ class ClientPlan:
     ``num_train``: the client's training samples; ``sample_length``: the size of the drawn sample
     (``SampleBatches`` only)."""
 
-    def __init__(self, spec: DataSpec, num_train: int, train: TrainSettings, seed: int, round: int, client_id: int,
-                 sample_length: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: DataSpec,
+        num_train: int,
+        train: TrainSettings,
+        seed: int,
+        round: int,
+        client_id: int,
+        sample_length: int | None = None,
+    ) -> None:
         self.spec = spec
         b = train.batch_size
         self._next: Callable[[], list[Step]]
         if isinstance(spec, TrainBatches):
             schedule = ClientSchedule(spec, num_train, b, seed, round, client_id, train.mixup, train.mixup_alpha)
-            self._next = lambda: [Rows(idx, *(mixing or (None, None)))
-                                  for idx, mixing in zip(*_with_mixup(schedule.next_epoch()))]
+            self._next = lambda: [
+                Rows(idx, *(mixing or (None, None))) for idx, mixing in zip(*_with_mixup(schedule.next_epoch()))
+            ]
             self.epochs = spec.epochs
         elif isinstance(spec, SplitBatches):
             if train.mixup:
-                raise ValueError("mixup does not apply to split batch pairs (Per-FedAvg's B and B'): "
-                                 "set train.mixup = false for this method")
-            schedule = ClientSchedule(TrainBatches(spec.purpose, spec.epochs, 2 * b), num_train, b, seed, round,
-                                      client_id, False, train.mixup_alpha)
+                raise ValueError(
+                    "mixup does not apply to split batch pairs (Per-FedAvg's B and B'): "
+                    "set train.mixup = false for this method"
+                )
+            schedule = ClientSchedule(
+                TrainBatches(spec.purpose, spec.epochs, 2 * b),
+                num_train,
+                b,
+                seed,
+                round,
+                client_id,
+                False,
+                train.mixup_alpha,
+            )
             self._next = lambda: [_split(idx, b) for idx in schedule.next_epoch().batches]
             self.epochs = spec.epochs
         elif isinstance(spec, PairedBatches):
@@ -94,8 +113,9 @@ class ClientPlan:
 
 
 def _with_mixup(epoch: Epoch) -> tuple[list[Tensor], list[tuple[float, np.ndarray] | None]]:
-    mixup: list[tuple[float, np.ndarray] | None] = list(epoch.mixup) if epoch.mixup is not None else \
-        [None] * len(epoch.batches)
+    mixup: list[tuple[float, np.ndarray] | None] = (
+        list(epoch.mixup) if epoch.mixup is not None else [None] * len(epoch.batches)
+    )
     return epoch.batches, mixup
 
 
@@ -143,8 +163,9 @@ class EpochTable:
     paired: bool
 
     @classmethod
-    def build(cls, epochs: list[list[Step]], to_rows: Callable[[int, Tensor], Tensor],
-              device: torch.device) -> EpochTable:
+    def build(
+        cls, epochs: list[list[Step]], to_rows: Callable[[int, Tensor], Tensor], device: torch.device
+    ) -> EpochTable:
         """The tables of K clients' epochs; ``to_rows(k, positions)`` maps client ``k``'s positions
         to rows of the flat source the batches are gathered from."""
         steps = torch.tensor([len(e) for e in epochs])
@@ -152,16 +173,16 @@ class EpochTable:
         paired = isinstance(first, tuple)
         width = len(first) if isinstance(first, tuple) else 1
         members = [[[s[j] if isinstance(s, tuple) else s for s in e] for e in epochs] for j in range(width)]
-        return cls(steps, [_table(m, to_rows, max(int(steps.max()), 1) if len(steps) else 1, device)
-                           for m in members], paired)
+        return cls(
+            steps, [_table(m, to_rows, max(int(steps.max()), 1) if len(steps) else 1, device) for m in members], paired
+        )
 
     def batch(self, x: Tensor, y: Tensor, step: int, clients: Tensor | slice) -> Batch | tuple[Batch, ...]:
         batches = [t.batch(x, y, step, clients) for t in self.tables]
         return tuple(batches) if self.paired else batches[0]
 
 
-def _table(epochs: list[list[Rows]], to_rows: Callable[[int, Tensor], Tensor], S: int,
-           device: torch.device) -> Table:
+def _table(epochs: list[list[Rows]], to_rows: Callable[[int, Tensor], Tensor], S: int, device: torch.device) -> Table:
     K = len(epochs)
     b = max((r.size() for e in epochs for r in e), default=1)
     rows = torch.zeros(K, S, b, dtype=torch.long)
@@ -177,5 +198,5 @@ def _table(epochs: list[list[Rows]], to_rows: Callable[[int, Tensor], Tensor], S
             if r.lam is not None and lam is not None and perm is not None:
                 lam[k, s] = r.lam
                 perm[k, s, :n] = torch.as_tensor(r.perm)
-    to = (lambda t: t.to(device) if t is not None else None)  # noqa: E731
+    to = lambda t: t.to(device) if t is not None else None  # noqa: E731
     return Table(rows.to(device), mask.to(device), to(lam), to(perm))

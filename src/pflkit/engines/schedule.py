@@ -29,7 +29,7 @@ def batch_order(n: int, batch_size: int, generator: torch.Generator) -> list[Ten
     full = n // batch_size if n >= batch_size else 1
     size = batch_size if n >= batch_size else n
     order = torch.randperm(n, generator=generator)
-    return [order[k * size:(k + 1) * size] for k in range(full)]
+    return [order[k * size : (k + 1) * size] for k in range(full)]
 
 
 def split_halves(n: int, batch_size: int) -> int:
@@ -72,8 +72,17 @@ class Epoch:
 class ClientSchedule:
     """The epochs of one ``TrainBatches`` spec for one client, drawn in order from its streams."""
 
-    def __init__(self, spec: TrainBatches, num_train: int, batch_size: int, seed: int, round: int, client_id: int,
-                 mixup: bool, mixup_alpha: float) -> None:
+    def __init__(
+        self,
+        spec: TrainBatches,
+        num_train: int,
+        batch_size: int,
+        seed: int,
+        round: int,
+        client_id: int,
+        mixup: bool,
+        mixup_alpha: float,
+    ) -> None:
         self.n = training_part(num_train, spec.holdout)
         self.batch_size = spec.batch_size or batch_size
         self.budget = spec.max_steps
@@ -85,7 +94,7 @@ class ClientSchedule:
     def next_epoch(self) -> Epoch:
         order = batch_order(self.n, self.batch_size, self.generator)
         if self.budget is not None:
-            order = order[:self.budget]
+            order = order[: self.budget]
             self.budget -= len(order)
         if self.mixer is None:
             return Epoch(order)

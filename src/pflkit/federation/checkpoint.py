@@ -48,13 +48,16 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu", store: Clien
         raw["clients"] = MemoryStateStore(to_device(raw["clients"], device))
         state = RunState(**raw)
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
-        raise RuntimeError(f"checkpoint {path} is unreadable (corrupt or truncated: {type(exc).__name__}); delete "
-                           "it to restart that run from round 0") from exc
+        raise RuntimeError(
+            f"checkpoint {path} is unreadable (corrupt or truncated: {type(exc).__name__}); delete "
+            "it to restart that run from round 0"
+        ) from exc
     record = state.client_store
     if record is None:
         if store is not None and not isinstance(store, MemoryStateStore):
-            raise RuntimeError(f"checkpoint {path} holds its clients' states but this run keeps them on disk "
-                               "(state_store changed)")
+            raise RuntimeError(
+                f"checkpoint {path} holds its clients' states but this run keeps them on disk (state_store changed)"
+            )
         return state
     if store is None:
         state.clients = DiskStateStore.view(path.parent / record["folder"], record, device)
@@ -64,8 +67,9 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu", store: Clien
         try:
             state.clients = store.restore(record)
         except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{exc}. Copy them back, or delete {path} to run this algorithm and seed "
-                                    "again from round 0") from None
+            raise FileNotFoundError(
+                f"{exc}. Copy them back, or delete {path} to run this algorithm and seed again from round 0"
+            ) from None
     return state
 
 

@@ -114,7 +114,7 @@ class Plateau:
         values = [float(r[self.metric]) for r in scored]
         if len(values) <= self.evaluations:
             return False
-        return max(values) - max(values[:-self.evaluations]) <= self.points / 100
+        return max(values) - max(values[: -self.evaluations]) <= self.points / 100
 
     def on_record(self, state: RunState, record: dict[str, Any]) -> None:
         pass
@@ -133,7 +133,8 @@ def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False
     per_client = {cid: e["correct"] / e["num_samples"] for cid, e in evals if e["num_samples"] > 0}
     accs = np.array(list(per_client.values()), dtype=float)
     local = {"local_accuracy": float(accs.mean()) if len(accs) else float("nan")} if local_test else {}
-    return {**local,
+    return {
+        **local,
         "accuracy": correct / total if total else float("nan"),
         "mean_client_accuracy": float(accs.mean()) if len(accs) else float("nan"),
         "std_client_accuracy": float(accs.std()) if len(accs) else float("nan"),
@@ -146,8 +147,9 @@ def evaluation_metrics(results: Sequence[ClientResult], local_test: bool = False
 _REDUCE: dict[str, Callable[[np.ndarray], Any]] = {"mean": np.mean, "sum": np.sum, "max": np.max, "min": np.min}
 
 
-def training_metrics(round: int, results: Sequence[ClientResult], seconds: float,
-                     reductions: Mapping[str, str] = {}) -> dict[str, Any]:
+def training_metrics(
+    round: int, results: Sequence[ClientResult], seconds: float, reductions: Mapping[str, str] = {}
+) -> dict[str, Any]:
     """Round wall time, sample-weighted train loss and per-client diagnostics of one round, each
     reduced over the clients for which it is not NaN as ``reductions`` says (the engines' wall
     times ``CLIENT_TIMINGS`` summed, a method's own ``metric_reductions``; default the mean); what
@@ -155,8 +157,11 @@ def training_metrics(round: int, results: Sequence[ClientResult], seconds: float
     reductions = {**CLIENT_TIMINGS, **reductions}
     weights = np.array([r.upload["num_samples"] for r in results if r.upload is not None], dtype=float)
     losses = np.array([r.metrics.get("train_loss", np.nan) for r in results], dtype=float)
-    out: dict[str, Any] = {"train_round": round, "seconds": seconds,
-                           "train_loss": float((weights * losses).sum() / weights.sum())}
+    out: dict[str, Any] = {
+        "train_round": round,
+        "seconds": seconds,
+        "train_loss": float((weights * losses).sum() / weights.sum()),
+    }
     keys = sorted({k for r in results for k, v in r.metrics.items() if k != "train_loss" and np.isscalar(v)})
     for key in keys:
         values = np.array([r.metrics[key] for r in results if key in r.metrics], dtype=float)
@@ -199,8 +204,9 @@ class OpenRound:
     kept (metrics, evaluation, message sizes): the round's memory does not grow with its clients.
     Otherwise the uploads are kept for ``Algorithm.aggregate``; both give the same bits."""
 
-    def __init__(self, driver: RoundDriver, state: RunState, plan: RoundPlan,
-                 sizes: Mapping[int, int] | None = None) -> None:
+    def __init__(
+        self, driver: RoundDriver, state: RunState, plan: RoundPlan, sizes: Mapping[int, int] | None = None
+    ) -> None:
         self.driver, self.state, self.plan = driver, state, plan
         self.participants = {j.client_id for j in plan.jobs}
         self.results: list[ClientResult] = []  # without states and parameters
@@ -238,9 +244,11 @@ class OpenRound:
         if self.aggregator is None:
             return
         if float(upload["num_samples"]) != float(self.expected[cid]):
-            raise ValueError(f"round {self.plan.round}: client {cid} uploaded num_samples = {upload['num_samples']}, "
-                             f"but its training set has {self.expected[cid]} samples; a weighted-sum server rule "
-                             "needs the weights announced before the uploads (override Algorithm.aggregator)")
+            raise ValueError(
+                f"round {self.plan.round}: client {cid} uploaded num_samples = {upload['num_samples']}, "
+                f"but its training set has {self.expected[cid]} samples; a weighted-sum server rule "
+                "needs the weights announced before the uploads (override Algorithm.aggregator)"
+            )
         while self.folded < len(self.order) and self.order[self.folded] in self.uploads:
             self.aggregator.add(self.uploads.pop(self.order[self.folded]))
             self.folded += 1
@@ -268,24 +276,29 @@ class OpenRound:
         variance = update_variance([self.heads[c] for c in sorted(self.heads)])
         if self.aggregator is not None:
             if self.folded < len(self.order):
-                missing = [c for c in self.order[self.folded:] if c not in self.uploads]
+                missing = [c for c in self.order[self.folded :] if c not in self.uploads]
                 raise RuntimeError(f"round {plan.round}: no upload from clients {missing[:10]}")
             state.server = self.aggregator.result()
         else:
-            state.server = driver.algorithm.aggregate(state.server, [self.uploads[c] for c in sorted(self.uploads)],
-                                                      plan.round)
+            state.server = driver.algorithm.aggregate(
+                state.server, [self.uploads[c] for c in sorted(self.uploads)], plan.round
+            )
         info = state.server.pop(ROUND_INFO, None)  # what the server rule reports (FedACD's weights)
         record = driver._record(state, plan.round - 1, evaluated, plan)
-        state.pending = training_metrics(plan.round, results, time.perf_counter() - plan.started,
-                                         driver.algorithm.metric_reductions)
+        state.pending = training_metrics(
+            plan.round, results, time.perf_counter() - plan.started, driver.algorithm.metric_reductions
+        )
         state.pending.update(driver.algorithm.round_metrics({r.client_id: r.metrics for r in results}))
         if info:
             state.pending.update(info)
         state.pending.update(communication(plan.jobs, self.upload_sizes))
         if variance is not None:
             state.pending["update_variance"] = variance
-        risks = [driver.global_evaluation.local_risk(r.metrics["class_correct"]) for r in results
-                 if driver.global_evaluation is not None and "class_correct" in r.metrics]
+        risks = [
+            driver.global_evaluation.local_risk(r.metrics["class_correct"])
+            for r in results
+            if driver.global_evaluation is not None and "class_correct" in r.metrics
+        ]
         if risks:  # [metrics] adaptability: the trained local models' risk over the clients' distributions
             state.pending["local_risk"] = float(np.mean(risks))
         state.rounds_done = plan.round
@@ -296,9 +309,19 @@ class OpenRound:
 class RoundDriver:
     """Plans and finishes the rounds of one (algorithm, seed) run."""
 
-    def __init__(self, algorithm: Algorithm, *, num_clients: int, seed: int, rounds: int, join_ratio: float,
-                 eval_every: int, global_evaluation: GlobalEvaluation | None = None,
-                 local_test: bool = False, evaluate_all: bool = False) -> None:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        *,
+        num_clients: int,
+        seed: int,
+        rounds: int,
+        join_ratio: float,
+        eval_every: int,
+        global_evaluation: GlobalEvaluation | None = None,
+        local_test: bool = False,
+        evaluate_all: bool = False,
+    ) -> None:
         """``global_evaluation`` scores the global model of every evaluated round on the global
         test set (algorithms with a global model); ``local_test``: clients are scored on local
         test sets (the official protocol) and records carry ``local_accuracy``; ``evaluate_all``:
@@ -313,8 +336,14 @@ class RoundDriver:
         self.local_test = local_test
         self.evaluate_all = evaluate_all
 
-    def start(self, init_params: Params, summaries: list[ClientSummary], *, client_states: bool = True,
-              store: ClientStore | None = None) -> RunState:
+    def start(
+        self,
+        init_params: Params,
+        summaries: list[ClientSummary],
+        *,
+        client_states: bool = True,
+        store: ClientStore | None = None,
+    ) -> RunState:
         """Server (and, with ``client_states``, client) states from the common initial model,
         then the algorithm's ``prepare`` from the clients' summaries. A ``store`` (the disk store)
         makes each client's state on first use instead."""
@@ -353,8 +382,11 @@ class RoundDriver:
         """The evaluation of the last trained round: local initialisation and evaluation, no
         training (``stopped``: why training ended before ``rounds``)."""
         final = state.rounds_done + 1
-        selected = (list(range(self.num_clients)) if self.evaluate_all
-                    else sample_clients(self.seed, final, self.num_clients, self.join_ratio))
+        selected = (
+            list(range(self.num_clients))
+            if self.evaluate_all
+            else sample_clients(self.seed, final, self.num_clients, self.join_ratio)
+        )
         plan = RoundPlan(final, self._jobs(state, selected, final, True, False), True, False, stopped=stopped)
         return self._scored(state, plan)
 
@@ -367,9 +399,17 @@ class RoundDriver:
     def _jobs(self, state: RunState, selected: list[int], t: int, evaluate: bool, train: bool) -> list[ClientJob]:
         """The clients' jobs; states in memory go with them, states on disk are read when a job starts."""
         store, eager = state.clients, isinstance(state.clients, MemoryStateStore)
-        return [ClientJob(i, self.algorithm.downlink(state.server, i, t), store.get(i) if eager else None, evaluate,
-                          train, load=None if eager else partial(store.__getitem__, i))
-                for i in selected]
+        return [
+            ClientJob(
+                i,
+                self.algorithm.downlink(state.server, i, t),
+                store.get(i) if eager else None,
+                evaluate,
+                train,
+                load=None if eager else partial(store.__getitem__, i),
+            )
+            for i in selected
+        ]
 
     def open_round(self, state: RunState, plan: RoundPlan, sizes: Mapping[int, int] | None = None) -> OpenRound:
         """The round of ``plan``, to which results are added as they arrive (see ``OpenRound``);
@@ -384,8 +424,9 @@ class RoundDriver:
             round.add(result)
         return round.close()
 
-    def _record(self, state: RunState, r: int, results: Sequence[ClientResult] | None,
-                plan: RoundPlan) -> dict[str, Any]:
+    def _record(
+        self, state: RunState, r: int, results: Sequence[ClientResult] | None, plan: RoundPlan
+    ) -> dict[str, Any]:
         record: dict[str, Any] = {"algorithm": state.algorithm, "seed": state.seed, "round": r}
         if results is not None:
             record.update(evaluation_metrics(results, self.local_test))

@@ -25,8 +25,16 @@ class GlobalEvaluation:
     accuracy on every client's distribution: Acc_m = sum_c pi^m_c acc_c (FedACD Table 2 [RECON]),
     averaged over the clients (``priors`` [N, C], each client's training label distribution)."""
 
-    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                 priors: np.ndarray, batch_size: int = 1000, workers: int = 1) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        num_classes: int,
+        priors: np.ndarray,
+        batch_size: int = 1000,
+        workers: int = 1,
+    ) -> None:
         """``workers``: threads that evaluate the test batches concurrently (it runs while no client
         trains, so the parallel engine passes its own count). Each batch runs with the caller's
         intra-op thread count and the batches' sums are added in batch order, so the numbers do not
@@ -52,11 +60,13 @@ class GlobalEvaluation:
         loss = math.fsum(loss for _, loss in parts)
         with np.errstate(invalid="ignore", divide="ignore"):
             per_class = np.where(self.class_counts > 0, hits / self.class_counts, np.nan)
-        return {"global_accuracy": float(hits.sum() / len(self.y)),
-                "global_test_loss": loss / len(self.y),
-                "global_class_accuracy": [float(a) for a in per_class],
-                "global_client_accuracy": float(np.mean(client_accuracies(self.priors, per_class))),
-                "global_eval_seconds": time.perf_counter() - start}
+        return {
+            "global_accuracy": float(hits.sum() / len(self.y)),
+            "global_test_loss": loss / len(self.y),
+            "global_class_accuracy": [float(a) for a in per_class],
+            "global_client_accuracy": float(np.mean(client_accuracies(self.priors, per_class))),
+            "global_eval_seconds": time.perf_counter() - start,
+        }
 
     def _thread_model(self, threads: int) -> nn.Module:
         """This thread's copy of the model (``functional_call`` swaps a module's parameters, so
@@ -70,8 +80,8 @@ class GlobalEvaluation:
     @torch.no_grad()
     def _batch(self, model: nn.Module, params: Mapping[str, torch.Tensor], i: int) -> tuple[np.ndarray, float]:
         """Per-class correct counts and the summed loss of test batch ``i``."""
-        logits = forward(model, params, self.x[i:i + self.batch_size], train=False)
-        target = self.y[i:i + self.batch_size]
+        logits = forward(model, params, self.x[i : i + self.batch_size], train=False)
+        target = self.y[i : i + self.batch_size]
         correct = torch.bincount(target[logits.argmax(1) == target], minlength=self.num_classes)
         return correct.cpu().numpy(), float(F.cross_entropy(logits, target, reduction="sum"))
 
@@ -101,15 +111,14 @@ class AdaptabilityMetrics:
         self.gamma = gamma
 
     @torch.no_grad()
-    def __call__(self, setup: Any, client_id: int,
-                 params: Mapping[str, torch.Tensor] | Ensemble) -> dict[str, Any]:
+    def __call__(self, setup: Any, client_id: int, params: Mapping[str, torch.Tensor] | Ensemble) -> dict[str, Any]:
         test = setup.data.global_test
         if test is None:
-            raise ValueError("metrics.adaptability needs the global test set (test_set = \"official\")")
+            raise ValueError('metrics.adaptability needs the global test set (test_set = "official")')
         C, client, rows = setup.data.num_classes, setup.data.client(client_id), setup.train.eval_batch_size
         correct = torch.zeros(C, device=test[1].device)
         for i in range(0, len(test[1]), rows):
-            x, y = test[0][i:i + rows], test[1][i:i + rows]
+            x, y = test[0][i : i + rows], test[1][i : i + rows]
             correct.index_add_(0, y, (prediction_logits(setup.model, params, x).argmax(1) == y).to(correct.dtype))
         sums = probability_sums(setup.model, params, client.train_x, client.train_y, C, rows)
         counts = torch.bincount(client.train_y, minlength=C)

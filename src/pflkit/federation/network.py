@@ -24,8 +24,10 @@ def reachable(address: str, timeout: float = 5.0) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as exc:
-        raise ConfigError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` "
-                          "running there, and is the port open?)") from None
+        raise ConfigError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is `ray start --head` "
+            "running there, and is the port open?)"
+        ) from None
 
 
 def prepare_ray(address: str | None) -> None:

@@ -26,8 +26,9 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def initial_params(config: BaseConfig, data: FederatedData | tuple[Any, ...], seed: int,
-                   device: torch.device) -> tuple[UnitModel, dict[str, torch.Tensor]]:
+def initial_params(
+    config: BaseConfig, data: FederatedData | tuple[Any, ...], seed: int, device: torch.device
+) -> tuple[UnitModel, dict[str, torch.Tensor]]:
     """The config's model skeleton and Theta^0, seeded by the run seed (same for every algorithm).
 
     ``data`` is a FederatedData or (input shape, number of classes[, vocabulary size])."""
@@ -38,8 +39,13 @@ def initial_params(config: BaseConfig, data: FederatedData | tuple[Any, ...], se
     return initial_model(config.model_for(shape), data, seed, device, config.pretrained)
 
 
-def initial_model(name: str, data: FederatedData | tuple[Any, ...], seed: int, device: torch.device | str,
-                  pretrained: str | None = None) -> tuple[UnitModel, dict[str, torch.Tensor]]:
+def initial_model(
+    name: str,
+    data: FederatedData | tuple[Any, ...],
+    seed: int,
+    device: torch.device | str,
+    pretrained: str | None = None,
+) -> tuple[UnitModel, dict[str, torch.Tensor]]:
     """Model ``name`` for ``data`` and its Theta^0 from the run seed: every run, benchmark and
     Flower node starts from this. Built on the CPU from a seeded generator, Theta^0 is identical on
     every machine with the same PyTorch version, which lets Flower nodes build it locally. Theta^0
@@ -81,14 +87,22 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
     if config.dataset == "pfllib":
         assert config.data_dir is not None  # (the config requires it for pfllib)
         data = load_pfllib(config.data_dir, device=device)
-        log.info("dataset pfllib: using the %d client splits of %s; partition, alpha, classes_per_client, "
-                 "balanced, min_samples_per_client, train_fraction and partition_seed are ignored",
-                 data.num_clients, config.data_dir)
+        log.info(
+            "dataset pfllib: using the %d client splits of %s; partition, alpha, classes_per_client, "
+            "balanced, min_samples_per_client, train_fraction and partition_seed are ignored",
+            data.num_clients,
+            config.data_dir,
+        )
         if data.num_clients != config.partition.num_clients:
-            log.warning("num_clients=%d replaced by the %d clients of %s/config.json", config.partition.num_clients,
-                        data.num_clients, config.data_dir)
-            config = config.model_copy(update={
-                "partition": config.partition.model_copy(update={"num_clients": data.num_clients})})
+            log.warning(
+                "num_clients=%d replaced by the %d clients of %s/config.json",
+                config.partition.num_clients,
+                data.num_clients,
+                config.data_dir,
+            )
+            config = config.model_copy(
+                update={"partition": config.partition.model_copy(update={"num_clients": data.num_clients})}
+            )
         return config, {s: data for s in seeds}
     dataset = load_dataset(config.dataset, config.data_dir, official_test=config.partition.official)
     return config, {s: partition_dataset(config, dataset, s, device) for s in sorted(seeds)}

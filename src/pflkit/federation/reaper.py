@@ -70,7 +70,7 @@ def marked_processes(marker: str) -> list[int]:
                 environ = (entry / "environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            values = [e[len(prefix):] for e in environ if e.startswith(prefix)]
+            values = [e[len(prefix) :] for e in environ if e.startswith(prefix)]
             if values and wanted in values[0].split():
                 found.append(int(entry.name))
     return found
@@ -87,9 +87,14 @@ def reaped(parent: int | None = None) -> Iterator[str]:
         return
     marker = secrets.token_hex(8)
     env = {k: v for k, v in os.environ.items() if k != MARKER}
-    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(parent or os.getpid()), marker],
-                                env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watchdog = subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG, str(parent or os.getpid()), marker],
+        env=env,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     previous = os.environ.get(MARKER)
     os.environ[MARKER] = f"{previous} {marker}" if previous else marker
     try:

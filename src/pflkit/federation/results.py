@@ -1,15 +1,15 @@
 """The results folder of one experiment.
 
-    config.toml       the resolved configuration (every default filled in)
-    run.json          status: running | failed (with the error) | complete; pflkit version, host and
-                      process id of the run
-    metrics.jsonl     one JSON record per (algorithm, seed, round)
-    summary.json      written last, only when every run finished
-    partition-seed<k>.json  the partition of partition seed k: how it was drawn (method, rng, the
-                      minimum enforced, any fallback) and each client's train/test class counts
-    plots/            accuracy.png, partition-seed<k>.png
-    checkpoints/      <algorithm>-seed<k>.pt, the latest state of each run (for --resume)
-    .lock             held (``flock``) by the process that writes the folder: a second one is refused
+config.toml       the resolved configuration (every default filled in)
+run.json          status: running | failed (with the error) | complete; pflkit version, host and
+                  process id of the run
+metrics.jsonl     one JSON record per (algorithm, seed, round)
+summary.json      written last, only when every run finished
+partition-seed<k>.json  the partition of partition seed k: how it was drawn (method, rng, the
+                  minimum enforced, any fallback) and each client's train/test class counts
+plots/            accuracy.png, partition-seed<k>.png
+checkpoints/      <algorithm>-seed<k>.pt, the latest state of each run (for --resume)
+.lock             held (``flock``) by the process that writes the folder: a second one is refused
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError:
         if path.is_symlink():
-            raise FolderBusyError(f"{path} is a symbolic link (to {os.readlink(path)}): pflkit writes its lock file "
-                                  "there and would overwrite what it points to; remove the link") from None
+            raise FolderBusyError(
+                f"{path} is a symbolic link (to {os.readlink(path)}): pflkit writes its lock file "
+                "there and would overwrite what it points to; remove the link"
+            ) from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -77,11 +79,16 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-            raise FolderBusyError(f"{what} {root} is in use by {holder}: wait until it ends (or stop it), "
-                                  "or choose another folder") from None
+            raise FolderBusyError(
+                f"{what} {root} is in use by {holder}: wait until it ends (or stop it), or choose another folder"
+            ) from None
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pflkit pid {os.getpid()} on host {socket.gethostname()} since "
-                      f"{dt.datetime.now().isoformat(timespec='seconds')}\n".encode(), 0)
+        os.pwrite(
+            fd,
+            f"pflkit pid {os.getpid()} on host {socket.gethostname()} since "
+            f"{dt.datetime.now().isoformat(timespec='seconds')}\n".encode(),
+            0,
+        )
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
@@ -93,11 +100,16 @@ def folder_lock(root: Path, what: str = "results folder") -> Iterator[None]:
 EXECUTION_KEYS = frozenset({"run.workers", "run.state_cache", "run.checkpoint_every", "run.tracker"})
 
 #: where a folder's run executes, as run.json records it, and how each says so in messages
-BACKENDS = {"simulator": "in the simulator (pflkit run)", "flower": "on a Flower deployment",
-            "flower-simulation": "on Flower's Simulation Engine (pflkit run --on flower-simulation)"}
-RESUME_COMMANDS = {"simulator": "pflkit run --resume FOLDER",
-                   "flower": "start its ServerApp again with the same out folder",
-                   "flower-simulation": "its pflkit run --on flower-simulation command again, with --out FOLDER"}
+BACKENDS = {
+    "simulator": "in the simulator (pflkit run)",
+    "flower": "on a Flower deployment",
+    "flower-simulation": "on Flower's Simulation Engine (pflkit run --on flower-simulation)",
+}
+RESUME_COMMANDS = {
+    "simulator": "pflkit run --resume FOLDER",
+    "flower": "start its ServerApp again with the same out folder",
+    "flower-simulation": "its pflkit run --on flower-simulation command again, with --out FOLDER",
+}
 
 
 def _comparable(record: Mapping[str, Any]) -> str:
@@ -129,8 +141,11 @@ def machine() -> str:
 
     cpu = platform.processor() or platform.machine()
     try:
-        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ]
         cpu = names[0] if names else cpu
     except OSError:
         pass
@@ -147,8 +162,10 @@ def read_json_object(path: Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not the object pflkit writes: "
-                         "the folder is damaged or was not written by pflkit")
+        raise ValueError(
+            f"{path} holds a JSON {type(data).__name__}, not the object pflkit writes: "
+            "the folder is damaged or was not written by pflkit"
+        )
     return data
 
 
@@ -190,8 +207,10 @@ class ResultsFolder:
     def create(self, config: Mapping[str, Any], backend: str = "simulator") -> None:
         """Start a new folder for a run on ``backend`` (``BACKENDS``); refuse one that already holds files."""
         if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
-            raise FileExistsError(f"results folder {self.root} already exists and is not empty; "
-                                  f"use --resume {self.root} to continue it, or choose another --out")
+            raise FileExistsError(
+                f"results folder {self.root} already exists and is not empty; "
+                f"use --resume {self.root} to continue it, or choose another --out"
+            )
         (self.root / "checkpoints").mkdir(parents=True, exist_ok=True)
         self.plots.mkdir(exist_ok=True)
         text = tomli_w.dumps(dict(config))
@@ -199,9 +218,12 @@ class ResultsFolder:
         self.metrics_path.touch()
         self.set_status("running", config_sha256=config_digest(text), backend=backend)
 
-    def start_or_resume(self, config: Mapping[str, Any],
-                        resolve: Callable[[dict[str, Any]], Mapping[str, Any]] = dict,
-                        backend: str = "simulator") -> bool:
+    def start_or_resume(
+        self,
+        config: Mapping[str, Any],
+        resolve: Callable[[dict[str, Any]], Mapping[str, Any]] = dict,
+        backend: str = "simulator",
+    ) -> bool:
         """Create the folder for ``config``; or, when it holds an unfinished run of the same
         config on the same ``backend``, return True: the caller continues that run. ``resolve`` maps
         the saved table to the form of ``config`` (an older pflkit wrote its keys flat)."""
@@ -214,8 +236,10 @@ class ResultsFolder:
         saved = dict(resolve(tomllib.loads(self.config_path.read_text(encoding="utf-8"))))
         keys = [k for k in differences(saved, dict(config)) if k not in EXECUTION_KEYS]
         if keys:
-            raise FileExistsError(f"results folder {self.root} holds an unfinished run of another config "
-                                  f"(it differs in {', '.join(keys[:5])}); choose another out")
+            raise FileExistsError(
+                f"results folder {self.root} holds an unfinished run of another config "
+                f"(it differs in {', '.join(keys[:5])}); choose another out"
+            )
         return True
 
     def set_status(self, status: str, **extra: Any) -> None:
@@ -228,11 +252,19 @@ class ResultsFolder:
                 kept["config_sha256"] = previous["config_sha256"]
             except (RuntimeError, KeyError):  # an unreadable run.json: the digest of the config the folder holds
                 if self.config_path.is_file():
-                    kept = {"config_sha256": config_digest(self.config_path.read_text(encoding="utf-8",
-                                                                                      errors="replace"))}
-        info = {"status": status, "pflkit_version": __version__, "host": socket.gethostname(), "machine": machine(),
-                "pid": os.getpid(),
-                "updated": dt.datetime.now().isoformat(timespec="seconds"), **kept, **extra}
+                    kept = {
+                        "config_sha256": config_digest(self.config_path.read_text(encoding="utf-8", errors="replace"))
+                    }
+        info = {
+            "status": status,
+            "pflkit_version": __version__,
+            "host": socket.gethostname(),
+            "machine": machine(),
+            "pid": os.getpid(),
+            "updated": dt.datetime.now().isoformat(timespec="seconds"),
+            **kept,
+            **extra,
+        }
         atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
 
     def status(self) -> dict[str, Any]:
@@ -254,20 +286,26 @@ class ResultsFolder:
         status = self.status()
         ran_on = status.get("backend", "simulator")
         if ran_on != backend:
-            raise RuntimeError(f"{self.root} was run {BACKENDS.get(ran_on, ran_on)}; it continues only there "
-                               f"({RESUME_COMMANDS.get(ran_on, 'the same way')}), not {BACKENDS.get(backend, backend)}")
+            raise RuntimeError(
+                f"{self.root} was run {BACKENDS.get(ran_on, ran_on)}; it continues only there "
+                f"({RESUME_COMMANDS.get(ran_on, 'the same way')}), not {BACKENDS.get(backend, backend)}"
+            )
         version = status.get("pflkit_version")
         if version != __version__:
-            raise RuntimeError(f"{self.root} was written by pflkit {version}, this is pflkit {__version__}: "
-                               "resume it with that version, or start a new run")
+            raise RuntimeError(
+                f"{self.root} was written by pflkit {version}, this is pflkit {__version__}: "
+                "resume it with that version, or start a new run"
+            )
         if not self.config_path.is_file():
             raise FileNotFoundError(f"{self.root} has no config.toml: it cannot be resumed")
         digest = status.get("config_sha256")
         text = self.config_path.read_text(encoding="utf-8", errors="replace")
         if digest is not None and digest != config_digest(text):
-            raise RuntimeError(f"{self.config_path} was edited after the run started, so its checkpoints and "
-                               "metrics belong to another config: restore the file, or start a new run with the "
-                               f"edited config (pflkit run {self.config_path} --out NEW_FOLDER)")
+            raise RuntimeError(
+                f"{self.config_path} was edited after the run started, so its checkpoints and "
+                "metrics belong to another config: restore the file, or start a new run with the "
+                f"edited config (pflkit run {self.config_path} --out NEW_FOLDER)"
+            )
 
     def config_table(self) -> dict[str, Any]:
         """config.toml as saved (the resolved tables, neither validated nor warned about), or an
@@ -314,9 +352,11 @@ class ResultsFolder:
         if same_run and (state.config_sha256 is None or digest is None or state.config_sha256 == digest):
             return
         of = f"{state.algorithm} seed {state.seed}" + ("" if not same_run else " under another config")
-        raise RuntimeError(f"checkpoint {self.checkpoint_path(algorithm, seed)} is the state of {of}, not of "
-                           f"{algorithm} seed {seed} of this folder's config: it was copied in from another run; "
-                           "remove it (that run then starts from round 0) or restore the right file")
+        raise RuntimeError(
+            f"checkpoint {self.checkpoint_path(algorithm, seed)} is the state of {of}, not of "
+            f"{algorithm} seed {seed} of this folder's config: it was copied in from another run; "
+            "remove it (that run then starts from round 0) or restore the right file"
+        )
 
     def saved_histories(self, algorithms: Iterable[str], seeds: Iterable[int]) -> list[dict[str, Any]]:
         """The records every run's checkpoint holds, checked against metrics.jsonl before anything is
@@ -334,14 +374,18 @@ class ResultsFolder:
                     self.check_checkpoint(state, alg, seed)
                     history = state.history
                 if rows and not path.is_file():
-                    raise RuntimeError(f"{self.metrics_path} holds {len(rows)} records of {alg} seed {seed} but "
-                                       f"its checkpoint {path} is missing: resuming would drop them. Restore the "
-                                       "checkpoint, or start a new run")
+                    raise RuntimeError(
+                        f"{self.metrics_path} holds {len(rows)} records of {alg} seed {seed} but "
+                        f"its checkpoint {path} is missing: resuming would drop them. Restore the "
+                        "checkpoint, or start a new run"
+                    )
                 common = min(len(rows), len(history))
                 if [_comparable(r) for r in rows[:common]] != [_comparable(r) for r in history[:common]]:
-                    raise RuntimeError(f"checkpoint {path} disagrees with the records of {alg} seed {seed} in "
-                                       f"{self.metrics_path}: one of them belongs to another run; restore the "
-                                       "folder's own files, or start a new run")
+                    raise RuntimeError(
+                        f"checkpoint {path} disagrees with the records of {alg} seed {seed} in "
+                        f"{self.metrics_path}: one of them belongs to another run; restore the "
+                        "folder's own files, or start a new run"
+                    )
                 records.extend(history)
         return records
 
@@ -374,8 +418,10 @@ class TensorBoardTracker:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise RuntimeError("tracker = \"tensorboard\" needs the tensorboard package: pip install "
-                               "'pflkit[tensorboard]' (or set tracker = \"none\")") from None
+            raise RuntimeError(
+                'tracker = "tensorboard" needs the tensorboard package: pip install '
+                "'pflkit[tensorboard]' (or set tracker = \"none\")"
+            ) from None
         self.writer = SummaryWriter(log_dir=str(folder))
 
     def on_record(self, state: Any, record: Mapping[str, Any]) -> None:

@@ -85,13 +85,25 @@ class ProgressBar:
             self.bar.set_postfix(acc=f"{100 * record['accuracy']:.2f}%")
 
 
-def client_store(config: BaseConfig, results: ResultsFolder, name: str, algorithm: Algorithm, init: Params,
-                 seed: int, device: torch.device) -> DiskStateStore:
+def client_store(
+    config: BaseConfig,
+    results: ResultsFolder,
+    name: str,
+    algorithm: Algorithm,
+    init: Params,
+    seed: int,
+    device: torch.device,
+) -> DiskStateStore:
     """The disk store of run (``name``, ``seed``); a client's first state is ``init_client``'s."""
     clients = config.partition.num_clients
     per_round = max(1, int(config.run.join_ratio * clients))
-    return DiskStateStore(results.states_path(name, seed), clients, lambda i: algorithm.init_client(init, i),
-                          cache=config.run.state_cache or min(per_round, 64), device=device)
+    return DiskStateStore(
+        results.states_path(name, seed),
+        clients,
+        lambda i: algorithm.init_client(init, i),
+        cache=config.run.state_cache or min(per_round, 64),
+        device=device,
+    )
 
 
 def plateau_rule(config: BaseConfig, algorithm: Algorithm) -> Plateau | None:
@@ -106,31 +118,56 @@ def plateau_rule(config: BaseConfig, algorithm: Algorithm) -> Plateau | None:
     return Plateau(run.plateau_evaluations, run.plateau_points, metric, not_before=algorithm.schedule_rounds())
 
 
-def open_session(config: BaseConfig, results: ResultsFolder, backend: Backend, setup: SeedStart, name: str,
-                 algorithm: Algorithm, seed: int) -> RunSession:
+def open_session(
+    config: BaseConfig,
+    results: ResultsFolder,
+    backend: Backend,
+    setup: SeedStart,
+    name: str,
+    algorithm: Algorithm,
+    seed: int,
+) -> RunSession:
     """The run (``name``, ``seed``) of ``config``: continued from its checkpoint in ``results``
     where one exists, its clients in the configured store (on Flower: with the nodes)."""
-    driver = RoundDriver(algorithm, num_clients=config.partition.num_clients, seed=seed, rounds=config.train.rounds,
-                         join_ratio=config.run.join_ratio, eval_every=config.run.eval_every,
-                         global_evaluation=setup.global_evaluation, local_test=config.partition.official,
-                         evaluate_all=config.run.eval_all_clients)
+    driver = RoundDriver(
+        algorithm,
+        num_clients=config.partition.num_clients,
+        seed=seed,
+        rounds=config.train.rounds,
+        join_ratio=config.run.join_ratio,
+        eval_every=config.run.eval_every,
+        global_evaluation=setup.global_evaluation,
+        local_test=config.partition.official,
+        evaluate_all=config.run.eval_all_clients,
+    )
     store = None
     if config.run.state_store == "disk" and backend.keeps_client_states:
         store = client_store(config, results, name, algorithm, setup.init, seed, backend.device)
-    session = RunSession.open(driver, setup.init, setup.summaries, checkpoint=results.checkpoint_path(name, seed),
-                              store=store, client_states=backend.keeps_client_states, device=backend.device)
+    session = RunSession.open(
+        driver,
+        setup.init,
+        setup.summaries,
+        checkpoint=results.checkpoint_path(name, seed),
+        store=store,
+        client_states=backend.keeps_client_states,
+        device=backend.device,
+    )
     results.check_checkpoint(session.state, name, seed)
     if session.state.config_sha256 is None:  # a new run (or one checkpointed by an older release)
         session.state.config_sha256 = results.config_sha256()
     return session
 
 
-def outputs(config: BaseConfig, results: ResultsFolder, backend: Backend, name: str, algorithm: Algorithm,
-            seed: int, bar: Any) -> list[Callback]:
+def outputs(
+    config: BaseConfig, results: ResultsFolder, backend: Backend, name: str, algorithm: Algorithm, seed: int, bar: Any
+) -> list[Callback]:
     """What watches a run's records: its checkpoints, metrics.jsonl, the progress bar, the
     configured traces and trackers, and the plateau rule that may end it."""
-    callbacks: list[Callback] = [Checkpointer(results.checkpoint_path(name, seed), config.run.checkpoint_every),
-                                 MetricsWriter(results), ProgressBar(bar)]
+    callbacks: list[Callback] = [
+        Checkpointer(results.checkpoint_path(name, seed), config.run.checkpoint_every),
+        MetricsWriter(results),
+        ProgressBar(bar),
+    ]
     rule = plateau_rule(config, algorithm)
     if rule is not None:
         callbacks.append(rule)
@@ -149,13 +186,27 @@ class Summarizer(Protocol):
     def server_state(self, name: str, seed: int, server: Mapping[str, Any], plots: Path) -> None:
         """Figures of a finished run's server state (drawn for the first seed)."""
 
-    def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],
-               seeds: Sequence[int], tta_bases: Mapping[str, str], plots: Path, title: str,
-               official: bool) -> dict[str, Any]: ...
+    def finish(
+        self,
+        histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
+        algorithms: Sequence[str],
+        seeds: Sequence[int],
+        tta_bases: Mapping[str, str],
+        plots: Path,
+        title: str,
+        official: bool,
+    ) -> dict[str, Any]: ...
 
 
-def run_all(config: BaseConfig, results: ResultsFolder, backend: Backend, summarizer: Summarizer, *,
-            progress: bool = True, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+def run_all(
+    config: BaseConfig,
+    results: ResultsFolder,
+    backend: Backend,
+    summarizer: Summarizer,
+    *,
+    progress: bool = True,
+    callbacks: Sequence[Callback] = (),
+) -> dict[str, Any]:
     """Every algorithm x seed of ``config`` (continuing from the folder's checkpoints); returns
     the summary (made and drawn by ``summarizer``), written last with the status ``complete``
     (``failed`` with the error, or ``interrupted`` with the resume command, otherwise)."""
@@ -169,26 +220,38 @@ def run_all(config: BaseConfig, results: ResultsFolder, backend: Backend, summar
             if setup.partition_seed not in plotted:
                 plotted.add(setup.partition_seed)
                 results.write_partition(setup.partition_seed, setup.partition)
-                summarizer.partition(setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png",
-                                 setup.partition_title)
+                summarizer.partition(
+                    setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png", setup.partition_title
+                )
             for name in config.algorithms:
                 algorithm = build_algorithm(name, config.algorithm_sections(), config.train, setup.units)
                 extras[name] = algorithm.summary_metrics(setup.init)
                 session = open_session(config, results, backend, setup, name, algorithm, seed)
                 if not session.done:
-                    bar = tqdm(total=config.train.rounds, initial=session.state.rounds_done,
-                               desc=f"{name} seed {seed}", disable=not progress, leave=True, dynamic_ncols=True)
+                    bar = tqdm(
+                        total=config.train.rounds,
+                        initial=session.state.rounds_done,
+                        desc=f"{name} seed {seed}",
+                        disable=not progress,
+                        leave=True,
+                        dynamic_ncols=True,
+                    )
                     with bar if progress else nullcontext():
-                        session.callbacks = [*outputs(config, results, backend, name, algorithm, seed, bar),
-                                             *callbacks]
+                        session.callbacks = [*outputs(config, results, backend, name, algorithm, seed, bar), *callbacks]
                         backend.run(session)
                 state = session.state
                 histories[(name, seed)] = state.history
                 if seed == config.seeds[0]:
                     summarizer.server_state(name, seed, state.server, results.plots)
-        summary = summarizer.finish(histories, config.algorithms, config.seeds, tta_bases(config.algorithms),
-                                results.plots, f"{config.dataset}, {config.partition.method}, "
-                                f"{config.partition.num_clients} clients", official=config.partition.official)
+        summary = summarizer.finish(
+            histories,
+            config.algorithms,
+            config.seeds,
+            tta_bases(config.algorithms),
+            results.plots,
+            f"{config.dataset}, {config.partition.method}, {config.partition.num_clients} clients",
+            official=config.partition.official,
+        )
         for name, values in extras.items():
             summary[name].update(values)
         results.write_summary(summary)

@@ -42,8 +42,13 @@ class RunSession:
     """One run: ``driver`` plans and finishes its rounds on ``state``; ``callbacks`` see every
     record, and those that are ``StopRule``s may end training early."""
 
-    def __init__(self, driver: RoundDriver, state: RunState, callbacks: Sequence[Callback] = (),
-                 sizes: Mapping[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        driver: RoundDriver,
+        state: RunState,
+        callbacks: Sequence[Callback] = (),
+        sizes: Mapping[int, int] | None = None,
+    ) -> None:
         """``sizes``: each client's training-set size (from its summary), which lets ``step`` fold
         uploads in as they arrive."""
         self.driver = driver
@@ -52,9 +57,18 @@ class RunSession:
         self.sizes = sizes
 
     @classmethod
-    def open(cls, driver: RoundDriver, init: Params, summaries: list[ClientSummary], *,
-             checkpoint: Path | None = None, store: ClientStore | None = None, client_states: bool = True,
-             device: torch.device | str = "cpu", callbacks: Sequence[Callback] = ()) -> RunSession:
+    def open(
+        cls,
+        driver: RoundDriver,
+        init: Params,
+        summaries: list[ClientSummary],
+        *,
+        checkpoint: Path | None = None,
+        store: ClientStore | None = None,
+        client_states: bool = True,
+        device: torch.device | str = "cpu",
+        callbacks: Sequence[Callback] = (),
+    ) -> RunSession:
         """The run continued from ``checkpoint`` where that file exists, else started from ``init``.
         ``store`` keeps the clients (default: in memory; ``client_states`` False: they live with the
         clients, as on Flower nodes)."""

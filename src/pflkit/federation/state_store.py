@@ -78,8 +78,15 @@ class DiskStateStore(MutableMapping[int, State]):
     memory (least recently used are dropped: every state is on disk as soon as it is set).
     """
 
-    def __init__(self, folder: Path, num_clients: int, make: Callable[[int], State] | None, *, cache: int,
-                 device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        folder: Path,
+        num_clients: int,
+        make: Callable[[int], State] | None,
+        *,
+        cache: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
         if cache < 1:
             raise ValueError(f"the state cache must hold at least one client (got {cache})")
         self.folder = Path(folder)
@@ -121,8 +128,10 @@ class DiskStateStore(MutableMapping[int, State]):
             try:
                 state = to_device(torch.load(path, map_location="cpu", weights_only=True), self.device)
             except Exception as exc:  # noqa: BLE001 - every unreadable file gets the same clear message
-                raise RuntimeError(f"client state file {path} is unreadable ({type(exc).__name__}: {exc}); "
-                                   "the results folder is damaged") from exc
+                raise RuntimeError(
+                    f"client state file {path} is unreadable ({type(exc).__name__}: {exc}); "
+                    "the results folder is damaged"
+                ) from exc
         self._remember(client, state)
         return state
 
@@ -191,9 +200,11 @@ class DiskStateStore(MutableMapping[int, State]):
         self._unsynced.clear()
         missing = [c for c, v in self.versions.items() if not self._path(c, v).is_file()]
         if missing:
-            raise FileNotFoundError(f"the checkpoint names client state files that are missing in {self.folder} "
-                                    f"(clients {missing[:5]}{'...' if len(missing) > 5 else ''}): files were deleted "
-                                    "or the results folder was copied without its states/ folder")
+            raise FileNotFoundError(
+                f"the checkpoint names client state files that are missing in {self.folder} "
+                f"(clients {missing[:5]}{'...' if len(missing) > 5 else ''}): files were deleted "
+                "or the results folder was copied without its states/ folder"
+            )
         self.prune()
         return self
 

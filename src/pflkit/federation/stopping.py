@@ -42,8 +42,9 @@ def _request_stop(signum: int, frame: Any) -> None:
         os._exit(130)
         return  # (only where os._exit is replaced, in tests)
     _state.reason = "stopped by SIGTERM" if signum == signal.SIGTERM else "interrupted (Ctrl-C)"
-    sys.stderr.write(f"\n{_state.reason}: stopping (the clients in flight are abandoned; "
-                     "Ctrl-C again aborts at once)...\n")
+    sys.stderr.write(
+        f"\n{_state.reason}: stopping (the clients in flight are abandoned; Ctrl-C again aborts at once)...\n"
+    )
     sys.stderr.flush()
     if _state.cooperative:
         return

@@ -46,11 +46,17 @@ def query(message: Message, context: Context) -> Message:
     meta: Mapping[str, Any] = message.content["pflkit"]  # the ConfigRecord the server wrote
     setup = node_setup(str(meta["config"]), context.node_config, int(meta["seed"]))
     counts = np.bincount(setup.client.train_y.cpu().numpy(), minlength=setup.data.num_classes)
-    reply = ConfigRecord({"client-id": setup.client_id, "num-train": setup.client.num_train,
-                          "num-test": setup.client.num_test, "label-counts": [int(c) for c in counts],
-                          "input-shape": [int(s) for s in setup.data.input_shape],
-                          "num-classes": int(setup.data.num_classes),
-                          "vocab-size": int(setup.data.vocab_size or 0)})  # 0: image data
+    reply = ConfigRecord(
+        {
+            "client-id": setup.client_id,
+            "num-train": setup.client.num_train,
+            "num-test": setup.client.num_test,
+            "label-counts": [int(c) for c in counts],
+            "input-shape": [int(s) for s in setup.data.input_shape],
+            "num-classes": int(setup.data.num_classes),
+            "vocab-size": int(setup.data.vocab_size or 0),
+        }
+    )  # 0: image data
     return Message(RecordDict({"pflkit": reply}), reply_to=message)
 
 
@@ -71,8 +77,11 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     setup, algorithm = run.setup, run.round_setup.algorithm
     key = state_key(name, seed)
     shared = meta["state-dir"] if "state-dir" in meta else None  # the simulation's folder: no copy in memory
-    path = (Path(str(shared)) / f"client{setup.client_id}" / f"{key}.pt" if shared is not None
-            else state_file(context.node_config, key))
+    path = (
+        Path(str(shared)) / f"client{setup.client_id}" / f"{key}.pt"
+        if shared is not None
+        else state_file(context.node_config, key)
+    )
     if shared is None and serde.has(context.state, key):
         versions = versions_from_record(serde.get(context.state, key, setup.device))
     elif path is not None and path.is_file():
@@ -83,12 +92,15 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     state = state_before(versions, round)
     if state is None:
         if versions:
-            raise RuntimeError(f"client {setup.client_id} holds no state of {key} from before round {round} "
-                               f"(its saved rounds: {[r for r, _ in versions]})")
+            raise RuntimeError(
+                f"client {setup.client_id} holds no state of {key} from before round {round} "
+                f"(its saved rounds: {[r for r, _ in versions]})"
+            )
         state = algorithm.init_client(setup.init, setup.client_id)
     payload = serde.get(message.content, "payload", setup.device)
-    result = run_client(run.round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train),
-                        round)
+    result = run_client(
+        run.round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train), round
+    )
     content = RecordDict()
     metrics: dict[str, Any] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
     metrics.update({k: [float(x) for x in v] for k, v in result.metrics.items() if isinstance(v, list)})

@@ -19,9 +19,10 @@ class LocalGrid(Grid):
 
     def __init__(self, client_app: ClientApp, node_configs: list[dict[str, Any]]) -> None:
         self.client_app = client_app
-        self.contexts = {1000 + i: Context(run_id=1, node_id=1000 + i, node_config=dict(cfg), state=RecordDict(),
-                                           run_config={})
-                         for i, cfg in enumerate(node_configs)}
+        self.contexts = {
+            1000 + i: Context(run_id=1, node_id=1000 + i, node_config=dict(cfg), state=RecordDict(), run_config={})
+            for i, cfg in enumerate(node_configs)
+        }
         self._run: Run | None = None
         self._replies: dict[str, Message] = {}
         # Flower's server runtime sets this process identity before a ServerApp runs; so do we.
@@ -34,8 +35,9 @@ class LocalGrid(Grid):
     def run(self) -> Run:
         return self._run  # type: ignore[return-value]  # Grid.run is a Run: set_run comes first
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:

@@ -24,8 +24,15 @@ from ..functional import to_device
 from ..methods import build_algorithm
 from ..models import UnitModel
 
-NUM_CLASSES = {"digits": 10, "mnist": 10, "synthetic": 10, "cifar10": 10, "cifar100": 100, "tiny_imagenet": 200,
-               "agnews": 4}
+NUM_CLASSES = {
+    "digits": 10,
+    "mnist": 10,
+    "synthetic": 10,
+    "cifar10": 10,
+    "cifar100": 100,
+    "tiny_imagenet": 200,
+    "agnews": 4,
+}
 
 
 @functools.lru_cache(maxsize=8)
@@ -102,16 +109,19 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
     client_id = int(node["partition-id"])
     clients = config.partition.num_clients
     if "num-partitions" in node and int(node["num-partitions"]) != clients:
-        raise ValueError(f"node config num-partitions={node['num-partitions']} differs from the experiment's "
-                         f"num_clients={clients}")
+        raise ValueError(
+            f"node config num-partitions={node['num-partitions']} differs from the experiment's num_clients={clients}"
+        )
     if not 0 <= client_id < clients:
         raise ValueError(f"partition-id {client_id} is outside 0..{clients - 1}")
     device = resolve_device(str(node.get("device", config.run.device)))
     torch.set_num_threads(int(node.get("threads", config.run.threads)))
     if "client-data" in node:
         if config.dataset not in NUM_CLASSES:
-            raise ValueError(f"client-data folders need a dataset with a known class count "
-                             f"({', '.join(NUM_CLASSES)}), not {config.dataset!r}")
+            raise ValueError(
+                f"client-data folders need a dataset with a known class count "
+                f"({', '.join(NUM_CLASSES)}), not {config.dataset!r}"
+            )
         data = _own_data(Path(str(node["client-data"])), client_id, NUM_CLASSES[config.dataset], device)
     else:
         data = _shared_partition(config_text, node.get("data-dir"), seed, str(device))
@@ -123,6 +133,7 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
 class NodeRun:
     """One run (config, algorithm, seed) on this node: what each of its messages reuses (the
     algorithm is ``round_setup.algorithm``)."""
+
     setup: NodeSetup
     round_setup: RoundSetup
 
@@ -137,8 +148,9 @@ def _node_run(config_text: str, node_items: tuple, name: str, seed: int) -> Node
     config = config_from_text(config_text)
     setup = _node_setup(config_text, node_items, seed)
     algorithm = setup.algorithm(config, name)
-    round_setup = RoundSetup(algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed,
-                             local_model_metrics(config.metrics))
+    round_setup = RoundSetup(
+        algorithm, setup.data, setup.model, setup.model.units(), setup.train, seed, local_model_metrics(config.metrics)
+    )
     return NodeRun(setup, round_setup)
 
 
@@ -187,5 +199,6 @@ def load_state(path: Path, device: torch.device) -> Versions:
         raw = torch.load(path, map_location="cpu", weights_only=True)
         return [(r, to_device(state, device)) for r, state in versions_from_record(raw)]
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear message
-        raise RuntimeError(f"client state file {path} is unreadable ({exc}); delete it to restart this client "
-                           "from the initial model") from exc
+        raise RuntimeError(
+            f"client state file {path} is unreadable ({exc}); delete it to restart this client from the initial model"
+        ) from exc

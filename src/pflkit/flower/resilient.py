@@ -37,8 +37,9 @@ class ResilientGrid(Grid):
     def run(self) -> Run:
         return self.grid.run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: float | None = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
         return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -76,16 +77,27 @@ class ResilientGrid(Grid):
             retry = {}
             for reply in got:
                 node = node_of.get(reply.metadata.reply_to_message_id)
-                if (reply.has_error() and reply.error.code == ErrorCode.NODE_UNAVAILABLE and node is not None
-                        and time.time() < deadline):
+                if (
+                    reply.has_error()
+                    and reply.error.code == ErrorCode.NODE_UNAVAILABLE
+                    and node is not None
+                    and time.time() < deadline
+                ):
                     retry[node] = pending[node]
                 else:
                     replies.append(reply)
             if not retry:
                 break
-            log.warning("SuperNode(s) %s unavailable; waiting up to %.0f s for them to come back",
-                        sorted(retry), deadline - time.time())
+            log.warning(
+                "SuperNode(s) %s unavailable; waiting up to %.0f s for them to come back",
+                sorted(retry),
+                deadline - time.time(),
+            )
             time.sleep(self.poll_seconds)
-            pending = {node: Message(m.content, dst_node_id=node, message_type=m.metadata.message_type,
-                                     group_id=m.metadata.group_id) for node, m in retry.items()}
+            pending = {
+                node: Message(
+                    m.content, dst_node_id=node, message_type=m.metadata.message_type, group_id=m.metadata.group_id
+                )
+                for node, m in retry.items()
+            }
         return replies

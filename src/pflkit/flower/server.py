@@ -35,14 +35,17 @@ from .strategy import PflkitStrategy
 log = logging.getLogger(__name__)
 
 
-def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
-             wait_seconds: float = 120.0) -> tuple[dict[int, int], list[ClientSummary], dict[str, Any]]:
+def discover(
+    grid: Grid, config: BaseConfig, config_text: str, seed: int, wait_seconds: float = 120.0
+) -> tuple[dict[int, int], list[ClientSummary], dict[str, Any]]:
     """Wait for ``num_clients`` nodes, ask each who it is; return client->node ids and summaries."""
     deadline = time.time() + wait_seconds
     while len(node_ids := list(grid.get_node_ids())) < config.partition.num_clients:
         if time.time() > deadline:
-            raise RuntimeError(f"only {len(node_ids)} of {config.partition.num_clients} SuperNodes connected "
-                               f"within {wait_seconds:.0f} s")
+            raise RuntimeError(
+                f"only {len(node_ids)} of {config.partition.num_clients} SuperNodes connected "
+                f"within {wait_seconds:.0f} s"
+            )
         time.sleep(1.0)
     content = RecordDict({"pflkit": ConfigRecord({"config": config_text, "seed": seed})})
     messages = [Message(content, dst_node_id=n, message_type=MessageType.QUERY, group_id="query") for n in node_ids]
@@ -60,8 +63,11 @@ def discover(grid: Grid, config: BaseConfig, config_text: str, seed: int,
             raise RuntimeError(f"two SuperNodes claim partition-id {cid}")
         nodes[cid] = reply.metadata.src_node_id
         summaries.append(ClientSummary(cid, int(rec["num-train"]), np.array(list(rec["label-counts"]))))
-        info = {"input_shape": tuple(int(s) for s in rec["input-shape"]), "num_classes": int(rec["num-classes"]),
-                "vocab_size": int(rec["vocab-size"]) or None}
+        info = {
+            "input_shape": tuple(int(s) for s in rec["input-shape"]),
+            "num_classes": int(rec["num-classes"]),
+            "vocab_size": int(rec["vocab-size"]) or None,
+        }
     missing = sorted(set(range(config.partition.num_clients)) - set(nodes))
     if missing:
         raise RuntimeError(f"no SuperNode holds client(s) {missing}; check each node's partition-id")
@@ -72,15 +78,21 @@ def check_flower_config(config: BaseConfig, simulation: bool = False) -> None:
     """Refuse the simulator-only keys before anything is written (``state_store = "disk"`` is
     Flower's Simulation Engine's too: its virtual SuperNodes share the results folder)."""
     if config.run.eval_all_clients:
-        raise ConfigError("eval_all_clients = true runs in the simulator only: on Flower only the sampled "
-                          "clients are reached each round; set eval_all_clients = false")
+        raise ConfigError(
+            "eval_all_clients = true runs in the simulator only: on Flower only the sampled "
+            "clients are reached each round; set eval_all_clients = false"
+        )
     if config.trace.clients:
-        raise ConfigError("trace.clients runs in the simulator only: on Flower the client models stay on the "
-                          "nodes; set trace.clients = []")
+        raise ConfigError(
+            "trace.clients runs in the simulator only: on Flower the client models stay on the "
+            "nodes; set trace.clients = []"
+        )
     if config.run.state_store == "disk" and not simulation:
-        raise ConfigError("state_store = \"disk\" runs in the simulator and on Flower's Simulation Engine only: in "
-                          "a deployment each node keeps its own client's state (its node config's state-dir); "
-                          "set state_store = \"memory\"")
+        raise ConfigError(
+            'state_store = "disk" runs in the simulator and on Flower\'s Simulation Engine only: in '
+            "a deployment each node keeps its own client's state (its node config's state-dir); "
+            'set state_store = "memory"'
+        )
 
 
 class FlowerBackend:
@@ -89,8 +101,15 @@ class FlowerBackend:
 
     keeps_client_states = False
 
-    def __init__(self, config: BaseConfig, config_text: str, grid: Grid, timeout: float, wait_seconds: float,
-                 client_state_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: BaseConfig,
+        config_text: str,
+        grid: Grid,
+        timeout: float,
+        wait_seconds: float,
+        client_state_dir: Path | None = None,
+    ) -> None:
         """``client_state_dir``: a folder every client reaches (Flower's Simulation Engine), where
         clients keep their states instead of in their nodes' memory (``state_store = "disk"``)."""
         check_flower_config(config, simulation=client_state_dir is not None)
@@ -106,15 +125,26 @@ class FlowerBackend:
 
     def setup_seed(self, seed: int) -> SeedStart:
         nodes, summaries, info = discover(self.grid, self.config, self.config_text, seed, self.wait_seconds)
-        model, init = initial_params(self.config, (info["input_shape"], info["num_classes"], info["vocab_size"]),
-                                     seed, self.device)
+        model, init = initial_params(
+            self.config, (info["input_shape"], info["num_classes"], info["vocab_size"]), seed, self.device
+        )
         self._nodes[seed], self._init[seed] = nodes, init
-        record = {"dataset": self.config.dataset, "num_clients": len(summaries), "num_classes": info["num_classes"],
-                  "source": "the SuperNodes' training label counts",
-                  "train_class_counts": [s.label_counts.tolist() for s in summaries]}
-        return SeedStart(init, model.units(), summaries, partition_seed(self.config, seed), record,
-                         f"{self.config.dataset}: training labels per client on Flower (seed {seed})",
-                         self._global_evaluation(model, summaries, info["num_classes"]))
+        record = {
+            "dataset": self.config.dataset,
+            "num_clients": len(summaries),
+            "num_classes": info["num_classes"],
+            "source": "the SuperNodes' training label counts",
+            "train_class_counts": [s.label_counts.tolist() for s in summaries],
+        }
+        return SeedStart(
+            init,
+            model.units(),
+            summaries,
+            partition_seed(self.config, seed),
+            record,
+            f"{self.config.dataset}: training labels per client on Flower (seed {seed})",
+            self._global_evaluation(model, summaries, info["num_classes"]),
+        )
 
     def _global_evaluation(self, model: Any, summaries: list[Any], num_classes: int) -> GlobalEvaluation | None:
         """The official protocol's global test set, read on the ServerApp's host (its data_dir)."""
@@ -130,14 +160,25 @@ class FlowerBackend:
     def run(self, session: RunSession) -> None:
         driver, state = session.driver, session.state
         strategy = PflkitStrategy(session, self.config_text, self._nodes[driver.seed], self.client_state_dir)
-        strategy.start(self.grid, initial_arrays=ArrayRecord(torch_state_dict=self._init[driver.seed]),
-                       num_rounds=driver.rounds, timeout=self.timeout)
+        strategy.start(
+            self.grid,
+            initial_arrays=ArrayRecord(torch_state_dict=self._init[driver.seed]),
+            num_rounds=driver.rounds,
+            timeout=self.timeout,
+        )
         if not state.done:
             raise RuntimeError(f"{driver.algorithm.name} seed {driver.seed}: the final evaluation did not run")
 
 
-def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: float = 3600.0,
-                  wait_seconds: float = 120.0, simulation: bool = False) -> dict[str, Any]:
+def run_on_flower(
+    config: BaseConfig,
+    grid: Grid,
+    out: str | Path,
+    *,
+    timeout: float = 3600.0,
+    wait_seconds: float = 120.0,
+    simulation: bool = False,
+) -> dict[str, Any]:
     """The Flower counterpart of ``run_experiment`` (same records, summary and plots).
 
     The server state, history and round are checkpointed in ``out`` after every
@@ -155,15 +196,17 @@ def run_on_flower(config: BaseConfig, grid: Grid, out: str | Path, *, timeout: f
         if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path)), kind):
             if simulation and config.run.state_store == "memory" and any(results.root.glob("checkpoints/*.pt")):
                 raise ConfigError(
-                    f"{results.root} was run on Flower's Simulation Engine with state_store = \"memory\": its "
+                    f'{results.root} was run on Flower\'s Simulation Engine with state_store = "memory": its '
                     "clients' states lived in the virtual SuperNodes, which ended with that process, so it cannot "
-                    "continue with the same numbers; run it again into a new folder (with state_store = \"disk\" "
-                    "a Flower simulation resumes)")
+                    'continue with the same numbers; run it again into a new folder (with state_store = "disk" '
+                    "a Flower simulation resumes)"
+                )
             log.info("continuing the unfinished run in %s from its checkpoints", results.root)
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")
-        backend = FlowerBackend(config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout,
-                                wait_seconds, state_dir)
+        backend = FlowerBackend(
+            config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout, wait_seconds, state_dir
+        )
         summary = run_all(config, results, backend, RunSummarizer(), progress=False)
     log.info("\n%s\nresults: %s", format_table(summary), results.root)
     return summary

@@ -30,8 +30,9 @@ def client_resources(config: BaseConfig) -> dict[str, float]:
     return {"num_cpus": float(config.run.threads), "num_gpus": 1.0 if config.run.device.startswith("cuda") else 0.0}
 
 
-def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address: str | None = None,
-                             timeout: float = 3600.0) -> dict[str, Any]:
+def run_on_flower_simulation(
+    config: BaseConfig, out: str | Path, *, ray_address: str | None = None, timeout: float = 3600.0
+) -> dict[str, Any]:
     """Run ``config`` into ``out`` on Flower's Simulation Engine; return the summary (the same
     results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
     check_flower_config(config, simulation=True)
@@ -60,8 +61,10 @@ def run_on_flower_simulation(config: BaseConfig, out: str | Path, *, ray_address
         init_args["address"] = ray_address
     # Ray's SIGTERM handler outlives the simulation otherwise; a Ray started here takes a token
     with signal_handlers_kept(), ray_keeps_signal_handlers(), local_ray_access(ray_address) as access:
-        backend_config: dict[str, dict[str, Any]] = {"client_resources": client_resources(config),
-                                                     "init_args": {**init_args, **access}}
+        backend_config: dict[str, dict[str, Any]] = {
+            "client_resources": client_resources(config),
+            "init_args": {**init_args, **access},
+        }
         run_simulation(server, client_app, num_supernodes=config.partition.num_clients, backend_config=backend_config)
     if errors:
         raise errors[0]

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 
 class PflkitStrategy(Strategy):
-    def __init__(self, session: RunSession, config_text: str, nodes: dict[int, int],
-                 client_state_dir: Path | None = None) -> None:
+    def __init__(
+        self, session: RunSession, config_text: str, nodes: dict[int, int], client_state_dir: Path | None = None
+    ) -> None:
         """``client_state_dir``: where clients keep their states on disk rather than in their nodes'
         memory (a folder they all reach: Flower's Simulation Engine); None: in ``context.state``."""
         self.session = session
@@ -49,24 +50,39 @@ class PflkitStrategy(Strategy):
         return self.session.state
 
     def summary(self) -> None:
-        log.info("pflkit strategy: %s, seed %d, %d clients, %d rounds", self.driver.algorithm.name,
-                 self.driver.seed, self.driver.num_clients, self.driver.rounds)
+        log.info(
+            "pflkit strategy: %s, seed %d, %d clients, %d rounds",
+            self.driver.algorithm.name,
+            self.driver.seed,
+            self.driver.num_clients,
+            self.driver.rounds,
+        )
 
     def _messages(self, plan: RoundPlan, message_type: str) -> list[Message]:
         self._plan = plan
         return [self._message(job, plan.round, message_type) for job in plan.jobs]
 
     def _message(self, job: ClientJob, round: int, message_type: str) -> Message:
-        content = RecordDict({"pflkit": ConfigRecord({
-            "config": self.config_text, "algorithm": self.driver.algorithm.name, "seed": self.driver.seed,
-            "round": round, "evaluate": job.evaluate,
-            **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {})})})
+        content = RecordDict(
+            {
+                "pflkit": ConfigRecord(
+                    {
+                        "config": self.config_text,
+                        "algorithm": self.driver.algorithm.name,
+                        "seed": self.driver.seed,
+                        "round": round,
+                        "evaluate": job.evaluate,
+                        **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {}),
+                    }
+                )
+            }
+        )
         serde.put(content, "payload", job.payload)
-        return Message(content, dst_node_id=self.nodes[job.client_id], message_type=message_type,
-                       group_id=str(round))
+        return Message(content, dst_node_id=self.nodes[job.client_id], message_type=message_type, group_id=str(round))
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         check_stop()
         if server_round <= self.state.rounds_done:  # done before a restart (restored from the checkpoint)
             return []
@@ -74,8 +90,9 @@ class PflkitStrategy(Strategy):
             return []
         return self._messages(self.driver.plan(self.state, server_round), MessageType.TRAIN)
 
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self._plan is None or not self._plan.train or self._plan.round != server_round:
             return None, None  # nothing was sent this round
         self._finish(replies, train=True)
@@ -84,8 +101,9 @@ class PflkitStrategy(Strategy):
         assert pending is not None  # (the training stats of the round just finished)
         return arrays, MetricRecord({"train_loss": pending["train_loss"]})
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         if server_round < self.state.rounds_done or not self.session.training_over():
             return []
         plan = self.session.next_plan()  # the final evaluation (after the last round, or a stop rule's)
@@ -104,8 +122,13 @@ class PflkitStrategy(Strategy):
         assert plan is not None
         record = self.session.finish(plan, self._results(replies, plan, train))
         if "accuracy" in record:
-            log.info("%s seed %d round %d: accuracy %.4f", self.state.algorithm, self.state.seed, record["round"],
-                     record["accuracy"])
+            log.info(
+                "%s seed %d round %d: accuracy %.4f",
+                self.state.algorithm,
+                self.state.seed,
+                record["round"],
+                record["accuracy"],
+            )
         return record
 
     def _results(self, replies: Iterable[Message], plan: RoundPlan, train: bool) -> list[ClientResult]:
@@ -114,16 +137,21 @@ class PflkitStrategy(Strategy):
         if errors:
             raise RuntimeError(f"round {plan.round}: {len(errors)} client(s) failed: {errors[0]}")
         if len(replies) != len(plan.jobs):
-            raise RuntimeError(f"round {plan.round}: {len(replies)} of {len(plan.jobs)} sampled clients replied "
-                               "(a node is down or the timeout is too short)")
+            raise RuntimeError(
+                f"round {plan.round}: {len(replies)} of {len(plan.jobs)} sampled clients replied "
+                "(a node is down or the timeout is too short)"
+            )
         results = []
         for reply in replies:
             metrics: dict[str, Any] = dict(reply.content["metrics"])  # the MetricRecord the client app wrote
             client_id = int(metrics.pop("client-id"))
             evaluation = None
             if "eval.correct" in metrics:
-                evaluation = {"correct": int(metrics.pop("eval.correct")), "loss_sum": metrics.pop("eval.loss_sum"),
-                              "num_samples": int(metrics.pop("eval.num_samples"))}
+                evaluation = {
+                    "correct": int(metrics.pop("eval.correct")),
+                    "loss_sum": metrics.pop("eval.loss_sum"),
+                    "num_samples": int(metrics.pop("eval.num_samples")),
+                }
             upload = serde.get(reply.content, "upload") if train else None
             metrics.pop("num-examples", None)
             results.append(ClientResult(client_id, None, upload, evaluation, metrics))

@@ -46,8 +46,9 @@ class Batch(NamedTuple):
 class Net(Protocol):
     """A model's forward over a parameter dict: units ``start..stop-1`` (all by default)."""
 
-    def __call__(self, params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *,
-                 train: bool = True) -> Tensor: ...
+    def __call__(
+        self, params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *, train: bool = True
+    ) -> Tensor: ...
 
 
 LossFn = Callable[[Net, Params, Batch, Any], Tensor]
@@ -56,8 +57,15 @@ LossFn = Callable[[Net, Params, Batch, Any], Tensor]
 CarryLossFn = Callable[[Net, Params, Batch, Any], tuple[Tensor, Params]]
 
 
-def forward(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, start: int = 0,
-            stop: int | None = None, *, train: bool = False) -> Tensor:
+def forward(
+    model: nn.Module,
+    params: Mapping[str, Tensor],
+    x: Tensor,
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    train: bool = False,
+) -> Tensor:
     """Run units ``start..stop-1`` of a model with ``params`` (all units by default).
 
     ``params`` holds the parameters and, for models with batch norm, the running statistics
@@ -85,21 +93,25 @@ CPU_FEATURE_ROWS = 64
 
 
 @torch.no_grad()
-def features_of(model: nn.Module, params: Mapping[str, Tensor], x: Tensor, stop: int, *,
-                rows: int | None = None) -> Tensor:
+def features_of(
+    model: nn.Module, params: Mapping[str, Tensor], x: Tensor, stop: int, *, rows: int | None = None
+) -> Tensor:
     """Units ``0..stop-1`` over ``x`` (training-mode forward, no gradient), in chunks of ``rows``
     (default: ``CPU_FEATURE_ROWS`` on the CPU, one batch elsewhere)."""
     rows = rows or (CPU_FEATURE_ROWS if x.device.type == "cpu" else len(x))
     if len(x) <= rows:
         return forward(model, params, x, stop=stop, train=True)
-    return torch.cat([forward(model, params, x[i:i + rows], stop=stop, train=True) for i in range(0, len(x), rows)])
+    return torch.cat([forward(model, params, x[i : i + rows], stop=stop, train=True) for i in range(0, len(x), rows)])
 
 
 def net_of(model: nn.Module) -> Net:
     """``model``'s forward as a :class:`Net` (training mode unless asked otherwise)."""
-    def net(params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *,
-            train: bool = True) -> Tensor:
+
+    def net(
+        params: Mapping[str, Tensor], x: Tensor, start: int = 0, stop: int | None = None, *, train: bool = True
+    ) -> Tensor:
         return forward(model, params, x, start, stop, train=train)
+
     return net
 
 
@@ -112,12 +124,14 @@ def batch_mean(values: Tensor, batch: Batch) -> Tensor:
 
 def cross_entropy(logits: Tensor, batch: Batch) -> Tensor:
     """Mean cross-entropy over the batch's real samples (label-weighted on mixup batches)."""
-    return label_loss(lambda y: F.cross_entropy(logits, y, reduction="none"), batch,
-                      mean=lambda: F.cross_entropy(logits, batch.y))
+    return label_loss(
+        lambda y: F.cross_entropy(logits, y, reduction="none"), batch, mean=lambda: F.cross_entropy(logits, batch.y)
+    )
 
 
-def label_loss(per_sample: Callable[[Tensor], Tensor], batch: Batch,
-               mean: Callable[[], Tensor] | None = None) -> Tensor:
+def label_loss(
+    per_sample: Callable[[Tensor], Tensor], batch: Batch, mean: Callable[[], Tensor] | None = None
+) -> Tensor:
     """Mean over the batch of a per-sample loss of the labels, ``per_sample(y)``; on a mixup
     batch lam * loss(y) + (1 - lam) * loss(y_mix). ``mean`` computes the plain unmasked case
     directly (kept for its exact numerics)."""
@@ -135,8 +149,9 @@ def mix(x: Tensor, y: Tensor, lam: float | Tensor, perm: Tensor) -> Batch:
     if not x.is_floating_point():
         raise ValueError("mixup needs real-valued inputs (images), not token ids")
     mixed = lam_t.reshape(lam_t.shape + (1,) * (x.dim() - lam_t.dim())) * x
-    partner = x[perm] if perm.dim() == 1 else torch.gather(
-        x, 1, perm.reshape(perm.shape + (1,) * (x.dim() - 2)).expand_as(x))
+    partner = (
+        x[perm] if perm.dim() == 1 else torch.gather(x, 1, perm.reshape(perm.shape + (1,) * (x.dim() - 2)).expand_as(x))
+    )
     partner_y = y[perm] if perm.dim() == 1 else torch.gather(y, 1, perm)
     lam_p = lam_t.reshape(lam_t.shape + (1,) * (x.dim() - lam_t.dim()))
     return Batch(mixed + (1 - lam_p) * partner, y, None, partner_y, lam_t)
@@ -166,6 +181,7 @@ def proximal_loss(loss: LossFn, mu: float, anchor_key: str = "anchor") -> LossFn
     def with_proximal(net: Net, params: Params, batch: Batch, aux: Any) -> Tensor:
         anchor = aux[anchor_key]
         return loss(net, params, batch, aux) + mu / 2 * squared_distance({k: params[k] for k in anchor}, anchor)
+
     return with_proximal
 
 
@@ -175,11 +191,13 @@ GradFn = Callable[..., tuple[dict[str, Tensor], Tensor]]
 def autograd_value_and_grad(fn: Callable[..., Tensor]) -> GradFn:
     """``fn(trainable, *args) -> (grads of trainable, value)`` by plain autograd: one client,
     lower per-call overhead than ``torch.func.grad_and_value`` (which the batched path vmaps)."""
+
     def value_and_grad(trainable: Mapping[str, Tensor], *args: Any) -> tuple[dict[str, Tensor], Tensor]:
         leaves = {k: v.detach().requires_grad_(True) for k, v in trainable.items()}
         value = fn(leaves, *args)
         grads = torch.autograd.grad(value, list(leaves.values()))
         return dict(zip(leaves, grads)), value.detach()
+
     return value_and_grad
 
 
@@ -205,8 +223,13 @@ class SGD:
         return {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
 
     @torch.no_grad()
-    def update_(self, params: Mapping[str, Tensor], grads: Mapping[str, Tensor], state: Mapping[str, Tensor],
-                rows: slice | None = None) -> None:
+    def update_(
+        self,
+        params: Mapping[str, Tensor],
+        grads: Mapping[str, Tensor],
+        state: Mapping[str, Tensor],
+        rows: slice | None = None,
+    ) -> None:
         """Update ``params[k]`` (``params[k][rows]``: the running clients of a batched context) in place."""
         names = list(grads)
         leaves = [params[k] if rows is None else params[k][rows] for k in names]
@@ -215,8 +238,9 @@ class SGD:
             steps = clip_by_global_norm(steps, self.clip_norm, batched=rows is not None)
         shaped = [i for i, k in enumerate(names) if k not in self.plain]  # weight decay and momentum apply
         if self.weight_decay and shaped:
-            decayed = torch._foreach_add([steps[i] for i in shaped], [leaves[i] for i in shaped],
-                                         alpha=self.weight_decay)
+            decayed = torch._foreach_add(
+                [steps[i] for i in shaped], [leaves[i] for i in shaped], alpha=self.weight_decay
+            )
             steps = _put(steps, shaped, decayed)
         if self.momentum and shaped:
             buffers = [state[names[i]] if rows is None else state[names[i]][rows] for i in shaped]
@@ -253,7 +277,8 @@ def check_finite(loss_sum: Tensor | float, where: str) -> None:
     if not math.isfinite(float(loss_sum)):
         raise NonFiniteLossError(
             f"training loss became {float(loss_sum)} ({where}); lower the learning rate "
-            "or check the data for NaN/inf values")
+            "or check the data for NaN/inf values"
+        )
 
 
 class Ensemble(list):
@@ -261,8 +286,9 @@ class Ensemble(list):
     Omega_te > 1). ``eval_params`` may return one; evaluation then scores the ensemble."""
 
 
-def prediction_logits(model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor,
-                      run: Callable[..., Tensor] | None = None) -> Tensor:
+def prediction_logits(
+    model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor, run: Callable[..., Tensor] | None = None
+) -> Tensor:
     """Evaluation-mode logits of ``params``; an :class:`Ensemble` gives the log of its members'
     mean softmax (so argmax and cross-entropy score the ensemble). ``run(params, x)`` replaces
     the forward (a vmapped one for batched clients)."""
@@ -274,28 +300,35 @@ def prediction_logits(model: nn.Module, params: Mapping[str, Tensor] | Ensemble,
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor, y: Tensor,
-             batch_size: int = 1000) -> dict[str, float]:
+def evaluate(
+    model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor, y: Tensor, batch_size: int = 1000
+) -> dict[str, float]:
     """Correct predictions, summed cross-entropy and sample count of ``params`` on (x, y)
     (evaluation mode: batch norm uses the running statistics in ``params``)."""
     correct = 0
     loss = 0.0
     for start in range(0, len(y), batch_size):
-        logits = prediction_logits(model, params, x[start:start + batch_size])
-        target = y[start:start + batch_size]
+        logits = prediction_logits(model, params, x[start : start + batch_size])
+        target = y[start : start + batch_size]
         correct += int((logits.argmax(1) == target).sum())
         loss += float(F.cross_entropy(logits, target, reduction="sum"))
     return {"correct": correct, "loss_sum": loss, "num_samples": int(len(y))}
 
 
 @torch.no_grad()
-def probability_sums(model: nn.Module, params: Mapping[str, Tensor] | Ensemble, x: Tensor, y: Tensor, num_classes: int,
-                     batch_size: int = 1000) -> Tensor:
+def probability_sums(
+    model: nn.Module,
+    params: Mapping[str, Tensor] | Ensemble,
+    x: Tensor,
+    y: Tensor,
+    num_classes: int,
+    batch_size: int = 1000,
+) -> Tensor:
     """[C, C]: row i sums the predicted probabilities (evaluation mode) over the samples of class i."""
     out = torch.zeros(num_classes, num_classes, device=x.device)
     for start in range(0, len(y), batch_size):
-        probs = torch.softmax(prediction_logits(model, params, x[start:start + batch_size]), dim=-1)
-        out.index_add_(0, y[start:start + batch_size], probs)
+        probs = torch.softmax(prediction_logits(model, params, x[start : start + batch_size]), dim=-1)
+        out.index_add_(0, y[start : start + batch_size], probs)
     return out
 
 

@@ -35,12 +35,20 @@ MODELS: dict[str, Callable[..., UnitModel]] = {
 }
 
 # pfllib is absent on purpose: its model depends on the imported data (BaseConfig.model_for).
-DEFAULT_MODEL = {"digits": "digits_cnn", "synthetic": "digits_cnn", "mnist": "fedavg_cnn", "cifar10": "fedavg_cnn",
-                 "cifar100": "fedavg_cnn", "tiny_imagenet": "fedavg_cnn", "agnews": "fasttext"}
+DEFAULT_MODEL = {
+    "digits": "digits_cnn",
+    "synthetic": "digits_cnn",
+    "mnist": "fedavg_cnn",
+    "cifar10": "fedavg_cnn",
+    "cifar100": "fedavg_cnn",
+    "tiny_imagenet": "fedavg_cnn",
+    "agnews": "fasttext",
+}
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
-                vocab_size: int | None = None) -> UnitModel:
+def build_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, *, vocab_size: int | None = None
+) -> UnitModel:
     """Build model ``name`` for inputs of ``input_shape`` and ``num_classes`` outputs.
 
     Image models take square images [C, H, H]; token models (fasttext) take token ids of shape
@@ -54,8 +62,10 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
         if len(shape) != 1:
             raise ValueError(f"model {name!r} expects token-id sequences of shape [L], got input shape {shape}")
         if vocab_size is None:
-            raise ValueError(f"model {name!r} needs the vocabulary size (vocab_size) of the dataset; "
-                             "it is only available for text datasets")
+            raise ValueError(
+                f"model {name!r} needs the vocabulary size (vocab_size) of the dataset; "
+                "it is only available for text datasets"
+            )
         model = constructor(vocab_size=int(vocab_size), num_classes=num_classes, seq_len=shape[0])
     else:
         if len(shape) != 3 or shape[1] != shape[2]:
@@ -66,7 +76,28 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *,
     return model
 
 
-__all__ = ["MODELS", "DEFAULT_MODEL", "build_model", "UnitModel", "Units", "FedAvgCNN", "DigitsCNN", "CifarCNN",
-           "Conv2Cifar", "SimpleCNN", "ResNet18", "ResNet18GN", "MobileNetV2", "SqueezeNet", "load_pretrained",
-           "FastText", "buffer_names", "num_outputs", "parameter_names", "top_unit_names", "head_names",
-           "count_parameters", "reference_layer_idx"]
+__all__ = [
+    "MODELS",
+    "DEFAULT_MODEL",
+    "build_model",
+    "UnitModel",
+    "Units",
+    "FedAvgCNN",
+    "DigitsCNN",
+    "CifarCNN",
+    "Conv2Cifar",
+    "SimpleCNN",
+    "ResNet18",
+    "ResNet18GN",
+    "MobileNetV2",
+    "SqueezeNet",
+    "load_pretrained",
+    "FastText",
+    "buffer_names",
+    "num_outputs",
+    "parameter_names",
+    "top_unit_names",
+    "head_names",
+    "count_parameters",
+    "reference_layer_idx",
+]

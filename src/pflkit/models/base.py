@@ -55,8 +55,15 @@ class UnitModel(nn.Module):
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def apply_units(self, params: Mapping[str, torch.Tensor], x: torch.Tensor, start: int = 0,
-                    stop: int | None = None, *, train: bool = False) -> torch.Tensor:
+    def apply_units(
+        self,
+        params: Mapping[str, torch.Tensor],
+        x: torch.Tensor,
+        start: int = 0,
+        stop: int | None = None,
+        *,
+        train: bool = False,
+    ) -> torch.Tensor:
         mode = {"train": train} if self.train_mode_aware else {}
         for index in range(start, len(self.unit_modules) if stop is None else stop):
             x = self.unit_forward(index, params, x, **mode)
@@ -104,9 +111,8 @@ def num_outputs(model: UnitModel) -> int:
 def top_unit_names(units: Units, p: int) -> list[str]:
     """Parameter names of the top ``p`` units (FedALA Eq. 4's higher layers)."""
     if not 1 <= p <= len(units):
-        raise ValueError(f"p={p} is out of range: this model has {len(units)} units "
-                         f"({', '.join(u for u, _ in units)})")
-    return [n for _, members in units[len(units) - p:] for n in members]
+        raise ValueError(f"p={p} is out of range: this model has {len(units)} units ({', '.join(u for u, _ in units)})")
+    return [n for _, members in units[len(units) - p :] for n in members]
 
 
 def head_names(units: Units) -> list[str]:
@@ -136,12 +142,14 @@ def buffer_names(model: nn.Module) -> list[str]:
 def check_buffers(model: nn.Module) -> None:
     """Refuse buffers pflkit cannot carry in parameter dicts (integer buffers other than
     ``num_batches_tracked``, complex buffers)."""
-    bad = [f"{n} ({b.dtype})" for n, b in model.named_buffers()
-           if not b.is_floating_point() and n.rsplit(".", 1)[-1] not in IGNORED_BUFFERS]
+    bad = [
+        f"{n} ({b.dtype})"
+        for n, b in model.named_buffers()
+        if not b.is_floating_point() and n.rsplit(".", 1)[-1] not in IGNORED_BUFFERS
+    ]
     if bad:
         raise NotImplementedError(
             f"{type(model).__name__} has buffers pflkit does not handle: {', '.join(bad[:3])}"
             f"{'...' if len(bad) > 3 else ''}; only floating buffers (batch-norm running statistics) "
-            "are kept per client")
-
-
+            "are kept per client"
+        )

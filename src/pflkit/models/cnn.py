@@ -12,8 +12,9 @@ from .base import UnitModel
 from .pooling import max_pool_2x2
 
 
-def _four_unit_forward(model: FedAvgCNN | DigitsCNN, index: int, p: Mapping[str, torch.Tensor],
-                       x: torch.Tensor) -> torch.Tensor:
+def _four_unit_forward(
+    model: FedAvgCNN | DigitsCNN, index: int, p: Mapping[str, torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
     """conv1 -> pool, conv2 -> pool, fc1 (on the flattened maps), fc; ReLU after all but fc.
 
     The ReLU of a conv unit is applied after its max-pool: ReLU is monotone, so the values and the
@@ -84,8 +85,9 @@ class CifarCNN(UnitModel):
     unit_modules = ("conv1", "conv2", "fc1", "fc2", "fc")
     linear_head = True
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32,
-                 head_bias: bool = True) -> None:
+    def __init__(
+        self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32, head_bias: bool = True
+    ) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:

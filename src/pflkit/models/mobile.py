@@ -16,16 +16,24 @@ from .base import UnitModel
 from .resnet import batch_norm, batch_norm_module
 
 # (expansion t, channels c, repeats n, stride s) of MobileNetV2's inverted-residual stages
-MOBILENET_V2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                       (6, 160, 3, 2), (6, 320, 1, 1))
+MOBILENET_V2_STAGES = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
 
 
 class _ConvBN(nn.Sequential):
     """torchvision's Conv2dNormActivation: conv (no bias) ``.0``, batch norm ``.1`` (ReLU6 after)."""
 
     def __init__(self, inp: int, out: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> None:
-        super().__init__(nn.Conv2d(inp, out, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
-                         batch_norm_module(out))
+        super().__init__(
+            nn.Conv2d(inp, out, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False), batch_norm_module(out)
+        )
         self.stride, self.groups, self.padding = stride, groups, (kernel - 1) // 2
 
 
@@ -35,13 +43,17 @@ class _InvertedResidual(nn.Module):
         hidden = inp * expand
         self.use_residual = stride == 1 and inp == out
         layers: list[nn.Module] = [_ConvBN(inp, hidden, kernel=1)] if expand != 1 else []
-        layers += [_ConvBN(hidden, hidden, stride=stride, groups=hidden),
-                   nn.Conv2d(hidden, out, 1, bias=False), batch_norm_module(out)]
+        layers += [
+            _ConvBN(hidden, hidden, stride=stride, groups=hidden),
+            nn.Conv2d(hidden, out, 1, bias=False),
+            batch_norm_module(out),
+        ]
         self.conv = nn.Sequential(*layers)
 
 
-def _conv_bn(block: _ConvBN, name: str, params: Mapping[str, torch.Tensor], x: torch.Tensor,
-             train: bool) -> torch.Tensor:
+def _conv_bn(
+    block: _ConvBN, name: str, params: Mapping[str, torch.Tensor], x: torch.Tensor, train: bool
+) -> torch.Tensor:
     x = F.conv2d(x, params[f"{name}.0.weight"], stride=block.stride, padding=block.padding, groups=block.groups)
     return F.relu6(batch_norm(params, f"{name}.1", x, train))
 
@@ -81,8 +93,9 @@ class MobileNetV2(UnitModel):
                 nn.init.normal_(m.weight, 0, 0.01)
                 nn.init.zeros_(m.bias)
 
-    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor, *,
-                     train: bool = False) -> torch.Tensor:
+    def unit_forward(
+        self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor, *, train: bool = False
+    ) -> torch.Tensor:
         if index == 19:
             return F.linear(x, params["classifier.1.weight"], params["classifier.1.bias"])
         name, block = f"features.{index}", self.features[index]
@@ -111,8 +124,16 @@ class _Fire(nn.Module):
 
 
 # SqueezeNet 1.1's features: conv, pool, fire, fire, pool, fire, fire, pool, fire x 4
-_SQUEEZE_FIRES = {3: (64, 16, 64, 64), 4: (128, 16, 64, 64), 6: (128, 32, 128, 128), 7: (256, 32, 128, 128),
-                  9: (256, 48, 192, 192), 10: (384, 48, 192, 192), 11: (384, 64, 256, 256), 12: (512, 64, 256, 256)}
+_SQUEEZE_FIRES = {
+    3: (64, 16, 64, 64),
+    4: (128, 16, 64, 64),
+    6: (128, 32, 128, 128),
+    7: (256, 32, 128, 128),
+    9: (256, 48, 192, 192),
+    10: (384, 48, 192, 192),
+    11: (384, 64, 256, 256),
+    12: (512, 64, 256, 256),
+}
 
 
 class SqueezeNet(UnitModel):
@@ -153,9 +174,13 @@ class SqueezeNet(UnitModel):
         i = list(_SQUEEZE_FIRES)[index - 1]
         p = f"features.{i}"
         s = F.relu(F.conv2d(x, params[f"{p}.squeeze.weight"], params[f"{p}.squeeze.bias"]))
-        x = torch.cat([F.relu(F.conv2d(s, params[f"{p}.expand1x1.weight"], params[f"{p}.expand1x1.bias"])),
-                       F.relu(F.conv2d(s, params[f"{p}.expand3x3.weight"], params[f"{p}.expand3x3.bias"], padding=1))],
-                      -3)
+        x = torch.cat(
+            [
+                F.relu(F.conv2d(s, params[f"{p}.expand1x1.weight"], params[f"{p}.expand1x1.bias"])),
+                F.relu(F.conv2d(s, params[f"{p}.expand3x3.weight"], params[f"{p}.expand3x3.bias"], padding=1)),
+            ],
+            -3,
+        )
         return pool(x) if i in (4, 7) else x
 
 
@@ -175,8 +200,10 @@ def load_pretrained(model: nn.Module, path: str, head: list[str]) -> dict[str, t
     own = {**dict(model.named_parameters()), **{n: b for n, b in model.named_buffers() if b.is_floating_point()}}
     missing = [k for k in own if k not in state and k not in head]
     if missing:
-        raise ValueError(f"pretrained = {path!r} does not fit {type(model).__name__}: missing {len(missing)} keys "
-                         f"(e.g. {', '.join(missing[:3])})")
+        raise ValueError(
+            f"pretrained = {path!r} does not fit {type(model).__name__}: missing {len(missing)} keys "
+            f"(e.g. {', '.join(missing[:3])})"
+        )
     out = {}
     for name, value in own.items():
         loaded = state.get(name)
@@ -184,7 +211,9 @@ def load_pretrained(model: nn.Module, path: str, head: list[str]) -> dict[str, t
             out[name] = value.detach().clone()
             continue
         if tuple(loaded.shape) != tuple(value.shape):
-            raise ValueError(f"pretrained = {path!r} does not fit {type(model).__name__}: {name} has shape "
-                             f"{tuple(loaded.shape)}, the model expects {tuple(value.shape)}")
+            raise ValueError(
+                f"pretrained = {path!r} does not fit {type(model).__name__}: {name} has shape "
+                f"{tuple(loaded.shape)}, the model expects {tuple(value.shape)}"
+            )
         out[name] = loaded.detach().to(value.dtype).clone()
     return out

@@ -17,8 +17,15 @@ from torch.nn import functional as F
 
 def max_pool_2x2(x: Tensor) -> Tensor:
     """``F.max_pool2d(x, 2)``: on the CPU and without autograd, as the maximum of the four strided corners."""
-    if torch.is_grad_enabled() and x.requires_grad or x.device.type != "cpu" or x.dim() < 3 \
-            or x.shape[-1] % 2 or x.shape[-2] % 2:
+    if (
+        torch.is_grad_enabled()
+        and x.requires_grad
+        or x.device.type != "cpu"
+        or x.dim() < 3
+        or x.shape[-1] % 2
+        or x.shape[-2] % 2
+    ):
         return F.max_pool2d(x, 2)
-    return torch.maximum(torch.maximum(x[..., 0::2, 0::2], x[..., 0::2, 1::2]),
-                         torch.maximum(x[..., 1::2, 0::2], x[..., 1::2, 1::2]))
+    return torch.maximum(
+        torch.maximum(x[..., 0::2, 0::2], x[..., 0::2, 1::2]), torch.maximum(x[..., 1::2, 0::2], x[..., 1::2, 1::2])
+    )

@@ -39,9 +39,16 @@ def batch_norm(params: Mapping[str, torch.Tensor], name: str, x: torch.Tensor, t
     ``train=True``: normalise with the batch statistics and update ``name.running_mean`` /
     ``name.running_var`` in ``params`` in place (momentum 0.1); ``train=False``: normalise with them.
     """
-    return F.batch_norm(x, params[f"{name}.running_mean"], params[f"{name}.running_var"],
-                        params[f"{name}.weight"], params[f"{name}.bias"], training=train,
-                        momentum=BN_MOMENTUM, eps=BN_EPS)
+    return F.batch_norm(
+        x,
+        params[f"{name}.running_mean"],
+        params[f"{name}.running_var"],
+        params[f"{name}.weight"],
+        params[f"{name}.bias"],
+        training=train,
+        momentum=BN_MOMENTUM,
+        eps=BN_EPS,
+    )
 
 
 class BasicBlock(nn.Module):
@@ -57,12 +64,13 @@ class BasicBlock(nn.Module):
         self.downsample: nn.Sequential | None = None
         if stride != 1 or in_channels != channels:
             self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, channels, kernel_size=1, stride=stride, bias=False),
-                batch_norm_module(channels))
+                nn.Conv2d(in_channels, channels, kernel_size=1, stride=stride, bias=False), batch_norm_module(channels)
+            )
 
 
-def block_forward(block: BasicBlock, name: str, params: Mapping[str, torch.Tensor], x: torch.Tensor,
-                  train: bool) -> torch.Tensor:
+def block_forward(
+    block: BasicBlock, name: str, params: Mapping[str, torch.Tensor], x: torch.Tensor, train: bool
+) -> torch.Tensor:
     out = F.conv2d(x, params[f"{name}.conv1.weight"], stride=block.stride, padding=1)
     out = F.relu(batch_norm(params, f"{name}.bn1", out, train))
     out = F.conv2d(out, params[f"{name}.conv2.weight"], padding=1)
@@ -83,8 +91,9 @@ def add_stages(model: nn.Module, block: Callable[[int, int, int], nn.Module]) ->
         channels = width
 
 
-def stage_forward(model: nn.Module, index: int, x: torch.Tensor,
-                  run_block: Callable[[Any, str, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def stage_forward(
+    model: nn.Module, index: int, x: torch.Tensor, run_block: Callable[[Any, str, torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     """Stage ``index`` (1-4) block by block; after stage 4 the global average pooling, so the head
     sees 512-d features."""
     layer = f"layer{index}"
@@ -123,8 +132,9 @@ class ResNet18(UnitModel):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
 
-    def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor, *,
-                     train: bool = False) -> torch.Tensor:
+    def unit_forward(
+        self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor, *, train: bool = False
+    ) -> torch.Tensor:
         if index == 0:
             x = F.conv2d(x, params["conv1.weight"], stride=2, padding=3)
             x = F.relu(batch_norm(params, "bn1", x, train))
@@ -151,22 +161,26 @@ class GroupNormBlock(nn.Module):
         if stride != 1 or in_channels != channels:
             self.downsample = nn.Sequential(
                 nn.Conv2d(in_channels, channels, kernel_size=1, stride=stride, bias=False),
-                nn.GroupNorm(GN_GROUPS, channels))
+                nn.GroupNorm(GN_GROUPS, channels),
+            )
 
 
 def group_norm(params: Mapping[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tensor:
     return F.group_norm(x, GN_GROUPS, params[f"{name}.weight"], params[f"{name}.bias"])
 
 
-def gn_block_forward(block: GroupNormBlock, name: str, params: Mapping[str, torch.Tensor],
-                     x: torch.Tensor) -> torch.Tensor:
-    out = F.relu(group_norm(params, f"{name}.bn1", F.conv2d(x, params[f"{name}.conv1.weight"], stride=block.stride,
-                                                             padding=1)))
+def gn_block_forward(
+    block: GroupNormBlock, name: str, params: Mapping[str, torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
+    out = F.relu(
+        group_norm(params, f"{name}.bn1", F.conv2d(x, params[f"{name}.conv1.weight"], stride=block.stride, padding=1))
+    )
     out = group_norm(params, f"{name}.bn2", F.conv2d(out, params[f"{name}.conv2.weight"], padding=1))
     shortcut = x
     if block.downsample is not None:
-        shortcut = group_norm(params, f"{name}.downsample.1",
-                              F.conv2d(x, params[f"{name}.downsample.0.weight"], stride=block.stride))
+        shortcut = group_norm(
+            params, f"{name}.downsample.1", F.conv2d(x, params[f"{name}.downsample.0.weight"], stride=block.stride)
+        )
     return F.relu(out + shortcut)
 
 

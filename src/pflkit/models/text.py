@@ -25,8 +25,7 @@ class FastText(UnitModel):
     input_kind = "tokens"
     padding_idx = 0
 
-    def __init__(self, vocab_size: int, num_classes: int = 4, hidden_dim: int = 32,
-                 seq_len: int | None = None) -> None:
+    def __init__(self, vocab_size: int, num_classes: int = 4, hidden_dim: int = 32, seq_len: int | None = None) -> None:
         super().__init__()
         if vocab_size < 2:
             raise ValueError(f"fastText needs a vocabulary of at least 2 tokens (padding included), got {vocab_size}")

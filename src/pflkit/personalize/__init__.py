@@ -18,5 +18,16 @@ from .ala import (
     weight_update,
 )
 
-__all__ = ["ALA_MODIFIER", "ALA_SECTION", "ALASettings", "ALAState", "AdaptiveLocalAggregation", "WithALA", "blend",
-           "clip_weights", "linear_head_step", "register", "weight_update"]
+__all__ = [
+    "ALA_MODIFIER",
+    "ALA_SECTION",
+    "ALASettings",
+    "ALAState",
+    "AdaptiveLocalAggregation",
+    "WithALA",
+    "blend",
+    "clip_weights",
+    "linear_head_step",
+    "register",
+    "weight_update",
+]

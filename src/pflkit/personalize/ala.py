@@ -49,25 +49,37 @@ class ALASettings(Settings):
     """The ``[fedala]`` section: ALA hyperparameters, used by ``fedala`` and every ``X+ala``."""
 
     eta: float = Field(1.0, gt=0, description="learning rate of the ALA weights (App. G: 1.0)")
-    sample_fraction: float = Field(0.8, gt=0, le=1, description="s, share of local training data "
-                                   "sampled for ALA each round (App. G: s=80%)")
+    sample_fraction: float = Field(
+        0.8, gt=0, le=1, description="s, share of local training data sampled for ALA each round (App. G: s=80%)"
+    )
     p: int = Field(1, ge=1, description="number of top units (layers/blocks) that ALA blends (App. G: 1)")
-    threshold: float = Field(0.01, gt=0, description="start phase stops when the std of the last "
-                             "num_pre_loss epoch losses is below this (paper README: 0.01)")
+    threshold: float = Field(
+        0.01,
+        gt=0,
+        description="start phase stops when the std of the last "
+        "num_pre_loss epoch losses is below this (paper README: 0.01)",
+    )
     num_pre_loss: int = Field(10, ge=2, description="window of the start-phase convergence test")
     max_start_epochs: int = Field(200, ge=1, description="hard cap on start-phase epochs (ours; spec §1.6)")
     sampling: Literal["random", "contiguous"] = Field(
-        "random", description="s% sample: uniform subset (paper) or the reference code's contiguous slice")
+        "random", description="s% sample: uniform subset (paper) or the reference code's contiguous slice"
+    )
     cache_features: bool = Field(
-        True, description="compute the frozen lower units' output on the sample once per round and "
-        "iterate only the top p units (exact for models whose lower units are deterministic)")
+        True,
+        description="compute the frozen lower units' output on the sample once per round and "
+        "iterate only the top p units (exact for models whose lower units are deterministic)",
+    )
     closed_form_head: bool = Field(
-        True, description="with p=1 and a linear head, use the closed-form cross-entropy gradient "
-        "instead of autograd (same maths, less per-step overhead)")
-    start_round: int = Field(1, ge=1, description="ALA is off (plain overwrite, W kept) before this round "
-                             "(FedALA Fig. 4 starts it late)")
-    freeze_after_start: bool = Field(False, description="the paper's ablation: after its start phase a client "
-                                     "reuses its W without further learning")
+        True,
+        description="with p=1 and a linear head, use the closed-form cross-entropy gradient "
+        "instead of autograd (same maths, less per-step overhead)",
+    )
+    start_round: int = Field(
+        1, ge=1, description="ALA is off (plain overwrite, W kept) before this round (FedALA Fig. 4 starts it late)"
+    )
+    freeze_after_start: bool = Field(
+        False, description="the paper's ablation: after its start phase a client reuses its W without further learning"
+    )
 
 
 class ALAState(TypedDict):
@@ -82,8 +94,7 @@ def blend(local: Params, received: Params, weights: Params) -> Params:
     return {k: torch.addcmul(local[k], received[k] - local[k], w) for k, w in weights.items()}
 
 
-def weight_update(weights: torch.Tensor, blended_grad: torch.Tensor, delta: torch.Tensor,
-                  eta: float) -> torch.Tensor:
+def weight_update(weights: torch.Tensor, blended_grad: torch.Tensor, delta: torch.Tensor, eta: float) -> torch.Tensor:
     """W - eta * dL/dW with dL/dW = dL/dTheta_hat * (Theta_received - Theta_local) (paper Eq. 7);
     ``clip_weights`` then projects it to [0, 1] (Eq. 5)."""
     return torch.addcmul(weights, blended_grad, delta, value=-eta)
@@ -95,8 +106,9 @@ def clip_weights(weights: Params) -> None:
         w.clamp_(0.0, 1.0)
 
 
-def linear_head_step(h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                     scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def linear_head_step(
+    h: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mean cross-entropy of ``h @ weight.T + bias`` and its gradients, in closed form.
 
     ``target`` is one-hot(labels) / batch size; for a padded batch, ``scale`` is mask / real
@@ -119,6 +131,7 @@ def closed_form_step(eta: float, num_classes: int) -> StepFn:
     """ALA's step for p = 1 on a linear head, on cached features, in closed form; written for one
     client and for a leading client dimension alike (``fit(vectorized=True)``: batched contexts
     call it without vmap)."""
+
     def step(value_and_grad, weights, frozen, batch, aux):
         local, delta = aux["local"], aux["delta"]
         wn, bn = list(weights)
@@ -129,6 +142,7 @@ def closed_form_step(eta: float, num_classes: int) -> StepFn:
         loss, gw, gb = linear_head_step(batch.x, target, weight, bias, scale=scale)
         grads = {wn: gw, bn: gb}
         return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
+
     return step
 
 
@@ -154,8 +168,9 @@ class AdaptiveLocalAggregation:
 
     def __init__(self, settings: ALASettings, units: Units, train: TrainSettings) -> None:
         if settings.p > len(units):
-            raise ValueError(f"fedala.p={settings.p} exceeds this model's {len(units)} units "
-                             f"({', '.join(u for u, _ in units)})")
+            raise ValueError(
+                f"fedala.p={settings.p} exceeds this model's {len(units)} units ({', '.join(u for u, _ in units)})"
+            )
         self.settings = settings
         self.units = units
         self.train = train
@@ -172,7 +187,7 @@ class AdaptiveLocalAggregation:
         carried = [i for i, (_, ms) in enumerate(self.units) if all(m in received for m in ms)]
         if not carried:
             raise ValueError("ALA received no complete unit of the model")
-        chosen = carried[-min(self.settings.p, len(carried)):]
+        chosen = carried[-min(self.settings.p, len(carried)) :]
         return chosen[0], [n for i in chosen for n in self.units[i][1]]
 
     def top_names(self, received: Params | list[str]) -> list[str]:
@@ -180,8 +195,13 @@ class AdaptiveLocalAggregation:
 
     def closed_form(self, model: torch.nn.Module, prefix: int, top: list[str]) -> bool:
         """Whether the cached features feed only a linear head (p = 1): closed-form gradients."""
-        return (self.settings.closed_form_head and prefix == len(self.units) - 1
-                and getattr(model, "linear_head", False) and top == list(self.units[-1][1]) and len(top) == 2)
+        return (
+            self.settings.closed_form_head
+            and prefix == len(self.units) - 1
+            and getattr(model, "linear_head", False)
+            and top == list(self.units[-1][1])
+            and len(top) == 2
+        )
 
     def prefix_stop(self, model: torch.nn.Module, lowest_top: int) -> int:
         """How many lower units can be computed once per round (0: no feature cache)."""
@@ -193,18 +213,26 @@ class AdaptiveLocalAggregation:
     def converged(self, losses: list[float], client_id: int) -> bool:
         """The start-phase stopping rule (spec §1.6), with the hard cap."""
         cfg = self.settings
-        window = losses[-cfg.num_pre_loss:]
+        window = losses[-cfg.num_pre_loss :]
         if len(losses) > cfg.num_pre_loss and np.std(window) < cfg.threshold:
             return True
         if len(losses) >= cfg.max_start_epochs:
             if len(losses) <= cfg.num_pre_loss:
-                log.warning("ALA start phase of client %d stopped at the cap of %d epochs, before its "
-                            "convergence window of %d epochs filled", client_id, cfg.max_start_epochs,
-                            cfg.num_pre_loss)
+                log.warning(
+                    "ALA start phase of client %d stopped at the cap of %d epochs, before its "
+                    "convergence window of %d epochs filled",
+                    client_id,
+                    cfg.max_start_epochs,
+                    cfg.num_pre_loss,
+                )
             else:
-                log.warning("ALA start phase of client %d stopped at the cap of %d epochs (loss std %.4g "
-                            ">= threshold %.4g)", client_id, cfg.max_start_epochs, float(np.std(window)),
-                            cfg.threshold)
+                log.warning(
+                    "ALA start phase of client %d stopped at the cap of %d epochs (loss std %.4g >= threshold %.4g)",
+                    client_id,
+                    cfg.max_start_epochs,
+                    float(np.std(window)),
+                    cfg.threshold,
+                )
             return True
         return False
 
@@ -219,18 +247,24 @@ class AdaptiveLocalAggregation:
 
             def blended_loss(blended: Params, frozen: Params, batch: Batch) -> torch.Tensor:
                 return cross_entropy(net({**frozen, **blended}, batch.x, start=prefix), batch)
+
             blended = {k: torch.addcmul(local[k], delta[k], weights[k]) for k in weights}
             grads, loss = value_and_grad(blended_loss)(blended, frozen, batch)
             return {k: weight_update(weights[k], grads[k], delta[k], eta) for k in weights}, loss
+
         return step
 
-    def __call__(self, received: Params, local: Params, state: ALAState,
-                 ctx: ClientContext) -> tuple[Params, ALAState, Metrics]:
+    def __call__(
+        self, received: Params, local: Params, state: ALAState, ctx: ClientContext
+    ) -> tuple[Params, ALAState, Metrics]:
         """Return the initialised local model, the new ALA state and diagnostics."""
         lowest_top, top = self.top_units(received)
         if ctx.round < self.settings.start_round:  # not yet: the overwrite ALA replaces
-            return ({k: received.get(k, v) for k, v in local.items()}, state,
-                    {"ala_epochs": torch.zeros(ctx.client_shape, dtype=torch.long)})
+            return (
+                {k: received.get(k, v) for k, v in local.items()},
+                state,
+                {"ala_epochs": torch.zeros(ctx.client_shape, dtype=torch.long)},
+            )
         active = ctx.differs(received, local)
         # per client, whether its start phase is over (the stored flag, or the batched context's stack of them)
         started = torch.as_tensor(state["started"], dtype=torch.bool, device=active.device)
@@ -253,18 +287,28 @@ class AdaptiveLocalAggregation:
             return not start_phase[client_id] or self.converged(losses, client_id)
 
         frozen = {k: v for k, v in scratch.items() if k not in top}
-        fit = ctx.fit({**frozen, **state["weights"]}, step=self.learning_step(ctx.net, prefix, closed, num_classes),
-                      vectorized=closed, trainable=top, aux={"local": local_top, "delta": delta},
-                      data=SampleBatches(sample),
-                      transform=clip_weights,
-                      until=stop, max_epochs=max(self.settings.max_start_epochs, 1), active=active,
-                      stage="ALA weight learning")
+        fit = ctx.fit(
+            {**frozen, **state["weights"]},
+            step=self.learning_step(ctx.net, prefix, closed, num_classes),
+            vectorized=closed,
+            trainable=top,
+            aux={"local": local_top, "delta": delta},
+            data=SampleBatches(sample),
+            transform=clip_weights,
+            until=stop,
+            max_epochs=max(self.settings.max_start_epochs, 1),
+            active=active,
+            stage="ALA weight learning",
+        )
         weights = {k: fit.params[k] for k in top}
         with torch.no_grad():
             initialised = {**fixed, **{k: torch.addcmul(local_top[k], delta[k], weights[k]) for k in top}}
         started = started | active
-        metrics: Metrics = {"ala_epochs": fit.epochs, "ala_loss": fit.last_loss,
-                            **weight_statistics(weights, self.units, len(ctx.client_shape))}
+        metrics: Metrics = {
+            "ala_epochs": fit.epochs,
+            "ala_loss": fit.last_loss,
+            **weight_statistics(weights, self.units, len(ctx.client_shape)),
+        }
         if fit.history is not None:  # per-epoch losses (the start phase's curve, paper Fig. 3)
             metrics["ala_epoch_losses"] = fit.history
         return {k: initialised[k] for k in local}, ALAState(weights=weights, started=started), metrics
@@ -291,8 +335,10 @@ class WithALA(Algorithm):
             setattr(self, attribute, getattr(base, attribute))
         self.name = display_name  # type: ignore[misc]  # per instance: the wrapped method's name (a ClassVar)
         if type(base).local_init is not Algorithm.local_init:
-            raise ValueError(f"{base.name} overrides local_init, so ALA has no receive step to replace; override "
-                             "receive and after_receive instead")
+            raise ValueError(
+                f"{base.name} overrides local_init, so ALA has no receive step to replace; override "
+                "receive and after_receive instead"
+            )
         target = base.ala_target
         if target not in base.ala_targets:
             raise ValueError(f"{base.name} offers ALA targets {sorted(base.ala_targets)}, not {target!r}")
@@ -305,8 +351,11 @@ class WithALA(Algorithm):
         epochs = [float(m["ala_epochs"]) for m in client_metrics.values() if "ala_epochs" in m]
         if epochs:
             out["ala_epochs_max"] = max(epochs)
-        starts = {str(c): [float(v) for v in m["ala_epoch_losses"]] for c, m in client_metrics.items()
-                  if len(m.get("ala_epoch_losses") or []) > 1}
+        starts = {
+            str(c): [float(v) for v in m["ala_epoch_losses"]]
+            for c, m in client_metrics.items()
+            if len(m.get("ala_epoch_losses") or []) > 1
+        }
         if starts:
             out["ala_start_losses"] = starts
         return out
@@ -331,14 +380,26 @@ class WithALA(Algorithm):
 
 
 #: class attributes of a method that a wrapper takes from its base (``name`` it sets itself)
-CLASS_SETTINGS = ("settings_class", "section", "ala_targets", "default_ala_target", "needs",
-                  "requires_full_participation", "has_global_model", "tta_base", "metric_reductions")
+CLASS_SETTINGS = (
+    "settings_class",
+    "section",
+    "ala_targets",
+    "default_ala_target",
+    "needs",
+    "requires_full_participation",
+    "has_global_model",
+    "tta_base",
+    "metric_reductions",
+)
 
 
 def algorithm_hooks() -> list[str]:
     """The public methods and properties of ``Algorithm``: the hooks a method may override."""
-    return [name for name, value in vars(Algorithm).items()
-            if not name.startswith("_") and isinstance(value, (FunctionType, property, staticmethod))]
+    return [
+        name
+        for name, value in vars(Algorithm).items()
+        if not name.startswith("_") and isinstance(value, (FunctionType, property, staticmethod))
+    ]
 
 
 def _delegate(hook: str) -> Any:
@@ -347,6 +408,7 @@ def _delegate(hook: str) -> Any:
 
     def delegated(self: WithALA, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.base, hook)(*args, **kwargs)
+
     delegated.__name__ = delegated.__qualname__ = hook
     delegated.__doc__ = f"The base method's ``{hook}``."
     return delegated
@@ -364,9 +426,14 @@ def _with_ala(base: Algorithm, settings: Settings, name: str) -> Algorithm:
 
 ALA_SECTION = "fedala"
 #: ``<method>+ala``: any method that offers an ALA target, with ALA's settings in ``[fedala]``
-ALA_MODIFIER = Modifier(suffix="+ala", section=ALA_SECTION, settings_class=ALASettings,
-                        applies=lambda cls: bool(cls.ala_targets), wrap=_with_ala,
-                        refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined")
+ALA_MODIFIER = Modifier(
+    suffix="+ala",
+    section=ALA_SECTION,
+    settings_class=ALASettings,
+    applies=lambda cls: bool(cls.ala_targets),
+    wrap=_with_ala,
+    refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined",
+)
 
 
 def register(registry: Registry) -> None:

@@ -4,5 +4,17 @@ from .plots import plot_accuracy, plot_ala, plot_partition, plot_simplex_cluster
 from .summarizer import RunSummarizer
 from .summary import RUN_METRICS, format_table, run_metrics, summarize, time_to_accuracy
 
-__all__ = ["plot_accuracy", "plot_ala", "plot_partition", "plot_simplex_clusters", "plot_simplex_landscape",
-           "plot_sweep", "RunSummarizer", "RUN_METRICS", "format_table", "run_metrics", "summarize", "time_to_accuracy"]
+__all__ = [
+    "plot_accuracy",
+    "plot_ala",
+    "plot_partition",
+    "plot_simplex_clusters",
+    "plot_simplex_landscape",
+    "plot_sweep",
+    "RunSummarizer",
+    "RUN_METRICS",
+    "format_table",
+    "run_metrics",
+    "summarize",
+    "time_to_accuracy",
+]

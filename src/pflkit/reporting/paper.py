@@ -12,8 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-_FEDALA_T2_COLUMNS = ("mnist-pathological", "cifar10-pathological", "cifar100-pathological", "cifar10-dir0.1",
-                      "cifar100-dir0.1", "tiny-dir0.1", "tiny-resnet18-dir0.1", "agnews-dir0.1")
+_FEDALA_T2_COLUMNS = (
+    "mnist-pathological",
+    "cifar10-pathological",
+    "cifar100-pathological",
+    "cifar10-dir0.1",
+    "cifar100-dir0.1",
+    "tiny-dir0.1",
+    "tiny-resnet18-dir0.1",
+    "agnews-dir0.1",
+)
 _FEDALA_T2 = {
     "fedavg": (97.93, 55.09, 25.98, 59.16, 31.89, 19.46, 19.45, 79.57),
     "fedprox": (98.01, 55.06, 25.94, 59.21, 31.99, 19.37, 19.27, 79.35),
@@ -30,62 +38,142 @@ _FEDALA_T2 = {
     "partialfed": (99.86, 89.60, 61.39, 87.38, 48.81, 35.26, 37.50, 85.20),
     "fedala": (99.88, 92.44, 67.83, 90.67, 55.92, 40.54, 41.94, 96.52),
 }
-_FEDALA_T7_MNIST = {"fedavg": 98.81, "fedprox": 98.82, "fedavgc": 99.65, "fedproxc": 99.64, "perfedavg": 98.90,
-                    "fedrep": 99.48, "pfedme": 99.52, "ditto": 99.64, "fedamp": 99.47, "fedphp": 99.58,
-                    "fedfomo": 99.33, "apple": 99.66, "partialfed": 99.67, "fedala": 99.71}
+_FEDALA_T7_MNIST = {
+    "fedavg": 98.81,
+    "fedprox": 98.82,
+    "fedavgc": 99.65,
+    "fedproxc": 99.64,
+    "perfedavg": 98.90,
+    "fedrep": 99.48,
+    "pfedme": 99.52,
+    "ditto": 99.64,
+    "fedamp": 99.47,
+    "fedphp": 99.58,
+    "fedfomo": 99.33,
+    "apple": 99.66,
+    "partialfed": 99.67,
+    "fedala": 99.71,
+}
 
-_FEDALA_T7_CIFAR100_HALF = {"fedavg": 39.51, "fedprox": 33.87, "fedavgc": 47.94, "fedproxc": 48.11,
-                            "perfedavg": 47.96, "fedrep": 41.48, "pfedme": 43.27, "ditto": 48.94, "fedphp": 49.99,
-                            "fedfomo": 37.70, "partialfed": 36.49, "fedala": 54.81}
+_FEDALA_T7_CIFAR100_HALF = {
+    "fedavg": 39.51,
+    "fedprox": 33.87,
+    "fedavgc": 47.94,
+    "fedproxc": 48.11,
+    "perfedavg": 47.96,
+    "fedrep": 41.48,
+    "pfedme": 43.27,
+    "ditto": 48.94,
+    "fedphp": 49.99,
+    "fedfomo": 37.70,
+    "partialfed": 36.49,
+    "fedala": 54.81,
+}
 
 # FedALA Table 3 (TINY*): minutes per iteration and parameters transmitted per client and iteration
-_FEDALA_T3 = {"fedavg": (1.59, "2Σ"), "fedprox": (1.99, "2Σ"), "fedavgc": (24.28, "2Σ"), "fedproxc": (28.44, "2Σ"),
-              "perfedavg": (3.56, "2Σ"), "fedrep": (4.09, "2α_fΣ"), "pfedme": (10.24, "2Σ"), "ditto": (11.78, "2Σ"),
-              "fedamp": (1.53, "2Σ"), "fedphp": (4.06, "2Σ"), "fedfomo": (2.72, "(1+M)Σ"), "apple": (2.93, "(1+M)Σ"),
-              "partialfed": (2.13, "2Σ"), "fedala": (1.93, "2Σ")}
+_FEDALA_T3 = {
+    "fedavg": (1.59, "2Σ"),
+    "fedprox": (1.99, "2Σ"),
+    "fedavgc": (24.28, "2Σ"),
+    "fedproxc": (28.44, "2Σ"),
+    "perfedavg": (3.56, "2Σ"),
+    "fedrep": (4.09, "2α_fΣ"),
+    "pfedme": (10.24, "2Σ"),
+    "ditto": (11.78, "2Σ"),
+    "fedamp": (1.53, "2Σ"),
+    "fedphp": (4.06, "2Σ"),
+    "fedfomo": (2.72, "(1+M)Σ"),
+    "apple": (2.93, "(1+M)Σ"),
+    "partialfed": (2.13, "2Σ"),
+    "fedala": (1.93, "2Σ"),
+}
 
 # FedALA Table 4: heterogeneity and scalability columns (a method absent from a column is absent there)
 _FEDALA_T4_COLUMNS = ("tiny-dir0.01", "tiny-dir0.5", "agnews-dir1", "cifar100-50clients", "cifar100-100clients")
 _FEDALA_T4 = {
-    "fedavg": (15.70, 21.14, 87.12, 31.90, 31.95), "fedprox": (15.66, 21.22, 87.21, 31.94, 31.97),
-    "fedavgc": (49.88, 16.21, 91.38, 49.82, 47.90), "fedproxc": (49.84, 16.36, 92.03, 49.79, 48.02),
-    "perfedavg": (39.39, 16.36, 87.08, 44.31, 36.07), "fedrep": (55.43, 16.74, 92.25, 47.41, 44.61),
-    "pfedme": (41.45, 17.48, 87.08, 48.36, 46.45), "ditto": (50.62, 18.98, 91.89, 54.22, 52.89),
-    "fedamp": (48.42, 12.48, 83.35, 44.39, 40.43), "fedphp": (48.63, 21.09, 90.52, 52.44, 49.70),
-    "fedfomo": (46.36, 11.59, 91.20, 42.56, 38.91), "apple": (48.04, 24.28, 84.10, 55.06, 52.81),
-    "partialfed": (49.38, 24.20, 91.01, 48.95, 39.31), "fedala": (55.75, 27.85, 92.45, 55.61, 54.68),
+    "fedavg": (15.70, 21.14, 87.12, 31.90, 31.95),
+    "fedprox": (15.66, 21.22, 87.21, 31.94, 31.97),
+    "fedavgc": (49.88, 16.21, 91.38, 49.82, 47.90),
+    "fedproxc": (49.84, 16.36, 92.03, 49.79, 48.02),
+    "perfedavg": (39.39, 16.36, 87.08, 44.31, 36.07),
+    "fedrep": (55.43, 16.74, 92.25, 47.41, 44.61),
+    "pfedme": (41.45, 17.48, 87.08, 48.36, 46.45),
+    "ditto": (50.62, 18.98, 91.89, 54.22, 52.89),
+    "fedamp": (48.42, 12.48, 83.35, 44.39, 40.43),
+    "fedphp": (48.63, 21.09, 90.52, 52.44, 49.70),
+    "fedfomo": (46.36, 11.59, 91.20, 42.56, 38.91),
+    "apple": (48.04, 24.28, 84.10, 55.06, 52.81),
+    "partialfed": (49.38, 24.20, 91.01, 48.95, 39.31),
+    "fedala": (55.75, 27.85, 92.45, 55.61, 54.68),
 }
 # FedALA Table 4, applicability of ALA: X + ALA accuracy on TINY and Cifar100 (Dir(0.1)); the paper's
 # "Imps." column is this minus X's Table 2 accuracy, which stands beside it as X's row.
-_FEDALA_T4_ALA = {"fedavg": (40.54, 55.92), "fedprox": (40.53, 56.18), "perfedavg": (30.90, 48.68),
-                  "fedrep": (37.89, 53.02), "pfedme": (27.30, 47.91), "ditto": (40.75, 56.33),
-                  "fedamp": (28.18, 48.03), "fedphp": (40.16, 54.28), "partialfed": (35.40, 48.99)}
+_FEDALA_T4_ALA = {
+    "fedavg": (40.54, 55.92),
+    "fedprox": (40.53, 56.18),
+    "perfedavg": (30.90, 48.68),
+    "fedrep": (37.89, 53.02),
+    "pfedme": (27.30, 47.91),
+    "ditto": (40.75, 56.33),
+    "fedamp": (28.18, 48.03),
+    "fedphp": (40.16, 54.28),
+    "partialfed": (35.40, 48.99),
+}
 # FedALA's sweeps of ALA's settings (FedALA only): Table 1 on TINY* (ResNet-18), Table 6 on TINY
 # (4-layer CNN, s = 80 %) and AG News (fastText, s = 80 %); the value swept -> best accuracy %.
 _FEDALA_SWEEPS = {
-    "fedala-table1/tiny-resnet18-s": ("FedALA (AAAI 2023) Table 1 (left), TINY*, p = 1", "fedala.sample_fraction",
-                                      {0.05: 39.53, 0.1: 40.62, 0.2: 40.02, 0.4: 40.23, 0.6: 41.11, 0.8: 41.94,
-                                       1.0: 42.11}),
-    "fedala-table1/tiny-resnet18-p": ("FedALA (AAAI 2023) Table 1 (right), TINY*, s = 80 %", "fedala.p",
-                                      {6: 41.71, 5: 41.54, 4: 41.62, 3: 41.86, 2: 42.47, 1: 41.94}),
-    "fedala-table6/tiny-cnn-p": ("FedALA (AAAI 2023) Table 6 (left), TINY, 4-layer CNN, s = 80 %", "fedala.p",
-                                 {4: 39.75, 3: 39.89, 2: 39.94, 1: 40.54}),
-    "fedala-table6/agnews-fasttext-p": ("FedALA (AAAI 2023) Table 6 (right), AG News, fastText, s = 80 %",
-                                        "fedala.p", {3: 96.45, 2: 96.40, 1: 96.52}),
+    "fedala-table1/tiny-resnet18-s": (
+        "FedALA (AAAI 2023) Table 1 (left), TINY*, p = 1",
+        "fedala.sample_fraction",
+        {0.05: 39.53, 0.1: 40.62, 0.2: 40.02, 0.4: 40.23, 0.6: 41.11, 0.8: 41.94, 1.0: 42.11},
+    ),
+    "fedala-table1/tiny-resnet18-p": (
+        "FedALA (AAAI 2023) Table 1 (right), TINY*, s = 80 %",
+        "fedala.p",
+        {6: 41.71, 5: 41.54, 4: 41.62, 3: 41.86, 2: 42.47, 1: 41.94},
+    ),
+    "fedala-table6/tiny-cnn-p": (
+        "FedALA (AAAI 2023) Table 6 (left), TINY, 4-layer CNN, s = 80 %",
+        "fedala.p",
+        {4: 39.75, 3: 39.89, 2: 39.94, 1: 40.54},
+    ),
+    "fedala-table6/agnews-fasttext-p": (
+        "FedALA (AAAI 2023) Table 6 (right), AG News, fastText, s = 80 %",
+        "fedala.p",
+        {3: 96.45, 2: 96.40, 1: 96.52},
+    ),
 }
 # Their "Param." rows: ALA's learnable weights per p (Table 1 prints millions: 11.182 ... 0.005)
 _FEDALA_SWEEP_PARAMS = {
-    "fedala-table1/tiny-resnet18-p": {6: 11_182_000, 5: 11_172_000, 4: 11_024_000, 3: 10_499_000, 2: 8_399_000,
-                                      1: 5_000},
+    "fedala-table1/tiny-resnet18-p": {
+        6: 11_182_000,
+        5: 11_172_000,
+        4: 11_024_000,
+        3: 10_499_000,
+        2: 8_399_000,
+        1: 5_000,
+    },
     "fedala-table6/tiny-cnn-p": {4: 582026, 3: 581194, 2: 529930, 1: 5130},
     "fedala-table6/agnews-fasttext-p": {3: 3157508, 2: 1188, 1: 132},
 }
 
 _SOSICFL_COLUMNS = {
-    "sosicfl-table2": ("cifar10-simplecnn-2fold", "cifar10-simplecnn-5fold", "cifar10-simplecnn-dir0.5",
-                       "tiny-mobilenetv2-2fold", "tiny-mobilenetv2-5fold", "tiny-mobilenetv2-dir0.3"),
-    "sosicfl-table3": ("cifar10-squeezenet-2fold", "cifar10-squeezenet-5fold", "cifar10-squeezenet-dir0.1",
-                       "tiny-resnet18-2fold", "tiny-resnet18-5fold", "tiny-resnet18-dir0.3"),
+    "sosicfl-table2": (
+        "cifar10-simplecnn-2fold",
+        "cifar10-simplecnn-5fold",
+        "cifar10-simplecnn-dir0.5",
+        "tiny-mobilenetv2-2fold",
+        "tiny-mobilenetv2-5fold",
+        "tiny-mobilenetv2-dir0.3",
+    ),
+    "sosicfl-table3": (
+        "cifar10-squeezenet-2fold",
+        "cifar10-squeezenet-5fold",
+        "cifar10-squeezenet-dir0.1",
+        "tiny-resnet18-2fold",
+        "tiny-resnet18-5fold",
+        "tiny-resnet18-dir0.3",
+    ),
 }
 _NA = None
 _SOSICFL = {  # (global, local) per column; None: not run in the paper
@@ -122,22 +210,33 @@ def _tables() -> dict[str, dict[str, Any]]:
     tables: dict[str, dict[str, Any]] = {}
     for i, column in enumerate(_FEDALA_T2_COLUMNS):
         tables[f"fedala-table2/{column}"] = {
-            "source": f"FedALA (AAAI 2023) Table 2, {column}", "metrics": ("best_accuracy",),
-            "values": {m: (v[i],) for m, v in _FEDALA_T2.items()}}
+            "source": f"FedALA (AAAI 2023) Table 2, {column}",
+            "metrics": ("best_accuracy",),
+            "values": {m: (v[i],) for m, v in _FEDALA_T2.items()},
+        }
     tables["fedala-table7/mnist-dir0.1"] = {
-        "source": "FedALA (AAAI 2023) Table 7 (Appendix E), MNIST Dir(0.1), 20 clients", "metrics": ("best_accuracy",),
-        "values": {m: (v,) for m, v in _FEDALA_T7_MNIST.items()}}
+        "source": "FedALA (AAAI 2023) Table 7 (Appendix E), MNIST Dir(0.1), 20 clients",
+        "metrics": ("best_accuracy",),
+        "values": {m: (v,) for m, v in _FEDALA_T7_MNIST.items()},
+    }
     tables["fedala-table3/tiny-resnet18"] = {
         "source": "FedALA (AAAI 2023) Table 3, TINY* (their GPU; Σ = the model's parameters, M = 20 received models)",
-        "metrics": (), "values": {}, "cost": dict(_FEDALA_T3)}
+        "metrics": (),
+        "values": {},
+        "cost": dict(_FEDALA_T3),
+    }
     tables["fedala-table7/cifar100-100clients-rho0.5"] = {
         "source": "FedALA (AAAI 2023) Table 7 (Appendix F), Cifar100 Dir(0.1), 100 clients, rho = 0.5, joining "
-                  "clients only", "metrics": ("best_accuracy",),
-        "values": {m: (v,) for m, v in _FEDALA_T7_CIFAR100_HALF.items()}}
+        "clients only",
+        "metrics": ("best_accuracy",),
+        "values": {m: (v,) for m, v in _FEDALA_T7_CIFAR100_HALF.items()},
+    }
     for i, column in enumerate(_FEDALA_T4_COLUMNS):
         tables[f"fedala-table4/{column}"] = {
-            "source": f"FedALA (AAAI 2023) Table 4, {column}", "metrics": ("best_accuracy",),
-            "values": {m: (v[i],) for m, v in _FEDALA_T4.items()}}
+            "source": f"FedALA (AAAI 2023) Table 4, {column}",
+            "metrics": ("best_accuracy",),
+            "values": {m: (v[i],) for m, v in _FEDALA_T4.items()},
+        }
     for i, (column, t2_column) in enumerate((("ala-tiny", "tiny-dir0.1"), ("ala-cifar100", "cifar100-dir0.1"))):
         values = {}
         for m, v in _FEDALA_T4_ALA.items():
@@ -145,19 +244,32 @@ def _tables() -> dict[str, dict[str, Any]]:
             values[f"{m}+ala"] = (v[i],)
         tables[f"fedala-table4/{column}"] = {
             "source": f"FedALA (AAAI 2023) Table 4, applicability of ALA, {column} (X: its Table 2 {t2_column} cell)",
-            "metrics": ("best_accuracy",), "values": values}
+            "metrics": ("best_accuracy",),
+            "values": values,
+        }
     for name, (source, key, series) in _FEDALA_SWEEPS.items():
-        tables[name] = {"source": source, "metrics": (), "values": {},
-                        "sweep": {"key": key, "algorithm": "fedala", "metric": "best_accuracy", "values": series,
-                                  "params": _FEDALA_SWEEP_PARAMS.get(name, {})}}
+        tables[name] = {
+            "source": source,
+            "metrics": (),
+            "values": {},
+            "sweep": {
+                "key": key,
+                "algorithm": "fedala",
+                "metric": "best_accuracy",
+                "values": series,
+                "params": _FEDALA_SWEEP_PARAMS.get(name, {}),
+            },
+        }
     for table, columns in _SOSICFL_COLUMNS.items():
         for i, column in enumerate(columns):
             pairs = {m: cells[i] for m, cells in _SOSICFL[table].items() if cells[i] is not None}
             tables[f"{table}/{column}"] = {
                 "source": f"SosicFL Table {table[-1]}, {column} (global / local)",
-                "metrics": ("best_global_accuracy", "best_local_accuracy"), "values": pairs,
+                "metrics": ("best_global_accuracy", "best_local_accuracy"),
+                "values": pairs,
                 "tta": {m: cells[i] for m, cells in _SOSICFL_T5[table].items() if cells[i] is not None},
-                "tta_source": f"SosicFL Table 5, {column} (global / local)"}
+                "tta_source": f"SosicFL Table 5, {column} (global / local)",
+            }
     return tables
 
 
@@ -169,6 +281,7 @@ PAPER_TABLES: dict[str, dict[str, Any]] = _tables()
 def paper_cell(name: str) -> dict[str, Any]:
     """The published numbers of ``paper_table = name``, with a clear error for unknown names."""
     if name not in PAPER_TABLES:
-        raise ValueError(f"paper_table = {name!r} is not a table pflkit ships; known: "
-                         f"{', '.join(sorted(PAPER_TABLES))}")
+        raise ValueError(
+            f"paper_table = {name!r} is not a table pflkit ships; known: {', '.join(sorted(PAPER_TABLES))}"
+        )
     return PAPER_TABLES[name]

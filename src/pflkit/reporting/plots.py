@@ -21,15 +21,20 @@ def _save(fig: Any, path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
-def plot_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], path: Path,
-                  title: str = "", *, metric: str = "accuracy", label: str = "test accuracy (%)",
-                  scale: float = 100.0) -> None:
+def plot_accuracy(
+    histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
+    path: Path,
+    title: str = "",
+    *,
+    metric: str = "accuracy",
+    label: str = "test accuracy (%)",
+    scale: float = 100.0,
+) -> None:
     """``metric`` (times ``scale``: accuracies in %) per round that records it, one line per
     algorithm (mean ± std band over seeds); algorithms that never record it are left out."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for alg in dict.fromkeys(a for a, _ in histories):
-        runs = [[(r["round"], r[metric]) for r in h if metric in r]
-                for (a, _), h in histories.items() if a == alg]
+        runs = [[(r["round"], r[metric]) for r in h if metric in r] for (a, _), h in histories.items() if a == alg]
         length = min(len(run) for run in runs)
         if not length:
             continue
@@ -96,8 +101,15 @@ def _simplex_frame(ax: Any, dims: int) -> None:
     ax.axis("off")
 
 
-def plot_simplex_clusters(points: np.ndarray, assignment: np.ndarray, centers: np.ndarray, pools: np.ndarray,
-                          path: Path, title: str = "", region_points: int = 400) -> bool:
+def plot_simplex_clusters(
+    points: np.ndarray,
+    assignment: np.ndarray,
+    centers: np.ndarray,
+    pools: np.ndarray,
+    path: Path,
+    title: str = "",
+    region_points: int = 400,
+) -> bool:
     """The clients' LDA points on the simplex coloured by cluster, each cluster's centre (star) and
     a sample of its subregion (light dots) (SosicFL Figs. 1-3). Drawn for 2 or 3 endpoints;
     returns False (and draws nothing) for larger simplices."""
@@ -112,11 +124,26 @@ def plot_simplex_clusters(points: np.ndarray, assignment: np.ndarray, centers: n
     xy = _simplex_xy(points)
     for c in range(len(centers)):
         members = np.asarray(assignment) == c
-        ax.scatter(xy[members, 0], xy[members, 1], s=28, color=colors(c % colors.N), edgecolors="black", linewidths=0.4,
-                   label=f"cluster {c} ({int(members.sum())} clients)")
+        ax.scatter(
+            xy[members, 0],
+            xy[members, 1],
+            s=28,
+            color=colors(c % colors.N),
+            edgecolors="black",
+            linewidths=0.4,
+            label=f"cluster {c} ({int(members.sum())} clients)",
+        )
     centre_xy = _simplex_xy(centers)
-    ax.scatter(centre_xy[:, 0], centre_xy[:, 1], marker="*", s=220, color="gold", edgecolors="black", zorder=5,
-               label="cluster centres")
+    ax.scatter(
+        centre_xy[:, 0],
+        centre_xy[:, 1],
+        marker="*",
+        s=220,
+        color="gold",
+        edgecolors="black",
+        zorder=5,
+        label="cluster centres",
+    )
     _simplex_frame(ax, dims)
     ax.set_title(title or "clients on the simplex")
     ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.05, 1.0))
@@ -124,9 +151,15 @@ def plot_simplex_clusters(points: np.ndarray, assignment: np.ndarray, centers: n
     return True
 
 
-def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray], centers: Mapping[str, np.ndarray],
-                           path: Path, title: str = "", points: Mapping[str, np.ndarray] | None = None,
-                           labels: Mapping[str, str] | None = None) -> bool:
+def plot_simplex_landscape(
+    alphas: np.ndarray,
+    accuracy: Mapping[str, np.ndarray],
+    centers: Mapping[str, np.ndarray],
+    path: Path,
+    title: str = "",
+    points: Mapping[str, np.ndarray] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> bool:
     """Accuracy over simplex points, one panel per entry of ``accuracy`` (SosicFL Fig. 5: the
     global model's panel first, then the clients'); x marks ``centers`` (a client's cluster
     centre, the global model's centroid), a dot ``points`` (the client's own LDA point).
@@ -140,10 +173,24 @@ def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray
     for ax, (label, acc) in zip(axes[0], accuracy.items()):
         sc = ax.scatter(*xy.T, c=100 * np.asarray(acc), s=6, cmap="viridis")  # scaled to the panel's range
         if points is not None and label in points:
-            ax.scatter(*_simplex_xy(np.asarray(points[label])[None]).T, marker="o", s=70, color="red",
-                       edgecolors="white", zorder=5, label="its LDA point")
-        ax.scatter(*_simplex_xy(np.asarray(centers[label])[None]).T, marker="x", s=110, color="black",
-                   linewidths=2.5, zorder=6, label="cluster centre" if points and label in points else "centroid")
+            ax.scatter(
+                *_simplex_xy(np.asarray(points[label])[None]).T,
+                marker="o",
+                s=70,
+                color="red",
+                edgecolors="white",
+                zorder=5,
+                label="its LDA point",
+            )
+        ax.scatter(
+            *_simplex_xy(np.asarray(centers[label])[None]).T,
+            marker="x",
+            s=110,
+            color="black",
+            linewidths=2.5,
+            zorder=6,
+            label="cluster centre" if points and label in points else "centroid",
+        )
         _simplex_frame(ax, dims)
         ax.set_title(label, fontsize=9)
         ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
@@ -152,8 +199,9 @@ def plot_simplex_landscape(alphas: np.ndarray, accuracy: Mapping[str, np.ndarray
     return True
 
 
-def plot_sweep(x_key: str, other_keys: Sequence[str], cells: Sequence[Mapping[str, Any]], metric: str,
-               path: Path) -> None:
+def plot_sweep(
+    x_key: str, other_keys: Sequence[str], cells: Sequence[Mapping[str, Any]], metric: str, path: Path
+) -> None:
     """``metric`` of each sweep cell against the values of ``x_key``: one line per algorithm and
     combination of the other swept keys, error bars = std over seeds (FedALA Tables 1, 6 as plots)."""
     xs = list(dict.fromkeys(repr(c["values"][x_key]) for c in cells))
@@ -168,8 +216,9 @@ def plot_sweep(x_key: str, other_keys: Sequence[str], cells: Sequence[Mapping[st
             if metric not in entry:
                 continue
             label = algorithm + (f" ({rest})" if rest else "")
-            lines.setdefault(label, []).append((position[repr(cell["values"][x_key])], scale * entry[metric],
-                                                scale * entry.get(metric + "_std", 0.0)))
+            lines.setdefault(label, []).append(
+                (position[repr(cell["values"][x_key])], scale * entry[metric], scale * entry.get(metric + "_std", 0.0))
+            )
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, points in lines.items():
         points.sort()
@@ -185,8 +234,9 @@ def plot_sweep(x_key: str, other_keys: Sequence[str], cells: Sequence[Mapping[st
     _save(fig, path)
 
 
-def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str = "",
-             client: int | None = None) -> bool:
+def plot_ala(
+    histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, title: str = "", client: int | None = None
+) -> bool:
     """ALA's learned weights over rounds (client means of each unit's W mean, share at 0 and at 1)
     and its weight-learning loss, one column per method, and with ``client`` that client's loss per
     weight-learning epoch in its start phase (paper Fig. 3); False when no run recorded them."""
@@ -201,10 +251,17 @@ def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, t
         ax = axes[0][col]
         for unit in units:
             x = [r["train_round"] for r in rows if f"ala_w_mean.{unit}" in r]
-            for stat, style, name in (("mean", "-", "mean W"), ("zero", ":", "share of W at 0"),
-                                      ("one", "--", "share of W at 1")):
-                ax.plot(x, [r[f"ala_w_{stat}.{unit}"] for r in rows if f"ala_w_mean.{unit}" in r], style,
-                        label=f"{unit}: {name}")
+            for stat, style, name in (
+                ("mean", "-", "mean W"),
+                ("zero", ":", "share of W at 0"),
+                ("one", "--", "share of W at 1"),
+            ):
+                ax.plot(
+                    x,
+                    [r[f"ala_w_{stat}.{unit}"] for r in rows if f"ala_w_mean.{unit}" in r],
+                    style,
+                    label=f"{unit}: {name}",
+                )
         ax.set_title(f"{alg}: learned ALA weights (client means)")
         ax.set_xlabel("round")
         ax.set_ylim(-0.02, 1.02)
@@ -225,8 +282,14 @@ def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, t
         ax.legend(fontsize=7, loc="upper right")
         if client is not None:
             ax = axes[2][col]
-            start = next(((r["train_round"], r["ala_start_losses"][str(client)]) for r in rows
-                          if str(client) in r.get("ala_start_losses", {})), None)
+            start = next(
+                (
+                    (r["train_round"], r["ala_start_losses"][str(client)])
+                    for r in rows
+                    if str(client) in r.get("ala_start_losses", {})
+                ),
+                None,
+            )
             if start is not None:
                 ax.plot(range(1, len(start[1]) + 1), start[1], marker=".")
                 ax.set_title(f"client {client}: ALA start phase (round {start[0]})", fontsize=9)
@@ -239,9 +302,16 @@ def plot_ala(histories: Mapping[str, Sequence[Mapping[str, Any]]], path: Path, t
     return True
 
 
-def plot_trajectory(paths: Mapping[str, np.ndarray], rounds: Mapping[str, Sequence[int]], a_axis: np.ndarray,
-                    b_axis: np.ndarray, surface: np.ndarray, explained: Sequence[float], path: Path,
-                    title: str = "") -> None:
+def plot_trajectory(
+    paths: Mapping[str, np.ndarray],
+    rounds: Mapping[str, Sequence[int]],
+    a_axis: np.ndarray,
+    b_axis: np.ndarray,
+    surface: np.ndarray,
+    explained: Sequence[float],
+    path: Path,
+    title: str = "",
+) -> None:
     """Model paths on a PCA plane over a loss surface (FedALA Fig. 4): contours of ``surface``
     [len(b_axis), len(a_axis)], one path per algorithm, its first and last round marked."""
     fig, ax = plt.subplots(figsize=(7, 6))

@@ -27,14 +27,28 @@ class RunSummarizer:
         clusters and their subregions) where the state holds them."""
         if "simplex" in server:
             simplex = server["simplex"]
-            points, assignment, centers, pools = (np.asarray(simplex[k].cpu())
-                                                  for k in ("points", "assignment", "centers", "pools"))
-            plot_simplex_clusters(points, assignment, centers, pools, plots / f"simplex-{name}.png",
-                                  f"{name}: clients' LDA points and cluster subregions (seed {seed})")
+            points, assignment, centers, pools = (
+                np.asarray(simplex[k].cpu()) for k in ("points", "assignment", "centers", "pools")
+            )
+            plot_simplex_clusters(
+                points,
+                assignment,
+                centers,
+                pools,
+                plots / f"simplex-{name}.png",
+                f"{name}: clients' LDA points and cluster subregions (seed {seed})",
+            )
 
-    def finish(self, histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str],
-               seeds: Sequence[int], tta_bases: Mapping[str, str], plots: Path, title: str,
-               official: bool) -> dict[str, Any]:
+    def finish(
+        self,
+        histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
+        algorithms: Sequence[str],
+        seeds: Sequence[int],
+        tta_bases: Mapping[str, str],
+        plots: Path,
+        title: str,
+        official: bool,
+    ) -> dict[str, Any]:
         """The summary (mean ± std over seeds, time to accuracy against each method's base) and the
         accuracy curves (with ``official``: also the global and local models' curves)."""
         summary = summarize(histories, algorithms, seeds)
@@ -42,11 +56,27 @@ class RunSummarizer:
             summary[method].update(entries)
         plot_accuracy(histories, plots / "accuracy.png", title)
         if any("update_variance" in r for h in histories.values() for r in h):  # SosicFL Fig. 6
-            plot_accuracy(histories, plots / "total_variance.png", f"{title}: total variance of the head's updates",
-                          metric="update_variance", label="total variance of the last layer's updates", scale=1.0)
+            plot_accuracy(
+                histories,
+                plots / "total_variance.png",
+                f"{title}: total variance of the head's updates",
+                metric="update_variance",
+                label="total variance of the last layer's updates",
+                scale=1.0,
+            )
         if official:
-            plot_accuracy(histories, plots / "global_accuracy.png", f"{title}: global model",
-                          metric="global_accuracy", label="global test accuracy (%)")
-            plot_accuracy(histories, plots / "local_accuracy.png", f"{title}: local models",
-                          metric="local_accuracy", label="local test accuracy (%)")
+            plot_accuracy(
+                histories,
+                plots / "global_accuracy.png",
+                f"{title}: global model",
+                metric="global_accuracy",
+                label="global test accuracy (%)",
+            )
+            plot_accuracy(
+                histories,
+                plots / "local_accuracy.png",
+                f"{title}: local models",
+                metric="local_accuracy",
+                label="local test accuracy (%)",
+            )
         return summary

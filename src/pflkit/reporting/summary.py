@@ -21,23 +21,40 @@ from typing import Any
 import numpy as np
 
 #: Evaluation metrics whose best is the maximum over evaluated rounds.
-HIGHER_IS_BETTER = ("accuracy", "mean_client_accuracy", "local_accuracy", "global_accuracy",
-                    "global_client_accuracy")
+HIGHER_IS_BETTER = ("accuracy", "mean_client_accuracy", "local_accuracy", "global_accuracy", "global_client_accuracy")
 #: Training-round metrics whose best is the minimum ([metrics] adaptability).
 LOWER_IS_BETTER = ("local_risk", "local_kl")
 #: Training-round costs whose mean over rounds the summary keeps (communication, time split).
-PER_ROUND_COSTS = ("down_floats_per_client", "up_floats_per_client", "down_bytes", "up_bytes", "init_seconds",
-                   "train_seconds", "eval_seconds", "global_eval_seconds",
-                   "update_variance")  # not a cost: SosicFL Fig. 6's total variance, its mean over rounds
-RUN_METRICS = ("best_accuracy", "final_accuracy", "best_mean_client_accuracy", "final_mean_client_accuracy",
-               "mean_seconds_per_round")
+PER_ROUND_COSTS = (
+    "down_floats_per_client",
+    "up_floats_per_client",
+    "down_bytes",
+    "up_bytes",
+    "init_seconds",
+    "train_seconds",
+    "eval_seconds",
+    "global_eval_seconds",
+    "update_variance",
+)  # not a cost: SosicFL Fig. 6's total variance, its mean over rounds
+RUN_METRICS = (
+    "best_accuracy",
+    "final_accuracy",
+    "best_mean_client_accuracy",
+    "final_mean_client_accuracy",
+    "mean_seconds_per_round",
+)
 
 
 def summary_metrics() -> set[str]:
     """The numbers a summary may hold per method (each with its ``_std``): what ``--metric`` may name."""
-    return {"final_std_client_accuracy", "mean_seconds_per_round", "seconds_per_round", "init_seconds_per_round",
-            *(f"{kind}_{key}" for key in (*HIGHER_IS_BETTER, *LOWER_IS_BETTER) for kind in ("best", "final")),
-            *(f"mean_{key}" for key in PER_ROUND_COSTS)}
+    return {
+        "final_std_client_accuracy",
+        "mean_seconds_per_round",
+        "seconds_per_round",
+        "init_seconds_per_round",
+        *(f"{kind}_{key}" for key in (*HIGHER_IS_BETTER, *LOWER_IS_BETTER) for kind in ("best", "final")),
+        *(f"mean_{key}" for key in PER_ROUND_COSTS),
+    }
 
 
 def run_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -48,9 +65,12 @@ def run_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     best = max(evaluated, key=lambda r: r["accuracy"])
     seconds = [r["seconds"] for r in history if "seconds" in r]
     last = evaluated[-1]
-    out: dict[str, Any] = {"best_round": best["round"], "rounds": last["round"],
-                           "final_std_client_accuracy": last["std_client_accuracy"],
-                           "mean_seconds_per_round": float(np.mean(seconds)) if seconds else math.nan}
+    out: dict[str, Any] = {
+        "best_round": best["round"],
+        "rounds": last["round"],
+        "final_std_client_accuracy": last["std_client_accuracy"],
+        "mean_seconds_per_round": float(np.mean(seconds)) if seconds else math.nan,
+    }
     for key in HIGHER_IS_BETTER:
         values = [r[key] for r in evaluated if key in r]
         if values:
@@ -72,15 +92,19 @@ def run_metrics(history: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def summarize(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
-              algorithms: Sequence[str], seeds: Sequence[int]) -> dict[str, Any]:
+def summarize(
+    histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], algorithms: Sequence[str], seeds: Sequence[int]
+) -> dict[str, Any]:
     """``{algorithm: {metric: mean over seeds, metric_std: std, "seeds": {seed: per-run}}}`` for
     every metric all of its seeds recorded."""
     out: dict[str, Any] = {}
     for alg in algorithms:
         per_seed = {seed: run_metrics(histories[(alg, seed)]) for seed in seeds}
-        keys = [k for k in per_seed[seeds[0]] if k not in ("best_round", "rounds")
-                and all(k in m for m in per_seed.values())]
+        keys = [
+            k
+            for k in per_seed[seeds[0]]
+            if k not in ("best_round", "rounds") and all(k in m for m in per_seed.values())
+        ]
         entry: dict[str, Any] = {}
         for key in keys:
             values = np.array([m[key] for m in per_seed.values()], dtype=float)
@@ -104,9 +128,12 @@ def first_round_reaching(history: Sequence[Mapping[str, Any]], metric: str, targ
     return next((r["round"] for r in history if metric in r and r[metric] >= target - ACCURACY_TIE), None)
 
 
-def time_to_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]], bases: Mapping[str, str],
-                     seeds: Sequence[int], metrics: Sequence[str] = ("global_accuracy", "local_accuracy")
-                     ) -> dict[str, dict[str, Any]]:
+def time_to_accuracy(
+    histories: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
+    bases: Mapping[str, str],
+    seeds: Sequence[int],
+    metrics: Sequence[str] = ("global_accuracy", "local_accuracy"),
+) -> dict[str, dict[str, Any]]:
     """Time-to-accuracy of each method against its base method of the same run (SosicFL §4.13):
     the target is the base's best value of the metric, TTA_base the round where the base first
     reaches it, and the improvement TTA_base / TTA_method ("x1.7"), per seed and averaged over
@@ -122,14 +149,20 @@ def time_to_accuracy(histories: Mapping[tuple[str, int], Sequence[Mapping[str, A
                 target = max(r[metric] for r in b if metric in r)
                 base_round = first_round_reaching(b, metric, target)
                 own = first_round_reaching(h, metric, target)
-                per_seed[str(seed)] = {"target": target, "base_round": base_round, "round": own,
-                                       "improvement": (base_round / own) if own and base_round else None}
+                per_seed[str(seed)] = {
+                    "target": target,
+                    "base_round": base_round,
+                    "round": own,
+                    "improvement": (base_round / own) if own and base_round else None,
+                }
             if not per_seed:
                 continue
             reached = [v["improvement"] for v in per_seed.values() if v["improvement"] is not None]
             out.setdefault(method, {})[f"tta_{metric}_vs_{base}"] = {
                 "improvement": float(np.mean(reached)) if reached else "not reached",
-                "reached_seeds": len(reached), "seeds": per_seed}
+                "reached_seeds": len(reached),
+                "seeds": per_seed,
+            }
     return out
 
 
@@ -150,15 +183,22 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
         text = f"{100 * entry[key]:.2f}"
         return text + (f" ± {100 * entry[key + '_std']:.2f}" if multi else "")
 
-    columns = [("best acc %", "best_accuracy"), ("final acc %", "final_accuracy"),
-               ("best mean-client acc %", "best_mean_client_accuracy")]
-    optional = [("best local acc %", "best_local_accuracy"), ("best global acc %", "best_global_accuracy"),
-                ("best global client-dist acc %", "best_global_client_accuracy")]
+    columns = [
+        ("best acc %", "best_accuracy"),
+        ("final acc %", "final_accuracy"),
+        ("best mean-client acc %", "best_mean_client_accuracy"),
+    ]
+    optional = [
+        ("best local acc %", "best_local_accuracy"),
+        ("best global acc %", "best_global_accuracy"),
+        ("best global client-dist acc %", "best_global_client_accuracy"),
+    ]
     columns += [c for c in optional if any(c[1] in e for e in summary.values())]
     header = ["algorithm", *(name for name, _ in columns), "s/round"]
-    rows = [[alg, *(pct(e, key) for _, key in columns), f"{round_seconds(e):.3f}"]
-            for alg, e in summary.items()]
+    rows = [[alg, *(pct(e, key) for _, key in columns), f"{round_seconds(e):.3f}"] for alg, e in summary.items()]
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
-    line = lambda cells: "  ".join(c.ljust(w) if i == 0 else c.rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])

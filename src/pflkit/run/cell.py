@@ -24,8 +24,14 @@ def run_cell(config: BaseConfig, folder: Path, callbacks: Sequence[Callback] = (
     try:
         if results.config_path.is_file() and results.status().get("status") == "running":
             out["resumed_from_pid"] = results.status().get("pid")
-        out["summary"] = run_experiment(config, folder, resume=results.config_path.is_file(), progress=False,
-                                        echo=lambda s: None, callbacks=callbacks)
+        out["summary"] = run_experiment(
+            config,
+            folder,
+            resume=results.config_path.is_file(),
+            progress=False,
+            echo=lambda s: None,
+            callbacks=callbacks,
+        )
     except (ValueError, RuntimeError, OSError, FloatingPointError) as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     return out

@@ -52,8 +52,15 @@ def connect(address: str | None, cpus: float, gpus: float, init_args: Mapping[st
     if started:
         try:
             with signal_handlers_kept():  # Ray's SIGTERM handler would exit without the stop's bookkeeping
-                ray.init(**{"address": address, "include_dashboard": False, "logging_level": "ERROR",
-                            "log_to_driver": False, **init_args})
+                ray.init(
+                    **{
+                        "address": address,
+                        "include_dashboard": False,
+                        "logging_level": "ERROR",
+                        "log_to_driver": False,
+                        **init_args,
+                    }
+                )
         except (ConnectionError, RuntimeError, ValueError) as exc:
             where = f"the Ray cluster at {address}" if address else "a local Ray instance"
             raise ConfigError(f"cannot connect to {where}: {str(exc).splitlines()[0]}") from None
@@ -62,15 +69,24 @@ def connect(address: str | None, cpus: float, gpus: float, init_args: Mapping[st
         have = ", ".join(f"{r.get('CPU', 0):g} CPU/{r.get('GPU', 0):g} GPU" for r in nodes) or "no live nodes"
         if started:
             ray.shutdown()
-        raise ConfigError(f"no node of the Ray cluster has {cpus:g} CPU and {gpus:g} GPU for a cell "
-                          f"(--cpus-per-cell, --gpus-per-cell); its nodes: {have}")
+        raise ConfigError(
+            f"no node of the Ray cluster has {cpus:g} CPU and {gpus:g} GPU for a cell "
+            f"(--cpus-per-cell, --gpus-per-cell); its nodes: {have}"
+        )
     return ray, started
 
 
 @signal_handlers_kept()  # Ray installs a SIGTERM handler of its own that outlives ray.shutdown
-def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, address: str | None = None,
-                     cpus: float = 1, gpus: float = 0, max_retries: int = 3, progress: bool = True,
-                     echo: Callable[[str], None] = print) -> dict[str, CellResult]:
+def run_cells_on_ray(
+    cells: Sequence[tuple[str, Mapping[str, Any], Path]],
+    *,
+    address: str | None = None,
+    cpus: float = 1,
+    gpus: float = 0,
+    max_retries: int = 3,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+) -> dict[str, CellResult]:
     """Run ``cells`` ((name, resolved config, folder)) as Ray tasks; every cell's result by name.
     One line per finished cell, and a progress bar of cells done, unfinished (running or queued)
     and failed, with the elapsed time."""
@@ -78,9 +94,16 @@ def run_cells_on_ray(cells: Sequence[tuple[str, Mapping[str, Any], Path]], *, ad
         return _run_cells(cells, address, cpus, gpus, max_retries, progress, echo, init_args)
 
 
-def _run_cells(cells: Sequence[tuple[str, Mapping[str, Any], Path]], address: str | None, cpus: float, gpus: float,
-               max_retries: int, progress: bool, echo: Callable[[str], None],
-               init_args: Mapping[str, Any]) -> dict[str, CellResult]:
+def _run_cells(
+    cells: Sequence[tuple[str, Mapping[str, Any], Path]],
+    address: str | None,
+    cpus: float,
+    gpus: float,
+    max_retries: int,
+    progress: bool,
+    echo: Callable[[str], None],
+    init_args: Mapping[str, Any],
+) -> dict[str, CellResult]:
     ray, started = connect(address, cpus, gpus, init_args)
     try:
         task = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=max_retries, retry_exceptions=False)(cell_task)

@@ -48,8 +48,9 @@ class Simulator:
 
     keeps_client_states = True
 
-    def __init__(self, config: BaseConfig, partitions: dict[int, FederatedData], engine: Engine,
-                 device: torch.device) -> None:
+    def __init__(
+        self, config: BaseConfig, partitions: dict[int, FederatedData], engine: Engine, device: torch.device
+    ) -> None:
         self.config = config
         self.partitions = partitions
         self.engine = engine
@@ -61,27 +62,57 @@ class Simulator:
         data = self.partitions[pseed]
         model, init = initial_params(self.config, data, seed, self.device)
         self._seeds[seed] = (data, model)
-        summaries = [ClientSummary(i, data.clients[i].num_train, data.train_label_counts(i))
-                     for i in range(data.num_clients)]
+        summaries = [
+            ClientSummary(i, data.clients[i].num_train, data.train_label_counts(i)) for i in range(data.num_clients)
+        ]
         kind = "PFLlib's own" if self.config.dataset == "pfllib" else self.config.partition.method
         test = data.global_test
-        evaluation = None if test is None else GlobalEvaluation(
-            model, *test, data.num_classes, np.stack([data.prior(i) for i in range(data.num_clients)]),
-            self.config.train.eval_batch_size, workers=getattr(self.engine, "workers", 1))
-        return SeedStart(init, model.units(), summaries, pseed, data.partition_record(),
-                         f"{self.config.dataset}: {kind} partition, {self.config.partition.num_clients} clients "
-                         f"(seed {pseed})", evaluation)
+        evaluation = (
+            None
+            if test is None
+            else GlobalEvaluation(
+                model,
+                *test,
+                data.num_classes,
+                np.stack([data.prior(i) for i in range(data.num_clients)]),
+                self.config.train.eval_batch_size,
+                workers=getattr(self.engine, "workers", 1),
+            )
+        )
+        return SeedStart(
+            init,
+            model.units(),
+            summaries,
+            pseed,
+            data.partition_record(),
+            f"{self.config.dataset}: {kind} partition, {self.config.partition.num_clients} clients (seed {pseed})",
+            evaluation,
+        )
 
     def run(self, session: RunSession) -> None:
         driver = session.driver
         data, model = self._seeds[driver.seed]
-        setup = RoundSetup(driver.algorithm, data, model, model.units(), self.config.train, driver.seed,
-                           local_model_metrics(self.config.metrics))
+        setup = RoundSetup(
+            driver.algorithm,
+            data,
+            model,
+            model.units(),
+            self.config.train,
+            driver.seed,
+            local_model_metrics(self.config.metrics),
+        )
         session.run(on_engine(self.engine, setup))
 
 
-def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool = False, progress: bool = True,
-                   echo: Callable[[str], None] = print, callbacks: Sequence[Callback] = ()) -> dict[str, Any]:
+def run_experiment(
+    config: BaseConfig,
+    out: str | Path | None,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+    callbacks: Sequence[Callback] = (),
+) -> dict[str, Any]:
     """Run (or, with ``resume``, continue) ``config`` into folder ``out``; return the summary.
 
     ``out=None``: a new folder ``results/<name>-<timestamp>`` (``-2``, ``-3``... when another
@@ -109,9 +140,14 @@ def run_experiment(config: BaseConfig, out: str | Path | None, *, resume: bool =
             results.create(to_dict(config))
         engine = build_engine(config.run.engine, workers=config.run.workers, device=device.type)
         try:
-            summary = run_all(config, results, Simulator(config, partitions, engine, device), RunSummarizer(),
-                              progress=progress,
-                              callbacks=callbacks)
+            summary = run_all(
+                config,
+                results,
+                Simulator(config, partitions, engine, device),
+                RunSummarizer(),
+                progress=progress,
+                callbacks=callbacks,
+            )
         finally:
             engine.close()
     echo(format_table(summary))
@@ -129,8 +165,10 @@ def check_fits(config: BaseConfig, data: FederatedData) -> None:
             raise ConfigError(str(exc)) from None
     largest = max(data.client(i).num_train for i in range(data.num_clients))
     if config.train.batch_size > largest:
-        raise ConfigError(f"batch_size = {config.train.batch_size} exceeds every client's training set (the largest "
-                          f"holds {largest} samples); for full-batch steps set batch_size = {largest}")
+        raise ConfigError(
+            f"batch_size = {config.train.batch_size} exceeds every client's training set (the largest "
+            f"holds {largest} samples); for full-batch steps set batch_size = {largest}"
+        )
     units = initial_params(config, data, config.seeds[0], torch.device("cpu"))[0].units()
     for name in config.algorithms:
         build_algorithm(name, config.algorithm_sections(), config.train, units)

@@ -45,8 +45,10 @@ def load_simplex_run(run: str | Path, algorithm: str = "sosicfl", seed: int | No
     seed = config.seeds[0] if seed is None else seed
     ckpt = results.checkpoint_path(algorithm, seed)
     if not ckpt.is_file():
-        raise ValueError(f"{results.root} has no checkpoint of {algorithm} seed {seed} ({ckpt.name}; "
-                         "checkpoints stay on the machine that ran it)")
+        raise ValueError(
+            f"{results.root} has no checkpoint of {algorithm} seed {seed} ({ckpt.name}; "
+            "checkpoints stay on the machine that ran it)"
+        )
     state = load_checkpoint(ckpt)
     if "simplex" not in state.server:
         raise ValueError(f"{algorithm} is not a SosicFL method: its run has no simplex")
@@ -58,21 +60,38 @@ def load_simplex_run(run: str | Path, algorithm: str = "sosicfl", seed: int | No
     return SimplexRun(results, seed, state, data, model, alg)
 
 
-def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | None = None,
-                     clients: list[int] | None = None, points: int = 2000) -> list[Path]:
+def simplex_pictures(
+    run: str | Path,
+    algorithm: str = "sosicfl",
+    seed: int | None = None,
+    clients: list[int] | None = None,
+    points: int = 2000,
+) -> list[Path]:
     """Draw ``plots/simplex-<algorithm>.png`` and ``plots/landscape-<algorithm>.png`` of the run
     in folder ``run`` from its checkpoint: the landscape scores each chosen client's model
     (SosicFL: the global endpoints; SosicFL+: the client's personal endpoints) on its local test
     set at ``points`` uniform simplex points (default clients: one per cluster, at most three)."""
     loaded = load_simplex_run(run, algorithm, seed)
-    results, seed, state, data, model, alg = (loaded.results, loaded.seed, loaded.state, loaded.data,
-                                              loaded.model, loaded.alg)
+    results, seed, state, data, model, alg = (
+        loaded.results,
+        loaded.seed,
+        loaded.state,
+        loaded.data,
+        loaded.model,
+        loaded.alg,
+    )
     simplex = state.server["simplex"]
     assignment = simplex["assignment"].numpy()
     out: list[Path] = []
     clusters_png = results.plots / f"simplex-{algorithm}.png"
-    if plot_simplex_clusters(simplex["points"].numpy(), assignment, simplex["centers"].numpy(),
-                             simplex["pools"].numpy(), clusters_png, f"{algorithm}: clients and subregions"):
+    if plot_simplex_clusters(
+        simplex["points"].numpy(),
+        assignment,
+        simplex["centers"].numpy(),
+        simplex["pools"].numpy(),
+        clusters_png,
+        f"{algorithm}: clients and subregions",
+    ):
         out.append(clusters_png)
     if clients is None:
         clients = [int(np.flatnonzero(assignment == c)[0]) for c in np.unique(assignment)[:3]]
@@ -101,22 +120,36 @@ def simplex_pictures(run: str | Path, algorithm: str = "sosicfl", seed: int | No
         centers[label] = alg.center(state.server, cid, state.rounds_done).numpy()
         lda_points[label] = simplex["points"][cid].numpy()
     landscape_png = results.plots / f"landscape-{algorithm}.png"
-    if plot_simplex_landscape(alphas.numpy(), accuracy, centers, landscape_png,
-                              f"{algorithm}: accuracy over {points} simplex points (round {state.rounds_done})",
-                              points=lda_points, labels=labels):
+    if plot_simplex_landscape(
+        alphas.numpy(),
+        accuracy,
+        centers,
+        landscape_png,
+        f"{algorithm}: accuracy over {points} simplex points (round {state.rounds_done})",
+        points=lda_points,
+        labels=labels,
+    ):
         out.append(landscape_png)
     return out
 
 
-def landscape(model: torch.nn.Module, alg: SosicFL, params: dict[str, torch.Tensor], alphas: torch.Tensor,
-              x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+def landscape(
+    model: torch.nn.Module,
+    alg: SosicFL,
+    params: dict[str, torch.Tensor],
+    alphas: torch.Tensor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> np.ndarray:
     """Accuracy of the model at each simplex point ``alphas`` on (x, y)."""
     head = len(alg.units) - 1
     hits = []
     with torch.no_grad():
         if alg.simplex_layers == "head":  # the body is shared: its features once, the head per point
-            inputs, start = forward(model, realise(params, alg.simplex, alg.M1, alphas[0]), x, stop=head,
-                                    train=False), head
+            inputs, start = (
+                forward(model, realise(params, alg.simplex, alg.M1, alphas[0]), x, stop=head, train=False),
+                head,
+            )
         else:
             inputs, start = x, 0
         for alpha in alphas:

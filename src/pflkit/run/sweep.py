@@ -117,12 +117,13 @@ def cell_name(assignment: Sequence[tuple[str, Any]]) -> str:
         parts.append(f"{key}={text}".replace("/", "_").replace("\\", "_").replace(" ", "").replace("\0", ""))
     name = ",".join(parts)
     if len(name) > MAX_CELL_NAME:
-        name = f"{name[:MAX_CELL_NAME - 9]}~{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+        name = f"{name[: MAX_CELL_NAME - 9]}~{hashlib.sha1(name.encode()).hexdigest()[:8]}"
     return name
 
 
-def plan_sweep(config_path: str | None, overrides: Sequence[str]
-               ) -> tuple[list[str], list[Axis], list[tuple[list[tuple[str, Any]], BaseConfig]]]:
+def plan_sweep(
+    config_path: str | None, overrides: Sequence[str]
+) -> tuple[list[str], list[Axis], list[tuple[list[tuple[str, Any]], BaseConfig]]]:
     """The fixed overrides, the axes and every cell's (values, config) of a sweep; every cell's
     config is checked here, before anything runs."""
     data = read_toml(config_path) if config_path is not None else {}
@@ -143,15 +144,19 @@ def plan_sweep(config_path: str | None, overrides: Sequence[str]
             raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
         resolved = json.dumps(to_dict(config), sort_keys=True)
         if resolved in seen:
-            raise ConfigError(f"sweep cells {cell_name(seen[resolved])} and {cell_name(assignment)} are the same "
-                              "config (equal values such as 1 and 1.0 in one list): list each value once")
+            raise ConfigError(
+                f"sweep cells {cell_name(seen[resolved])} and {cell_name(assignment)} are the same "
+                "config (equal values such as 1 and 1.0 in one list): list each value once"
+            )
         seen[resolved] = assignment
         cells.append((assignment, config))
     names = [cell_name(a) for a, _ in cells]
     if len(set(names)) < len(names):
         clash = next(n for n in names if names.count(n) > 1)
-        raise ConfigError(f"two sweep cells get the folder name {clash!r} (values that differ only in '/' or "
-                          "spaces): write the values so that they differ otherwise")
+        raise ConfigError(
+            f"two sweep cells get the folder name {clash!r} (values that differ only in '/' or "
+            "spaces): write the values so that they differ otherwise"
+        )
     return fixed, axes, cells
 
 
@@ -168,8 +173,9 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
             else:
                 key = (config.dataset, config.data_dir, config.partition.test_set)
                 if key not in datasets:
-                    datasets[key] = load_dataset(config.dataset, config.data_dir,
-                                                 official_test=config.partition.official)
+                    datasets[key] = load_dataset(
+                        config.dataset, config.data_dir, official_test=config.partition.official
+                    )
                 data = partition_dataset(config, datasets[key], partition_seed(config, config.seeds[0]), device)
             check_fits(config, data)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -180,8 +186,11 @@ def saved_differences(path: Path, config: BaseConfig) -> list[str]:
     """The dotted keys in which the config saved at ``path`` differs from ``config`` (a saved
     config that no longer loads: its error)."""
     try:
-        return [k for k in differences(resolved(tomllib.loads(path.read_text(encoding="utf-8")), str(path)),
-                                       to_dict(config)) if k not in EXECUTION_KEYS]
+        return [
+            k
+            for k in differences(resolved(tomllib.loads(path.read_text(encoding="utf-8")), str(path)), to_dict(config))
+            if k not in EXECUTION_KEYS
+        ]
     except (ConfigError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         return [f"(its config.toml does not load: {str(exc).splitlines()[0]})"]
 
@@ -204,10 +213,21 @@ def check_metric(metric: str) -> None:
         raise ConfigError(f"--metric {metric!r} is not a summary metric; choose from {choices}")
 
 
-def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | Path, *, metric: str = "best_accuracy",
-              progress: bool = True, echo: Callable[[str], None] = print, callbacks: Sequence[Callback] = (),
-              executor: str = "local", address: str | None = None, cpus_per_cell: float = 1,
-              gpus_per_cell: float = 0, max_retries: int = 3) -> dict[str, Any]:
+def run_sweep(
+    config_path: str | None,
+    overrides: Sequence[str],
+    parent: str | Path,
+    *,
+    metric: str = "best_accuracy",
+    progress: bool = True,
+    echo: Callable[[str], None] = print,
+    callbacks: Sequence[Callback] = (),
+    executor: str = "local",
+    address: str | None = None,
+    cpus_per_cell: float = 1,
+    gpus_per_cell: float = 0,
+    max_retries: int = 3,
+) -> dict[str, Any]:
     """Run every cell of the grid under ``parent`` (complete cells are skipped, an interrupted or
     failed one resumes), then write ``sweep.json``, ``sweep.md`` and ``sweep.png`` (``metric``
     against the first axis, one line per algorithm and value of the other axes).
@@ -226,19 +246,24 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
     check_cells(cells)
     parent = Path(parent)
     if (parent / "run.json").is_file():
-        raise ConfigError(f"{parent} is the results folder of a run (it holds run.json): a sweep writes its cells "
-                          "and tables into a folder of its own; choose another --out")
+        raise ConfigError(
+            f"{parent} is the results folder of a run (it holds run.json): a sweep writes its cells "
+            "and tables into a folder of its own; choose another --out"
+        )
     with folder_lock(parent, "sweep folder"):
         for assignment, config in cells:
             folder = parent / cell_name(assignment)
             saved = ResultsFolder(folder).config_path
             changed = saved_differences(saved, config) if saved.is_file() else []
             if changed:
-                raise ConfigError(f"sweep cell {folder} was run with another config (it differs in "
-                                  f"{', '.join(changed[:5])}: the fixed overrides or the config file changed); choose "
-                                  "another --out or delete that folder")
-        summaries: list[dict[str, Any]] = [{"values": dict(assignment), "folder": cell_name(assignment)}
-                                           for assignment, _ in cells]
+                raise ConfigError(
+                    f"sweep cell {folder} was run with another config (it differs in "
+                    f"{', '.join(changed[:5])}: the fixed overrides or the config file changed); choose "
+                    "another --out or delete that folder"
+                )
+        summaries: list[dict[str, Any]] = [
+            {"values": dict(assignment), "folder": cell_name(assignment)} for assignment, _ in cells
+        ]
         todo = []
         for cell, (_, config) in zip(summaries, cells):
             summary = finished_summary(ResultsFolder(parent / cell["folder"]))
@@ -247,9 +272,15 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
             else:
                 todo.append((cell, config))
         if executor == "ray" and todo:
-            outcomes = run_cells_on_ray([(cell["folder"], to_dict(config), parent / cell["folder"])
-                                         for cell, config in todo], address=address, cpus=cpus_per_cell,
-                                        gpus=gpus_per_cell, max_retries=max_retries, progress=progress, echo=echo)
+            outcomes = run_cells_on_ray(
+                [(cell["folder"], to_dict(config), parent / cell["folder"]) for cell, config in todo],
+                address=address,
+                cpus=cpus_per_cell,
+                gpus=gpus_per_cell,
+                max_retries=max_retries,
+                progress=progress,
+                echo=echo,
+            )
             for cell, _ in todo:
                 outcome = outcomes[cell["folder"]]
                 cell.update({k: outcome[k] for k in ("summary", "error") if k in outcome})
@@ -263,8 +294,13 @@ def run_sweep(config_path: str | None, overrides: Sequence[str], parent: str | P
                 bar.update(1)
             bar.close()
         table = sweep_table(axes, summaries, metric)
-        record = {"config": config_path, "fixed": list(fixed),
-                  "axes": [{"key": a.key, "values": a.values} for a in axes], "metric": metric, "cells": summaries}
+        record = {
+            "config": config_path,
+            "fixed": list(fixed),
+            "axes": [{"key": a.key, "values": a.values} for a in axes],
+            "metric": metric,
+            "cells": summaries,
+        }
         atomic_write_text(parent / "sweep.json", json.dumps(record, indent=2) + "\n")
         atomic_write_text(parent / "sweep.md", table + "\n")
         finished = [c for c in summaries if "summary" in c]
@@ -294,10 +330,18 @@ def sweep_table(axes: Sequence[Axis], cells: Sequence[dict[str, Any]], metric: s
                 shown = "-"
             else:
                 scale = 100 if percent else 1
-                shown = f"{scale * value:.2f}" + (f" ± {scale * entry[metric + '_std']:.2f}"
-                                                  if entry.get("num_seeds", 1) > 1 else "")
-            rows.append([*values, algorithm, shown, f"{round_seconds(entry):.3f}",
-                         f"{entry.get('init_seconds_per_round', float('nan')):.3f}"])
+                shown = f"{scale * value:.2f}" + (
+                    f" ± {scale * entry[metric + '_std']:.2f}" if entry.get("num_seeds", 1) > 1 else ""
+                )
+            rows.append(
+                [
+                    *values,
+                    algorithm,
+                    shown,
+                    f"{round_seconds(entry):.3f}",
+                    f"{entry.get('init_seconds_per_round', float('nan')):.3f}",
+                ]
+            )
     lines = ["| " + " | ".join(markdown_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 

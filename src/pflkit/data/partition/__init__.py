@@ -18,5 +18,13 @@ from .holdout import stratified_test_split
 from .spec import PARTITION_METHODS, PARTITION_RNGS, ClientSplit, PartitionError, PartitionSpec, class_counts
 from .split import split_clients
 
-__all__ = ["PARTITION_METHODS", "PARTITION_RNGS", "ClientSplit", "PartitionError", "PartitionSpec", "class_counts",
-           "split_clients", "stratified_test_split"]
+__all__ = [
+    "PARTITION_METHODS",
+    "PARTITION_RNGS",
+    "ClientSplit",
+    "PartitionError",
+    "PartitionSpec",
+    "class_counts",
+    "split_clients",
+    "stratified_test_split",
+]

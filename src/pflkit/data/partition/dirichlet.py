@@ -28,8 +28,18 @@ __all__ = ["partition_dirichlet"]
 log = logging.getLogger(__name__)
 
 
-def _dirichlet_draws(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, minimum: int, floor: int,
-                     balance_cap: bool, max_retries: int, auto: bool, official: bool = False) -> _Draw:
+def _dirichlet_draws(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: Rng,
+    minimum: int,
+    floor: int,
+    balance_cap: bool,
+    max_retries: int,
+    auto: bool,
+    official: bool = False,
+) -> _Draw:
     """Class-wise Dirichlet draws until the smallest client reaches ``minimum``; after
     ``max_retries`` draws, the draw whose smallest client is largest, if that reaches ``floor``."""
     class_indices = [np.flatnonzero(labels == c) for c in range(int(labels.max()) + 1)]
@@ -60,17 +70,21 @@ def _dirichlet_draws(labels: np.ndarray, num_clients: int, alpha: float, rng: Rn
         if smallest > best_smallest:
             best, best_smallest = buckets, smallest
     if auto and best_smallest >= floor:
-        note = (f"no draw in {max_retries} tries gave every client PFLlib's minimum of {minimum} samples "
-                f"(derived from batch_size and train_fraction); kept the draw whose smallest client is largest "
-                f"({best_smallest} samples, at least one training batch{'' if official else ' and one test sample'})")
+        note = (
+            f"no draw in {max_retries} tries gave every client PFLlib's minimum of {minimum} samples "
+            f"(derived from batch_size and train_fraction); kept the draw whose smallest client is largest "
+            f"({best_smallest} samples, at least one training batch{'' if official else ' and one test sample'})"
+        )
         return _Draw(best, max_retries, best_smallest, note)
     if auto:
         wanted, hint = f"{floor} samples", "lower num_clients or raise alpha (or set min_samples_per_client yourself)"
     elif minimum == 1:
         wanted, hint = "a sample (even min_samples_per_client=0 needs one)", "lower num_clients or raise alpha"
     else:
-        wanted, hint = (f"min_samples_per_client={minimum} samples",
-                        "lower num_clients, raise alpha, or set min_samples_per_client lower")
+        wanted, hint = (
+            f"min_samples_per_client={minimum} samples",
+            "lower num_clients, raise alpha, or set min_samples_per_client lower",
+        )
     raise PartitionError(
         f"dirichlet partition: no draw in {max_retries} tries gave every one of num_clients={num_clients} clients "
         f"{wanted} with alpha={alpha} (the best draw's smallest client had {best_smallest}); {hint}"
@@ -90,14 +104,34 @@ def partition_dirichlet(
     train_fraction: float = 0.75,
 ) -> list[np.ndarray]:
     """Class-wise Dirichlet split (PFLlib ``'dir'``, spec §5.4); see :func:`_dirichlet`."""
-    return _sorted(_dirichlet(labels, num_clients, alpha, rng, min_samples_per_client=min_samples_per_client,
-                              balance_cap=balance_cap, max_retries=max_retries, batch_size=batch_size,
-                              train_fraction=train_fraction).parts)
+    return _sorted(
+        _dirichlet(
+            labels,
+            num_clients,
+            alpha,
+            rng,
+            min_samples_per_client=min_samples_per_client,
+            balance_cap=balance_cap,
+            max_retries=max_retries,
+            batch_size=batch_size,
+            train_fraction=train_fraction,
+        ).parts
+    )
 
 
-def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
-               min_samples_per_client: int | None, balance_cap: bool, max_retries: int, batch_size: int,
-               train_fraction: float, official: bool = False) -> _Draw:
+def _dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: Rng,
+    *,
+    min_samples_per_client: int | None,
+    balance_cap: bool,
+    max_retries: int,
+    batch_size: int,
+    train_fraction: float,
+    official: bool = False,
+) -> _Draw:
     """For each class, proportions ``q ~ Dir(alpha)`` over clients decide how its shuffled samples
     are cut; with ``balance_cap`` clients already holding the average share get no more. The
     draw is repeated until the smallest client has ``min_samples_per_client`` samples, at most
@@ -134,6 +168,12 @@ def _dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng, *,
         minimum = floor = max(min_samples_per_client, 1)
     draw = _dirichlet_draws(labels, num_clients, alpha, rng, minimum, floor, balance_cap, max_retries, auto, official)
     if draw.note:
-        log.warning("dirichlet partition (num_clients=%d, alpha=%g, %d samples): %s; set "
-                    "min_samples_per_client to choose the minimum", num_clients, alpha, n, draw.note)
+        log.warning(
+            "dirichlet partition (num_clients=%d, alpha=%g, %d samples): %s; set "
+            "min_samples_per_client to choose the minimum",
+            num_clients,
+            alpha,
+            n,
+            draw.note,
+        )
     return draw

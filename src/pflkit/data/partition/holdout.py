@@ -47,8 +47,10 @@ def split_train_test(
             try:
                 tr, te = train_test_split(part, train_size=train_fraction, shuffle=True, random_state=rng)
             except ValueError as exc:
-                raise PartitionError(f"client {i}: scikit-learn cannot split {len(part)} samples at "
-                                     f"train_fraction={train_fraction} ({exc})") from None
+                raise PartitionError(
+                    f"client {i}: scikit-learn cannot split {len(part)} samples at "
+                    f"train_fraction={train_fraction} ({exc})"
+                ) from None
         else:
             shuffled = rng.permutation(part)
             tr, te = shuffled[:n_train], shuffled[n_train:]
@@ -70,15 +72,18 @@ def local_test_sets(train_counts: np.ndarray, test_labels: np.ndarray, size: int
         chosen = []
         for c in np.flatnonzero(quota):
             if len(pools[c]) == 0:
-                raise PartitionError(f"client {i} trains on class {c}, of which the official test split holds no "
-                                     "sample: no local test set can follow its label distribution")
+                raise PartitionError(
+                    f"client {i} trains on class {c}, of which the official test split holds no "
+                    "sample: no local test set can follow its label distribution"
+                )
             chosen.append(rng.choice(pools[c], size=int(quota[c]), replace=bool(quota[c] > len(pools[c]))))
         out.append(np.sort(np.concatenate(chosen)) if chosen else np.empty(0, dtype=np.int64))
     return out
 
 
-def stratified_test_split(labels: np.ndarray, test_fraction: float = 0.25,
-                          seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def stratified_test_split(
+    labels: np.ndarray, test_fraction: float = 0.25, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """A fixed stratified split (training rows, test rows) for datasets without an official one."""
     from sklearn.model_selection import train_test_split
 

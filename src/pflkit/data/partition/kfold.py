@@ -19,8 +19,9 @@ __all__ = ["partition_kfold", "partition_label_dirichlet"]
 log = logging.getLogger(__name__)
 
 
-def partition_kfold(labels: np.ndarray, num_clients: int, num_folds: int, rng: Rng, *,
-                    primary_fraction: float = 0.8) -> list[np.ndarray]:
+def partition_kfold(
+    labels: np.ndarray, num_clients: int, num_folds: int, rng: Rng, *, primary_fraction: float = 0.8
+) -> list[np.ndarray]:
     """SosicFL's k-Fold groups (spec §5.3 [RECON]): classes and clients are cut into ``num_folds``
     groups; every client of group g holds n = floor(N / K) samples, ``primary_fraction`` of them
     spread evenly over g's primary classes and the rest evenly over the other classes, with the
@@ -31,8 +32,10 @@ def partition_kfold(labels: np.ndarray, num_clients: int, num_folds: int, rng: R
     _check_num_clients(num_clients)
     num_classes = int(labels.max()) + 1
     if not 1 <= num_folds <= min(num_classes, num_clients):
-        raise PartitionError(f"kfold partition: num_folds={num_folds} must be in 1..{min(num_classes, num_clients)} "
-                             f"(at most the {num_classes} classes and num_clients={num_clients})")
+        raise PartitionError(
+            f"kfold partition: num_folds={num_folds} must be in 1..{min(num_classes, num_clients)} "
+            f"(at most the {num_classes} classes and num_clients={num_clients})"
+        )
     if not 0 < primary_fraction <= 1:
         raise PartitionError(f"kfold partition: primary_fraction must be in (0, 1], got {primary_fraction}")
     primaries = np.array_split(np.arange(num_classes), num_folds)
@@ -57,19 +60,24 @@ def partition_kfold(labels: np.ndarray, num_clients: int, num_folds: int, rng: R
             break
         n -= 1
     if n == 0:
-        raise PartitionError(f"kfold partition: the classes cannot give num_clients={num_clients} clients one "
-                             "sample each with these groups; lower num_clients or num_folds")
+        raise PartitionError(
+            f"kfold partition: the classes cannot give num_clients={num_clients} clients one "
+            "sample each with these groups; lower num_clients or num_folds"
+        )
     if n < len(labels) // num_clients:
-        log.warning("kfold partition: classes too small for %d samples per client; every client gets %d",
-                    len(labels) // num_clients, n)
+        log.warning(
+            "kfold partition: classes too small for %d samples per client; every client gets %d",
+            len(labels) // num_clients,
+            n,
+        )
     pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)]
     parts: list[np.ndarray] = []
     for group, quota in zip(groups, quotas(n)):
         for _ in group:
             taken = []
             for c in np.flatnonzero(quota):
-                taken += pools[c][:quota[c]]
-                del pools[c][:quota[c]]
+                taken += pools[c][: quota[c]]
+                del pools[c][: quota[c]]
             parts.append(np.asarray(taken, dtype=np.int64))
     return parts
 
@@ -86,8 +94,9 @@ def partition_label_dirichlet(labels: np.ndarray, num_clients: int, alpha: float
     num_classes = int(labels.max()) + 1
     n = len(labels) // num_clients
     if n == 0:
-        raise PartitionError(f"label_dirichlet partition: num_clients={num_clients} exceeds the {len(labels)} "
-                             "samples; lower num_clients")
+        raise PartitionError(
+            f"label_dirichlet partition: num_clients={num_clients} exceeds the {len(labels)} samples; lower num_clients"
+        )
     pools = [list(rng.permutation(np.flatnonzero(labels == c))) for c in range(num_classes)]
     parts = []
     for _ in range(num_clients):
@@ -98,8 +107,8 @@ def partition_label_dirichlet(labels: np.ndarray, num_clients: int, alpha: float
             left = np.array([len(p) for p in pools])
             got = np.minimum(want, left)
             for c in np.flatnonzero(got):
-                taken += pools[c][:got[c]]
-                del pools[c][:got[c]]
+                taken += pools[c][: got[c]]
+                del pools[c][: got[c]]
             deficit = int((want - got).sum())
             if deficit == 0:
                 break

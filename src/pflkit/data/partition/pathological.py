@@ -35,14 +35,33 @@ def partition_pathological(
     convention: Literal["pflkit", "pfllib"] = "pflkit",
 ) -> list[np.ndarray]:
     """Pathological label skew (PFLlib ``'pat'``, spec §5.2); see :func:`_pathological`."""
-    return _sorted(_pathological(labels, num_clients, classes_per_client, rng, balanced=balanced,
-                                 min_samples_per_client=min_samples_per_client, batch_size=batch_size,
-                                 train_fraction=train_fraction, convention=convention))
+    return _sorted(
+        _pathological(
+            labels,
+            num_clients,
+            classes_per_client,
+            rng,
+            balanced=balanced,
+            min_samples_per_client=min_samples_per_client,
+            batch_size=batch_size,
+            train_fraction=train_fraction,
+            convention=convention,
+        )
+    )
 
 
-def _pathological(labels: np.ndarray, num_clients: int, classes_per_client: int, rng: Rng, *,
-                  balanced: bool, min_samples_per_client: int | None, batch_size: int, train_fraction: float,
-                  convention: str) -> list[list[int]]:
+def _pathological(
+    labels: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    rng: Rng,
+    *,
+    balanced: bool,
+    min_samples_per_client: int | None,
+    batch_size: int,
+    train_fraction: float,
+    convention: str,
+) -> list[list[int]]:
     """Classes are dealt in order to the first ``N / C * n`` clients that still have quota, so
     groups of clients share the same classes (MNIST, N=20, n=2: 5 groups of 4). Each class's
     samples are cut into consecutive chunks: equal sizes if ``balanced``, otherwise random sizes in
@@ -68,8 +87,11 @@ def _pathological(labels: np.ndarray, num_clients: int, classes_per_client: int,
             f"{classes_per_client} / {num_classes} classes < 1 client per class; "
             "raise num_clients or classes_per_client"
         )
-    least = (pfllib_least_samples(len(labels), num_clients, batch_size, train_fraction)
-             if min_samples_per_client is None else min_samples_per_client)
+    least = (
+        pfllib_least_samples(len(labels), num_clients, batch_size, train_fraction)
+        if min_samples_per_client is None
+        else min_samples_per_client
+    )
 
     quota = np.full(num_clients, classes_per_client)
     parts: list[list[int]] = [[] for _ in range(num_clients)]

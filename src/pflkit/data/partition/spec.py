@@ -97,7 +97,7 @@ def largest_remainder(shares: np.ndarray, total: int) -> np.ndarray:
     counts = np.floor(exact).astype(np.int64)
     remainder = exact - counts
     order = sorted(range(len(shares)), key=lambda i: (-remainder[i], i))
-    counts[order[:total - int(counts.sum())]] += 1
+    counts[order[: total - int(counts.sum())]] += 1
     return counts
 
 
@@ -108,9 +108,7 @@ def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
     for i, part in enumerate(parts):
         client_labels = labels[np.asarray(part, dtype=np.int64)]
         if client_labels.size and (client_labels.min() < 0 or client_labels.max() >= num_classes):
-            raise ValueError(
-                f"class_counts: client {i} has labels outside 0..{num_classes - 1}"
-            )
+            raise ValueError(f"class_counts: client {i} has labels outside 0..{num_classes - 1}")
         counts[i] = np.bincount(client_labels, minlength=num_classes)
     return counts
 
@@ -138,34 +136,61 @@ class PartitionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     method: PartitionMethod = Field(
-        "dirichlet", description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
+        "dirichlet",
+        description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
         "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
-        "distributions with equal client sizes, SosicFL, spec §5.6)")
+        "distributions with equal client sizes, SosicFL, spec §5.6)",
+    )
     num_clients: int = Field(20, ge=1)
     alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4; label_dirichlet: §5.6)")
     classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
     balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
     min_samples_per_client: int | None = Field(
-        None, ge=0, description="dirichlet/pathological minimum samples per client; default PFLlib's "
+        None,
+        ge=0,
+        description="dirichlet/pathological minimum samples per client; default PFLlib's "
         "int(min(batch_size / (1 - train_fraction), samples / num_clients / 2)), lowered with a logged "
-        "warning to one training batch + one test sample where no draw reaches it (spec §5.4)")
-    balance_cap: bool = Field(True, description="dirichlet: stop feeding clients that hold the average share "
-                              "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)")
-    train_fraction: float = Field(0.75, gt=0, lt=1, description="per-client train share (spec §5.5; "
-                                  "test_set = client_split; also sizes the default minimum of dirichlet/pathological)")
+        "warning to one training batch + one test sample where no draw reaches it (spec §5.4)",
+    )
+    balance_cap: bool = Field(
+        True,
+        description="dirichlet: stop feeding clients that hold the average share "
+        "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)",
+    )
+    train_fraction: float = Field(
+        0.75,
+        gt=0,
+        lt=1,
+        description="per-client train share (spec §5.5; "
+        "test_set = client_split; also sizes the default minimum of dirichlet/pathological)",
+    )
     rng: PartitionRng = Field(
-        "pflkit", description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
-        "np.random.seed(partition seed) order, which reproduces PFLlib's generated split of the same pool")
+        "pflkit",
+        description="random convention of the partition: pflkit's seeded streams, or PFLlib's "
+        "np.random.seed(partition seed) order, which reproduces PFLlib's generated split of the same pool",
+    )
     seed: int | None = Field(None, description="seed of the partition; default: each run seed")
-    max_retries: int = Field(1000, ge=1, le=100_000, description="dirichlet: draws tried for the minimum client "
-                             "size (at most 100000: a minimum that many draws miss is out of reach)")
+    max_retries: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        description="dirichlet: draws tried for the minimum client "
+        "size (at most 100000: a minimum that many draws miss is out of reach)",
+    )
     num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
-    primary_fraction: float = Field(0.8, gt=0, le=1, description="kfold: share of a client's samples from its "
-                                    "group's primary classes (the rest spread evenly over the others)")
+    primary_fraction: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="kfold: share of a client's samples from its "
+        "group's primary classes (the rest spread evenly over the others)",
+    )
     test_set: TestSet = Field(
-        "client_split", description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
+        "client_split",
+        description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
         "official: the official training split is partitioned, the official test split is the global test "
-        "set and each client gets a local test set with its label proportions (spec §5.6)")
+        "set and each client gets a local test set with its label proportions (spec §5.6)",
+    )
 
     @property
     def official(self) -> bool:

@@ -41,21 +41,36 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) ->
     n = len(labels)
     viable = 1 if spec.official else smallest_client(spec.train_fraction)
     if spec.num_clients * viable > n:
-        need = "one training sample" if spec.official else \
-            f"{viable}: one to train and one to test at train_fraction={spec.train_fraction}"
+        need = (
+            "one training sample"
+            if spec.official
+            else f"{viable}: one to train and one to test at train_fraction={spec.train_fraction}"
+        )
         raise PartitionError(
             f"num_clients={spec.num_clients} needs at least {spec.num_clients * viable} samples (every client "
             f"needs {need}), but the {'official training split' if spec.official else 'dataset'} holds {n}; "
             f"lower num_clients to at most {n // viable}"
         )
     if spec.method == "dirichlet":
-        return _dirichlet(labels, spec.num_clients, spec.alpha, rng,
-                          min_samples_per_client=spec.min_samples_per_client, balance_cap=spec.balance_cap,
-                          max_retries=spec.max_retries, batch_size=batch_size,
-                          train_fraction=spec.train_fraction, official=spec.official)
-    pathological: dict[str, Any] = dict(balanced=spec.balanced, min_samples_per_client=spec.min_samples_per_client,
-                        batch_size=batch_size, train_fraction=spec.train_fraction,
-                        convention=spec.rng)
+        return _dirichlet(
+            labels,
+            spec.num_clients,
+            spec.alpha,
+            rng,
+            min_samples_per_client=spec.min_samples_per_client,
+            balance_cap=spec.balance_cap,
+            max_retries=spec.max_retries,
+            batch_size=batch_size,
+            train_fraction=spec.train_fraction,
+            official=spec.official,
+        )
+    pathological: dict[str, Any] = dict(
+        balanced=spec.balanced,
+        min_samples_per_client=spec.min_samples_per_client,
+        batch_size=batch_size,
+        train_fraction=spec.train_fraction,
+        convention=spec.rng,
+    )
     parts: list[list[int]] | list[np.ndarray]
     if spec.method == "iid" and spec.rng == "pfllib":  # PFLlib's iid is its pathological rule with every class
         parts = _pathological(labels, spec.num_clients, int(labels.max()) + 1, rng, **pathological)
@@ -72,8 +87,14 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) ->
     return _Draw(parts, 1, min(len(p) for p in parts))
 
 
-def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
-                  pools: tuple[np.ndarray, np.ndarray] | None = None, *, batch_size: int = 10) -> ClientSplit:
+def split_clients(
+    labels: np.ndarray,
+    spec: PartitionSpec,
+    seed: int,
+    pools: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    batch_size: int = 10,
+) -> ClientSplit:
     """Partition ``labels`` by ``spec`` with the partition seed ``seed`` (``spec.seed_for(run
     seed)``) and give every client its training and test indices; ``info`` records what was done.
     ``batch_size`` is the run's training batch size, which PFLlib's default minimum client size
@@ -94,23 +115,38 @@ def split_clients(labels: np.ndarray, spec: PartitionSpec, seed: int,
         train = _sorted([train_pool[np.asarray(p, dtype=np.int64)] for p in draw.parts])
         empty = [i for i, t in enumerate(train) if len(t) == 0]
         if empty:
-            raise PartitionError(f"clients {empty[:10]} got no training sample; set min_samples_per_client to "
-                                 "at least 1, lower num_clients or raise alpha")
+            raise PartitionError(
+                f"clients {empty[:10]} got no training sample; set min_samples_per_client to "
+                "at least 1, lower num_clients or raise alpha"
+            )
         num_classes = int(labels.max()) + 1
         counts = class_counts(labels, train, num_classes)
         size = len(test_pool) // spec.num_clients
         test = [test_pool[t] for t in local_test_sets(counts, labels[test_pool], size, rng)]
-        info = {"method": spec.method, "rng": spec.rng, "partition_seed": seed, "tries": draw.tries,
-                "min_samples_per_client": draw.minimum, "test_set": "official", "local_test_size": size,
-                "global_test_size": len(test_pool)}
+        info = {
+            "method": spec.method,
+            "rng": spec.rng,
+            "partition_seed": seed,
+            "tries": draw.tries,
+            "min_samples_per_client": draw.minimum,
+            "test_set": "official",
+            "local_test_size": size,
+            "global_test_size": len(test_pool),
+        }
     else:
         draw = _draw(labels, spec, rng, batch_size)
         parts = [np.asarray(p, dtype=np.int64) for p in draw.parts]
         if spec.rng == "pflkit":
             parts = _sorted(parts)
         train, test = split_train_test(parts, spec.train_fraction, rng, convention=spec.rng)
-        info = {"method": spec.method, "rng": spec.rng, "partition_seed": seed, "tries": draw.tries,
-                "min_samples_per_client": draw.minimum, "test_set": "client_split"}
+        info = {
+            "method": spec.method,
+            "rng": spec.rng,
+            "partition_seed": seed,
+            "tries": draw.tries,
+            "min_samples_per_client": draw.minimum,
+            "test_set": "client_split",
+        }
     if draw.note:
         info["fallback"] = draw.note
     return ClientSplit(train, test, info)

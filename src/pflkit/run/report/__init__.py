@@ -20,7 +20,27 @@ from .sections import (
     table_section,
 )
 
-__all__ = ["build_report", "ala_gain_table", "cost_table", "metrics_table", "ranking_table", "sweep_paper_table",
-           "tta_table", "cell_folders", "finished_part", "one_setting", "run_status", "Section", "pct", "to_html",
-           "to_markdown", "MAIN_COLUMNS", "TABLE_EXTRA_COLUMNS", "partition_words", "portable", "run_section",
-           "sweep_section", "table_section"]
+__all__ = [
+    "build_report",
+    "ala_gain_table",
+    "cost_table",
+    "metrics_table",
+    "ranking_table",
+    "sweep_paper_table",
+    "tta_table",
+    "cell_folders",
+    "finished_part",
+    "one_setting",
+    "run_status",
+    "Section",
+    "pct",
+    "to_html",
+    "to_markdown",
+    "MAIN_COLUMNS",
+    "TABLE_EXTRA_COLUMNS",
+    "partition_words",
+    "portable",
+    "run_section",
+    "sweep_section",
+    "table_section",
+]

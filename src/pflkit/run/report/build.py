@@ -12,16 +12,25 @@ from .render import to_html, to_markdown
 from .sections import run_section, sweep_section, table_section
 
 
-def build_report(paths: Sequence[str | Path], out: str | Path, *, name: str = "report", title: str = "pflkit report",
-                 command: str | None = None, intro: str | None = None) -> tuple[Path, Path]:
+def build_report(
+    paths: Sequence[str | Path],
+    out: str | Path,
+    *,
+    name: str = "report",
+    title: str = "pflkit report",
+    command: str | None = None,
+    intro: str | None = None,
+) -> tuple[Path, Path]:
     """Write ``<name>.md`` (figures copied into ``figures/`` next to it) and ``<name>.html``
     (figures embedded) into ``out`` for the given results folders and sweep folders;
     ``command``, the one that made the report, and the Markdown text ``intro`` stand at the top."""
     if not paths:
         raise ValueError("pflkit report needs at least one results or sweep folder")
     if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
-        raise ValueError(f"--name {name!r} must be a plain file name (no folders): the report is written as "
-                         "<--out>/<name>.md and <name>.html")
+        raise ValueError(
+            f"--name {name!r} must be a plain file name (no folders): the report is written as "
+            "<--out>/<name>.md and <name>.html"
+        )
     sections = []
     for path in map(Path, paths):
         cells = cell_folders(path) if not ResultsFolder(path).config_path.is_file() else []

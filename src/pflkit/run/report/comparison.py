@@ -40,12 +40,22 @@ def tta_table(summary: dict[str, Any], published: dict[str, Any]) -> Table | Non
             ours = v["improvement"] if isinstance(v["improvement"], str) else f"x{v['improvement']:.2f}"
             paper = published.get(m)
             side = None if paper is None else paper[0 if key.startswith("tta_global") else 1]
-            tta.append([m, key[len("tta_"):], ours, f"{v['reached_seeds']}/{len(v['seeds'])}",
-                        "-" if side is None else f"x{side:.1f}"])
+            tta.append(
+                [
+                    m,
+                    key[len("tta_") :],
+                    ours,
+                    f"{v['reached_seeds']}/{len(v['seeds'])}",
+                    "-" if side is None else f"x{side:.1f}",
+                ]
+            )
     if not tta:
         return None
-    return ("time to accuracy (SosicFL §4.13; paper: its Table 5)",
-            ["method", "metric vs base", "improvement", "seeds reaching", "paper"], tta)
+    return (
+        "time to accuracy (SosicFL §4.13; paper: its Table 5)",
+        ["method", "metric vs base", "improvement", "seeds reaching", "paper"],
+        tta,
+    )
 
 
 def cost_table(summary: dict[str, Any], cell: dict[str, Any]) -> Table:
@@ -57,10 +67,20 @@ def cost_table(summary: dict[str, Any], cell: dict[str, Any]) -> Table:
         floats = entry.get("mean_down_floats_per_client", math.nan) + entry.get("mean_up_floats_per_client", math.nan)
         units = f"{floats / sigma:.2f}Σ" if sigma and not math.isnan(floats) else f"{floats:,.0f} values"
         minutes, formula = cell["cost"].get(method, (math.nan, "-"))
-        rows.append([method, f"{round_seconds(entry) / 60:.2f}",
-                     "-" if math.isnan(minutes) else f"{minutes:.2f}", units, formula])
-    return (f"cost beside the paper: {cell['source']}",
-            ["method", "min/round", "paper min/iter", "sent per client and round", "paper"], rows)
+        rows.append(
+            [
+                method,
+                f"{round_seconds(entry) / 60:.2f}",
+                "-" if math.isnan(minutes) else f"{minutes:.2f}",
+                units,
+                formula,
+            ]
+        )
+    return (
+        f"cost beside the paper: {cell['source']}",
+        ["method", "min/round", "paper min/iter", "sent per client and round", "paper"],
+        rows,
+    )
 
 
 def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> Table:
@@ -69,8 +89,10 @@ def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> Table:
     sweep = cell["sweep"]
     key, metric = sweep["key"], sweep["metric"]
     if key not in [a["key"] for a in record["axes"]]:
-        raise ValueError(f"paper_table {cell['source']!r} sweeps {key}, which this sweep does not "
-                         f"(its axes: {', '.join(a['key'] for a in record['axes'])})")
+        raise ValueError(
+            f"paper_table {cell['source']!r} sweeps {key}, which this sweep does not "
+            f"(its axes: {', '.join(a['key'] for a in record['axes'])})"
+        )
     others = [a["key"] for a in record["axes"] if a["key"] != key]
     params = sweep.get("params", {})
     rows = []
@@ -83,12 +105,19 @@ def sweep_paper_table(record: dict[str, Any], cell: dict[str, Any]) -> Table:
         multi = entry.get("num_seeds", 1) > 1
         ours = entry.get(metric)
         diff = "-" if ours is None or paper is None else f"{100 * ours - paper:+.2f}"
-        row = [str(value), *(str(c["values"][k]) for k in others), pct(entry, metric, multi),
-               "-" if paper is None else f"{paper:.2f}", diff]
+        row = [
+            str(value),
+            *(str(c["values"][k]) for k in others),
+            pct(entry, metric, multi),
+            "-" if paper is None else f"{paper:.2f}",
+            diff,
+        ]
         if params:  # the "Param." row: ALA's learnable weights, ours and the paper's
             theirs = params.get(value)
-            row += [f"{entry['ala_weights']:,}" if "ala_weights" in entry else "-",
-                    "-" if theirs is None else f"{theirs:,}"]
+            row += [
+                f"{entry['ala_weights']:,}" if "ala_weights" in entry else "-",
+                "-" if theirs is None else f"{theirs:,}",
+            ]
         rows.append(row)
     header = [key, *others, f"pflkit {metric}", "paper", "pflkit − paper"]
     if params:
@@ -109,16 +138,18 @@ def ranking_table(ours: dict[str, float], paper: dict[str, float], base: str = "
     rank_paper = {m: i + 1 for i, m in enumerate(sorted(common, key=lambda m: -paper[m]))}
     tau = scipy.stats.kendalltau([mine[m] for m in common], [paper[m] for m in common]).statistic
     has_base = base in common
-    text = (f"ranks and gaps (points of best accuracy) beside the paper: over the {len(common)} methods that both "
-            "have, Kendall's tau between our best accuracies and the paper's is "
-            + ("undefined (all tied on one side)." if math.isnan(tau) else
-               f"{tau:.2f} (1: the same order, 0: unrelated)."))
+    text = (
+        f"ranks and gaps (points of best accuracy) beside the paper: over the {len(common)} methods that both "
+        "have, Kendall's tau between our best accuracies and the paper's is "
+        + ("undefined (all tied on one side)." if math.isnan(tau) else f"{tau:.2f} (1: the same order, 0: unrelated).")
+    )
     if has_base:
         others = [m for m in common if m != base]
         same = [m for m in others if (mine[m] - mine[base]) * (paper[m] - paper[base]) > 0]
         apart = [m for m in others if m not in same]
-        text += (f" {len(same)} of {len(others)} methods are on the same side of {base} in both"
-                 + (f" (on the other side in one of them: {', '.join(apart)})." if apart else "."))
+        text += f" {len(same)} of {len(others)} methods are on the same side of {base} in both" + (
+            f" (on the other side in one of them: {', '.join(apart)})." if apart else "."
+        )
     header = ["method", "pflkit rank", "paper rank"]
     if has_base:
         header += [f"pflkit − {base}", f"paper − {base}"]
@@ -148,9 +179,20 @@ def ala_gain_table(ours: dict[str, float], paper: dict[str, float]) -> Table | N
             continue
         gain = 100 * (ours[with_ala] - ours[m])
         theirs = _with_ala(m, paper) if m in paper else None
-        rows.append([m, with_ala, f"{100 * ours[m]:.2f}", f"{100 * ours[with_ala]:.2f}", f"{gain:+.2f}",
-                     "-" if theirs is None else f"{paper[theirs] - paper[m]:+.2f}"])
+        rows.append(
+            [
+                m,
+                with_ala,
+                f"{100 * ours[m]:.2f}",
+                f"{100 * ours[with_ala]:.2f}",
+                f"{gain:+.2f}",
+                "-" if theirs is None else f"{paper[theirs] - paper[m]:+.2f}",
+            ]
+        )
     if not rows:
         return None
-    return ("X + ALA: what the ALA module adds to each method run both ways",
-            ["X", "X + ALA", "X best acc", "X + ALA best acc", "gain", "paper gain"], rows)
+    return (
+        "X + ALA: what the ALA module adds to each method run both ways",
+        ["X", "X + ALA", "X best acc", "X + ALA best acc", "gain", "paper gain"],
+        rows,
+    )

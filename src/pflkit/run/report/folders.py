@@ -47,8 +47,9 @@ def one_setting(cells: Sequence[Path]) -> bool:
 
     # the saved (resolved) tables: no validation, no warnings per cell
     tables = [computed(ResultsFolder(c).config_table()) for c in cells]
-    shared = [{k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name") and k not in owned}
-              for t in tables]
+    shared = [
+        {k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name") and k not in owned} for t in tables
+    ]
     if any(s != shared[0] for s in shared[1:]):
         return False
     seen: dict[str, Any] = {}
@@ -64,8 +65,10 @@ def finished_part(results: ResultsFolder, rounds: int) -> dict[str, Any]:
     metrics hold the final evaluation (round ``rounds``)."""
     done = {key: h for key, h in results.histories().items() if any(r["round"] == rounds for r in h)}
     if not done:
-        raise ValueError(f"{results.root} is not a finished results folder and none of its runs has finished yet "
-                         "(an unfinished run is continued with pflkit run --resume)")
+        raise ValueError(
+            f"{results.root} is not a finished results folder and none of its runs has finished yet "
+            "(an unfinished run is continued with pflkit run --resume)"
+        )
     methods = list(dict.fromkeys(m for m, _ in done))
     return {m: summarize(done, [m], sorted(s for n, s in done if n == m))[m] for m in methods}
 

@@ -23,14 +23,21 @@ from .folders import finished_part, run_status
 from .render import Section, pct
 
 #: Summary metrics of the main table (shown where a run recorded them), accuracies in %.
-MAIN_COLUMNS = (("best acc", "best_accuracy"), ("final acc", "final_accuracy"),
-                ("best local acc", "best_local_accuracy"), ("best global acc", "best_global_accuracy"),
-                ("best global client-dist acc", "best_global_client_accuracy"))
+MAIN_COLUMNS = (
+    ("best acc", "best_accuracy"),
+    ("final acc", "final_accuracy"),
+    ("best local acc", "best_local_accuracy"),
+    ("best global acc", "best_global_accuracy"),
+    ("best global client-dist acc", "best_global_client_accuracy"),
+)
 
 #: Columns a table of cells shows where its runs recorded them (best values; local risk: lowest).
-TABLE_EXTRA_COLUMNS = (("best global acc", "best_global_accuracy"),
-                       ("best global client-dist acc", "best_global_client_accuracy"),
-                       ("best local acc", "best_local_accuracy"), ("best local risk", "best_local_risk"))
+TABLE_EXTRA_COLUMNS = (
+    ("best global acc", "best_global_accuracy"),
+    ("best global client-dist acc", "best_global_client_accuracy"),
+    ("best local acc", "best_local_accuracy"),
+    ("best local risk", "best_local_risk"),
+)
 
 
 def run_section(folder: Path) -> Section:
@@ -46,25 +53,40 @@ def run_section(folder: Path) -> Section:
     else:
         summary = finished_part(results, config.train.rounds)
         seeds = {m: sorted(int(s) for s in e["seeds"]) for m, e in summary.items()}
-        section.text.append(f"**Unfinished run** (no summary.json yet): numbers over the (method, seed) runs that "
-                            f"finished, seeds {seeds}.")
+        section.text.append(
+            f"**Unfinished run** (no summary.json yet): numbers over the (method, seed) runs that "
+            f"finished, seeds {seeds}."
+        )
     multi = any(e.get("num_seeds", 1) > 1 for e in summary.values())
     section.text.append(
         f"{config.dataset}, model {config.model}, partition {config.partition.method}, "
         f"{config.partition.num_clients} clients, join ratio {config.run.join_ratio}, {config.train.rounds} rounds, "
         f"seeds {config.seeds}, test set {config.partition.test_set}; "
-        f"metrics in %{' (mean ± std over seeds)' if multi else ''}.")
+        f"metrics in %{' (mean ± std over seeds)' if multi else ''}."
+    )
     columns = [(name, key) for name, key in MAIN_COLUMNS if any(key in e for e in summary.values())]
-    header = ["method", *(n for n, _ in columns), "s/round", "init (ALA) s/round", "values down+up / client / round",
-              "MB / round"]
+    header = [
+        "method",
+        *(n for n, _ in columns),
+        "s/round",
+        "init (ALA) s/round",
+        "values down+up / client / round",
+        "MB / round",
+    ]
     rows = []
     for method, entry in summary.items():
         floats = entry.get("mean_down_floats_per_client", math.nan) + entry.get("mean_up_floats_per_client", math.nan)
         megabytes = (entry.get("mean_down_bytes", math.nan) + entry.get("mean_up_bytes", math.nan)) / 1e6
-        rows.append([method, *(pct(entry, key, multi) for _, key in columns),
-                     f"{round_seconds(entry):.3f}", f"{entry.get('init_seconds_per_round', math.nan):.3f}",
-                     "-" if math.isnan(floats) else f"{floats:,.0f}",
-                     "-" if math.isnan(megabytes) else f"{megabytes:.2f}"])
+        rows.append(
+            [
+                method,
+                *(pct(entry, key, multi) for _, key in columns),
+                f"{round_seconds(entry):.3f}",
+                f"{entry.get('init_seconds_per_round', math.nan):.3f}",
+                "-" if math.isnan(floats) else f"{floats:,.0f}",
+                "-" if math.isnan(megabytes) else f"{megabytes:.2f}",
+            ]
+        )
     section.tables.append(("results", header, rows))
     cell = paper_cell(config.paper_table) if config.paper_table else None
     if cell and cell.get("cost"):
@@ -92,17 +114,22 @@ def sweep_section(folder: Path) -> Section:
     record = read_json_object(folder / "sweep.json")
     fixed = [portable(w) for w in record["fixed"]]
     section = Section(f"sweep {folder.name}: {', '.join(a['key'] for a in record['axes'])}")
-    section.text.append(f"config {record['config'] or '(defaults)'}, fixed {' '.join(fixed) or '-'}; "
-                        f"metric {record['metric']}" + ("; DIR: the dataset's folder." if fixed != record["fixed"]
-                                                        else "."))
+    section.text.append(
+        f"config {record['config'] or '(defaults)'}, fixed {' '.join(fixed) or '-'}; "
+        f"metric {record['metric']}" + ("; DIR: the dataset's folder." if fixed != record["fixed"] else ".")
+    )
     axes = [f"{a['key']}={json.dumps(a['values'], separators=(',', ':'))}" for a in record["axes"]]
     words = [*([record["config"]] if record["config"] else []), *fixed, *axes]
-    section.text.append("command: pflkit sweep " + " ".join(shlex.quote(w) for w in words)
-                        + f" --metric {record['metric']} --out {shlex.quote(folder.name)}")
+    section.text.append(
+        "command: pflkit sweep "
+        + " ".join(shlex.quote(w) for w in words)
+        + f" --metric {record['metric']} --out {shlex.quote(folder.name)}"
+    )
     failed = [c for c in record["cells"] if "error" in c]
     if failed:
-        section.text.append(f"**{len(failed)} cell(s) failed**: " + "; ".join(f"{c['folder']}: {c['error']}"
-                                                                           for c in failed))
+        section.text.append(
+            f"**{len(failed)} cell(s) failed**: " + "; ".join(f"{c['folder']}: {c['error']}" for c in failed)
+        )
     lines = (folder / "sweep.md").read_text().strip().splitlines()
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     section.tables.append(("sweep", cells[0], cells[2:]))
@@ -117,9 +144,12 @@ def sweep_section(folder: Path) -> Section:
 
 def partition_words(spec: PartitionSpec) -> str:
     """The partition with the parameter that tells its tables apart (Dir(0.1) from Dir(0.05), ...)."""
-    detail = {"dirichlet": f"alpha {spec.alpha}", "label_dirichlet": f"alpha {spec.alpha}",
-              "pathological": f"{spec.classes_per_client} classes per client",
-              "kfold": f"{spec.num_folds} folds"}.get(spec.method)
+    detail = {
+        "dirichlet": f"alpha {spec.alpha}",
+        "label_dirichlet": f"alpha {spec.alpha}",
+        "pathological": f"{spec.classes_per_client} classes per client",
+        "kfold": f"{spec.num_folds} folds",
+    }.get(spec.method)
     return f"{spec.method} ({detail})" if detail else spec.method
 
 
@@ -149,55 +179,87 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
             judged = config.run.plateau_metric if any(config.run.plateau_metric in r for r in runs[key]) else "accuracy"
             scored = [r for r in runs[key] if judged in r]
             best = max(scored, key=lambda r: r[judged]) if scored else None
-            so_far = "" if best is None else (f", best {'' if judged == 'accuracy' else judged + ' '}so far "
-                                              f"{100 * best[judged]:.2f} at round {best['round']}")
+            so_far = (
+                ""
+                if best is None
+                else (
+                    f", best {'' if judged == 'accuracy' else judged + ' '}so far "
+                    f"{100 * best[judged]:.2f} at round {best['round']}"
+                )
+            )
             machine = status.get("machine")
-            unfinished.append(f"{cell.name} ({key[0]}, seed {key[1]}: {status.get('status', '?')}, reached round "
-                              f"{max(r['round'] for r in runs[key])}{so_far}{f', on {machine}' if machine else ''})")
+            unfinished.append(
+                f"{cell.name} ({key[0]}, seed {key[1]}: {status.get('status', '?')}, reached round "
+                f"{max(r['round'] for r in runs[key])}{so_far}{f', on {machine}' if machine else ''})"
+            )
         if not runs:
             unfinished.append(f"{cell.name} ({status.get('status', '?')}, no round yet)")
     methods = list(dict.fromkeys(m for m, _ in histories))
     paper_entry = paper_cell(config.paper_table) if config.paper_table else None
-    plateau = (f"a run stops once its best {config.run.plateau_metric} has not improved by more than "
-               f"{config.run.plateau_points} points over its last {config.run.plateau_evaluations} evaluations, "
-               f"at most {config.train.rounds} rounds" if config.run.plateau_evaluations
-               else f"{config.train.rounds} rounds")
+    plateau = (
+        f"a run stops once its best {config.run.plateau_metric} has not improved by more than "
+        f"{config.run.plateau_points} points over its last {config.run.plateau_evaluations} evaluations, "
+        f"at most {config.train.rounds} rounds"
+        if config.run.plateau_evaluations
+        else f"{config.train.rounds} rounds"
+    )
     section = Section(f"{config.name} ({folder.name}): {len(cells)} cell{'s' if len(cells) != 1 else ''}")
     section.text.append(
         f"{config.dataset}, model {config.model}, partition {partition_words(config.partition)}, "
         f"{config.partition.num_clients} clients, join ratio {config.run.join_ratio}; {plateau}. Accuracies in % "
         f"(mean ± std over seeds where there are several). Each cell is `pflkit run {folder.name}/<cell>/config.toml` "
-        "(its data_dir names the dataset's folder as ${PFLKIT_DATA}/...).")
+        "(its data_dir names the dataset's folder as ${PFLKIT_DATA}/...)."
+    )
     total = sum(wall.values())
-    section.text.append(f"Machine{'s' if len(machines) > 1 else ''}: {'; '.join(sorted(machines)) or '-'}. "
-                        f"Wall time of the finished runs {total / 3600:.2f} h.")
+    section.text.append(
+        f"Machine{'s' if len(machines) > 1 else ''}: {'; '.join(sorted(machines)) or '-'}. "
+        f"Wall time of the finished runs {total / 3600:.2f} h."
+    )
     if unfinished:
         section.text.append("**Not finished**: " + "; ".join(unfinished) + ".")
     entries = {m: summarize(histories, [m], sorted(s for n, s in histories if n == m))[m] for m in methods}
     extra = [(name, key) for name, key in TABLE_EXTRA_COLUMNS if any(key in e for e in entries.values())]
-    header = ["method", "seeds", "best acc", *(n for n, _ in extra), "best acc at round", "rounds run", "paper",
-              "pflkit − paper", "s/round", "wall min (all seeds)"]
+    header = [
+        "method",
+        "seeds",
+        "best acc",
+        *(n for n, _ in extra),
+        "best acc at round",
+        "rounds run",
+        "paper",
+        "pflkit − paper",
+        "s/round",
+        "wall min (all seeds)",
+    ]
     rows = []
     for method, entry in entries.items():
         seeds = sorted(s for m, s in histories if m == method)
         per_seed = [entry["seeds"][str(s)] for s in seeds]
-        ran = [f"{m['rounds']}{'*' if histories[(method, s)][-1].get('stopped') else ''}"
-               for m, s in zip(per_seed, seeds)]
+        ran = [
+            f"{m['rounds']}{'*' if histories[(method, s)][-1].get('stopped') else ''}" for m, s in zip(per_seed, seeds)
+        ]
         published = (paper_entry or {}).get("values", {}).get(method)
         paper = published[0] if published else None
         ours = entry.get("best_accuracy")
         multi = len(seeds) > 1
-        rows.append([method, ",".join(map(str, seeds)), pct(entry, "best_accuracy", multi),
-                     *(pct(entry, key, multi) for _, key in extra),
-                     ",".join(str(m["best_round"]) for m in per_seed), ",".join(ran),
-                     "-" if paper is None else f"{paper:.2f}",
-                     "-" if paper is None or ours is None else f"{100 * ours - paper:+.2f}",
-                     f"{round_seconds(entry):.1f}", f"{sum(wall[(method, s)] for s in seeds) / 60:.1f}"])
+        rows.append(
+            [
+                method,
+                ",".join(map(str, seeds)),
+                pct(entry, "best_accuracy", multi),
+                *(pct(entry, key, multi) for _, key in extra),
+                ",".join(str(m["best_round"]) for m in per_seed),
+                ",".join(ran),
+                "-" if paper is None else f"{paper:.2f}",
+                "-" if paper is None or ours is None else f"{100 * ours - paper:+.2f}",
+                f"{round_seconds(entry):.1f}",
+                f"{sum(wall[(method, s)] for s in seeds) / 60:.1f}",
+            ]
+        )
     for method, published in ((paper_entry or {}).get("values") or {}).items():
         if method not in methods:
             state = "unfinished (Not finished, below)" if method in started else "not run yet"
-            rows.append([method, "-", state, *("-" for _ in extra), "-", "-", f"{published[0]:.2f}", "-",
-                         "-", "-"])
+            rows.append([method, "-", state, *("-" for _ in extra), "-", "-", f"{published[0]:.2f}", "-", "-", "-"])
     caption = "results" + (f" beside {paper_entry['source']}" if paper_entry else "")
     section.tables.append((caption + " (rounds run: * = stopped by the plateau rule)", header, rows))
     ours = {m: e["best_accuracy"] for m, e in entries.items() if e.get("best_accuracy") is not None}
@@ -215,10 +277,21 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         for method, found in time_to_accuracy(histories, bases, seeds).items():
             for tta_key, value in found.items():
                 improvement = value["improvement"]
-                tta.append([method, tta_key[len("tta_"):], improvement if isinstance(improvement, str)
-                            else f"x{improvement:.2f}", f"{value['reached_seeds']}/{len(value['seeds'])}"])
+                tta.append(
+                    [
+                        method,
+                        tta_key[len("tta_") :],
+                        improvement if isinstance(improvement, str) else f"x{improvement:.2f}",
+                        f"{value['reached_seeds']}/{len(value['seeds'])}",
+                    ]
+                )
         if tta:
-            section.tables.append(("time to accuracy (SosicFL §4.13): the round the base first reaches its best, "
-                                   "over the round the method does", ["method", "metric vs base", "improvement",
-                                                                      "seeds reaching"], tta))
+            section.tables.append(
+                (
+                    "time to accuracy (SosicFL §4.13): the round the base first reaches its best, "
+                    "over the round the method does",
+                    ["method", "metric vs base", "improvement", "seeds reaching"],
+                    tta,
+                )
+            )
     return section

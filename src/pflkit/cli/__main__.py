@@ -1,0 +1,5 @@
+"""``python -m pflkit.cli``."""
+
+from . import main
+
+main()

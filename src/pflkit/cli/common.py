@@ -1,0 +1,56 @@
+"""What every command shares: splitting CONFIG from overrides, and how errors and stops end a command."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import click
+
+_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*=")
+
+
+def _split(args: tuple[str, ...]) -> tuple[str | None, list[str]]:
+    """One CONFIG.toml and key=value overrides; a path whose folder names hold ``=`` (a sweep
+    cell's ``results/sp/fedala.p=2/config.toml``) is the config, not an override."""
+    config = None
+    overrides = []
+    for arg in args:
+        if _OVERRIDE.match(arg) and not (arg.endswith(".toml") and Path(arg).is_file()):
+            overrides.append(arg)
+        elif config is None:
+            config = arg
+        else:
+            raise click.UsageError(f"unexpected argument {arg!r}: give one CONFIG.toml and key=value overrides")
+    return config, overrides
+
+
+# What bad input raises (configs, data files, partitions, NaN losses, folders): reported as one
+# "error: ..." line and exit status 2; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, RuntimeError, OSError, FloatingPointError)
+
+
+def check_writable_file(path: Path) -> None:
+    """OSError naming ``path`` unless a file can be written there (checked before any work)."""
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder: give a file name for the report")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} does not exist: create it first, or write the report elsewhere")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise PermissionError(f"{path} cannot be written (no permission)")
+
+
+def fail(exc: BaseException) -> None:
+    if click.get_current_context().find_root().params.get("debug"):
+        raise exc
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2)
+
+
+def interrupted(exc: KeyboardInterrupt, resume: str) -> None:
+    reason = str(exc) or "interrupted (Ctrl-C)"
+    click.echo(f"\n{reason}: the rounds up to the last checkpoint are kept; continue with: {resume}", err=True)
+    sys.exit(130)
