@@ -87,22 +87,34 @@ def _forget_ray_token() -> None:
 
 @contextmanager
 def ray_keeps_signal_handlers() -> Iterator[None]:
-    """While the block runs, ``ray.init`` leaves this process's SIGTERM handler alone. Ray's own
-    handler exits at once (and its native logging then aborts the process, exit 134), so a
-    scheduler's SIGTERM would skip the stop that marks the folder interrupted. Where pflkit calls
-    ``ray.init`` itself it restores its handler after the call; Flower's Simulation Engine calls it
-    inside, hence this (Ray's private hook; other Ray releases: no change)."""
+    """While the block runs, Ray leaves this process's SIGTERM handling to pflkit. Ray's Python
+    handler exits at once, and the failure handler of its C++ core logs a stack and aborts the
+    process (exit 134), so a scheduler's SIGTERM would skip the stop that marks the folder
+    interrupted. Flower's Simulation Engine calls ``ray.init`` itself, hence these hooks (Ray's
+    private ones; another Ray release without them: no change). The failure handler stays off in
+    Ray's worker processes too (the environment they inherit)."""
     try:
         utils: Any = importlib.import_module("ray._private.utils")  # (private: untyped)
+        constants: Any = importlib.import_module("ray._private.ray_constants")
     except ImportError:
         yield
         return
-    original = getattr(utils, "set_sigterm_handler", None)
-    if original is None:
-        yield
-        return
-    utils.set_sigterm_handler = lambda handler: None
+    saved = (
+        getattr(utils, "set_sigterm_handler", None),
+        getattr(constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", None),
+        os.environ.get("RAY_DISABLE_FAILURE_SIGNAL_HANDLER"),
+    )
+    if saved[0] is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
     try:
         yield
     finally:
-        utils.set_sigterm_handler = original
+        if saved[0] is not None:
+            utils.set_sigterm_handler = saved[0]
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = saved[1]
+        if saved[2] is None:
+            os.environ.pop("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", None)
+        else:
+            os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = saved[2]

@@ -18,7 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ..config import ConfigError, build_config
-from ..federation.network import local_ray_access, prepare_ray
+from ..federation.network import local_ray_access, prepare_ray, ray_keeps_signal_handlers
 from ..federation.stopping import signal_handlers_kept
 from .cell import run_cell
 
@@ -90,7 +90,7 @@ def run_cells_on_ray(
     """Run ``cells`` ((name, resolved config, folder)) as Ray tasks; every cell's result by name.
     One line per finished cell, and a progress bar of cells done, unfinished (running or queued)
     and failed, with the elapsed time."""
-    with local_ray_access(address) as init_args:
+    with ray_keeps_signal_handlers(), local_ray_access(address) as init_args:
         return _run_cells(cells, address, cpus, gpus, max_retries, progress, echo, init_args)
 
 
