@@ -118,7 +118,8 @@ def test_a_signal_stops_ray_runs_within_seconds_and_leaves_no_ray_process(tmp_pa
     _, err = proc.communicate(timeout=120)
     took = time.perf_counter() - sent
     assert proc.returncode == 130, err[-3000:]
-    assert took < 10, f"stopped {took:.1f} s after the signal"
+    print(f"{how} {sig!r}: stopped {took:.1f} s after the signal")
+    assert took < 5, f"stopped {took:.1f} s after the signal"
     assert "Traceback" not in err and "continue with" in err, err[-3000:]
     if how == "flower-simulation":
         assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
