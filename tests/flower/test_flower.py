@@ -242,12 +242,22 @@ class DiesAfterSending(LocalGrid):
         super().__init__(client_app, node_configs)
         self.die_at = die_at
 
-    def send_and_receive(self, messages, *, timeout=None):
+        self.awaited: set[str] = set()  # the messages of (algorithm, round) whose replies end the process
+
+    def push_messages(self, messages):
         messages = list(messages)
-        replies = super().send_and_receive(messages, timeout=timeout)
+        ids = list(super().push_messages(messages))
         meta = messages[0].content["pflkit"] if messages else {}
         if "algorithm" in meta and (str(meta["algorithm"]), int(meta["round"])) == self.die_at:
-            raise KeyboardInterrupt("ServerApp killed")
+            self.awaited = set(ids)
+        return ids
+
+    def pull_messages(self, message_ids):
+        replies = list(super().pull_messages(message_ids))
+        if self.awaited:
+            self.awaited -= {r.metadata.reply_to_message_id for r in replies}
+            if not self.awaited:  # every client answered: the server dies before it aggregates
+                raise KeyboardInterrupt("ServerApp killed")
         return replies
 
 

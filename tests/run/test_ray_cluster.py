@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pflkit.config import ConfigError
-from pflkit.federation.reaper import marked_processes, reaped
+from pflkit.federation.reaper import end_marked, reaped
 from pflkit.run.sweep import run_sweep
 from tests.support.runs import free_port, records
 
@@ -69,22 +69,8 @@ def cluster():
             )
             yield address
         finally:
-            end_processes(marker)
+            end_marked(marker)
             shutil.rmtree(temp, ignore_errors=True)
-
-
-def end_processes(marker: str) -> None:
-    """SIGTERM, then SIGKILL, every process marked ``marker`` but this one."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [pid for pid in marked_processes(marker) if pid != os.getpid()]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.time() + 10
-        while any(pid in marked_processes(marker) for pid in pids) and time.time() < deadline:
-            time.sleep(0.2)
 
 
 def kill_a_running_cell(parent: Path, killed: list[tuple[str, int]], stop: threading.Event) -> None:

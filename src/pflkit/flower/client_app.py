@@ -23,7 +23,6 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ..engines import ClientJob, run_client
-from . import serde
 from .node import (
     add_version,
     load_state,
@@ -36,6 +35,9 @@ from .node import (
     versions_from_record,
     versions_to_record,
 )
+from .serde import get as get_values
+from .serde import has as has_values
+from .serde import put as put_values
 
 log = logging.getLogger("flwr")  # Flower's handler prints it in the SuperNode's log
 app = ClientApp()
@@ -82,8 +84,8 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
         if shared is not None
         else state_file(context.node_config, key)
     )
-    if shared is None and serde.has(context.state, key):
-        versions = versions_from_record(serde.get(context.state, key, setup.device))
+    if shared is None and has_values(context.state, key):
+        versions = versions_from_record(get_values(context.state, key, setup.device))
     elif path is not None and path.is_file():
         versions = load_state(path, setup.device)
         log.info("client %d resumes %s from its state saved after round %d", setup.client_id, key, versions[0][0])
@@ -97,7 +99,7 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
                 f"(its saved rounds: {[r for r, _ in versions]})"
             )
         state = algorithm.init_client(setup.init, setup.client_id)
-    payload = serde.get(message.content, "payload", setup.device)
+    payload = get_values(message.content, "payload", setup.device)
     result = run_client(
         run.round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train), round
     )
@@ -111,11 +113,11 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
         assert result.state is not None and result.upload is not None  # (a trained client's result)
         versions = add_version(versions, round, result.state)
         if shared is None:
-            serde.put(context.state, key, versions_to_record(versions))
+            put_values(context.state, key, versions_to_record(versions))
         if path is not None:
             save_state(path, versions)
         upload = result.upload
         metrics["num-examples"] = int(upload["num_samples"])
-        serde.put(content, "upload", upload)
+        put_values(content, "upload", upload)
     content["metrics"] = MetricRecord(metrics)
     return Message(content, reply_to=message)

@@ -24,7 +24,8 @@ from ..engines.base import ClientJob, ClientResult
 from ..federation.driver import RoundDriver, RoundPlan, RunState
 from ..federation.session import RunSession
 from ..federation.stopping import check_stop
-from . import serde
+from .serde import get as get_values
+from .serde import put as put_values
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class PflkitStrategy(Strategy):
                 )
             }
         )
-        serde.put(content, "payload", job.payload)
+        put_values(content, "payload", job.payload)
         return Message(content, dst_node_id=self.nodes[job.client_id], message_type=message_type, group_id=str(round))
 
     def configure_train(
@@ -152,7 +153,7 @@ class PflkitStrategy(Strategy):
                     "loss_sum": metrics.pop("eval.loss_sum"),
                     "num_samples": int(metrics.pop("eval.num_samples")),
                 }
-            upload = serde.get(reply.content, "upload") if train else None
+            upload = get_values(reply.content, "upload") if train else None
             metrics.pop("num-examples", None)
             results.append(ClientResult(client_id, None, upload, evaluation, metrics))
         return results
