@@ -628,6 +628,21 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
         "partition.max_retries: must be <= 100000",
     ),
     ("plot trajectory of a tampered trace file", _tampered_trace, "is not a model pflkit saved"),
+    (
+        "a run into a folder below a file",
+        lambda tmp: (tmp / "f").write_text("x") and ["run", *FAST, "--out", str(tmp / "f" / "run")],
+        "is a file: ",
+    ),
+    (
+        "a sweep into a folder below a file",
+        lambda tmp: (tmp / "f").write_text("x") and ["sweep", *FAST, "lr=[0.1,0.2]", "--out", str(tmp / "f" / "s")],
+        "is a file: ",
+    ),
+    (
+        "a report into a file",
+        lambda tmp: (tmp / "f").write_text("x") and ["report", str(finished_run(tmp)), "--out", str(tmp / "f")],
+        "is a file",
+    ),
 ]
 
 

@@ -34,6 +34,15 @@ def test_a_run_on_flowers_simulation_engine_gives_the_simulators_records(tmp_pat
     assert records(tmp_path / "flower") == records(tmp_path / "sim")
     assert flower.keys() == simulator.keys()
     assert json.loads((tmp_path / "flower" / "run.json").read_text())["status"] == "complete"
+    # killed after its checkpoints (as kill -9 leaves it): its clients' states died with the virtual
+    # SuperNodes, so it is refused, not continued with other numbers
+    status = json.loads((tmp_path / "flower" / "run.json").read_text())
+    (tmp_path / "flower" / "run.json").write_text(json.dumps({**status, "status": "running"}))
+    (tmp_path / "flower" / "summary.json").unlink()
+    before = (tmp_path / "flower" / "metrics.jsonl").read_bytes()
+    with pytest.raises(ConfigError, match='state_store = "memory": its clients\' states lived in the virtual'):
+        run_on_flower_simulation(config, tmp_path / "flower")
+    assert (tmp_path / "flower" / "metrics.jsonl").read_bytes() == before
 
 
 @pytest.mark.slow

@@ -43,6 +43,20 @@ def check_writable_file(path: Path) -> None:
         raise PermissionError(f"{path} cannot be written (no permission)")
 
 
+def check_writable_folder(path: Path) -> None:
+    """OSError naming ``path`` unless it is, or can become, a folder this process writes into
+    (checked before any work: a run or a sweep must not fail there after minutes)."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} is a file, not a folder: choose another --out")
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{existing} is a file: {path} cannot be a folder below it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{path} cannot be written: no permission in {existing}")
+
+
 def fail(exc: BaseException) -> None:
     if click.get_current_context().find_root().params.get("debug"):
         raise exc

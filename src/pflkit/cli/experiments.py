@@ -10,7 +10,7 @@ import tomli_w
 
 from ..config import describe_keys, load_config, to_dict
 from .app import main
-from .common import USER_ERRORS, _split, fail, interrupted
+from .common import USER_ERRORS, _split, check_writable_folder, fail, interrupted
 
 EPILOG = """\b
 Examples:
@@ -72,6 +72,7 @@ def run(
                 return
             config_path, overrides = _split(args)
             config = load_config(config_path, overrides)
+            check_writable_folder(out if out is not None else Path("results"))
             if on == "flower-simulation":
                 from ..flower.simulation import run_on_flower_simulation
                 from ..reporting import format_table

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from .app import main
-from .common import USER_ERRORS, _split, fail, interrupted
+from .common import USER_ERRORS, _split, check_writable_folder, fail, interrupted
 
 
 @main.command(
@@ -17,7 +17,7 @@ from .common import USER_ERRORS, _split, fail, interrupted
 
 \b
     pflkit sweep 'fedala.p=[1,2]' 'fedala.sample_fraction=[0.05,0.1]' 'algorithms=["fedala"]' --out results/sp
-    pflkit sweep configs/mnist.toml data_dir=DIR 'alpha=[0.1,0.5]' --metric best_accuracy --out results/alpha
+    pflkit sweep configs/mnist_fedala.toml data_dir=DIR 'alpha=[0.1,0.5]' --metric best_accuracy --out results/alpha
 """
 )
 @click.argument("args", nargs=-1)
@@ -102,6 +102,7 @@ def sweep(
         ]
     words = " ".join(shlex.quote(w) for w in ["pflkit", "sweep", *args, "--out", str(out), *metric_words])
     try:
+        check_writable_folder(out)
         config, overrides = _split(args)
         with stop_on_signals():
             record = run_sweep(
@@ -162,6 +163,7 @@ def report(folders: tuple[Path, ...], out: Path, name: str, title: str, intro: P
     words += ["--intro", str(intro)] if intro else []
     command = " ".join(["pflkit", *map(shlex.quote, words)])
     try:
+        check_writable_folder(out)
         md, page = build_report(
             folders, out, name=name, title=title, command=command, intro=intro.read_text() if intro else None
         )

@@ -95,6 +95,19 @@ def check_flower_config(config: BaseConfig, simulation: bool = False) -> None:
         )
 
 
+def check_simulation_resumable(config: BaseConfig, results: ResultsFolder) -> None:
+    """Refuse to continue a Flower simulation whose clients kept their states in memory: they lived
+    in the virtual SuperNodes, which ended with that process, so the run would go on with other
+    numbers (with ``state_store = "disk"`` it resumes)."""
+    if config.run.state_store == "memory" and any(results.root.glob("checkpoints/*.pt")):
+        raise ConfigError(
+            f"{results.root} was run on Flower's Simulation Engine with state_store = \"memory\": its clients' "
+            "states lived in the virtual SuperNodes, which ended with that process, so it cannot continue with "
+            'the same numbers; run it again into a new folder (with state_store = "disk" a Flower simulation '
+            "resumes)"
+        )
+
+
 class FlowerBackend:
     """Backend: each seed's clients are discovered on the grid; rounds run through Flower's
     ``Strategy.start`` with the pflkit strategy. Client states stay on the nodes."""
@@ -194,13 +207,8 @@ def run_on_flower(
     kind = "flower-simulation" if simulation else "flower"
     with results.locked():
         if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path)), kind):
-            if simulation and config.run.state_store == "memory" and any(results.root.glob("checkpoints/*.pt")):
-                raise ConfigError(
-                    f'{results.root} was run on Flower\'s Simulation Engine with state_store = "memory": its '
-                    "clients' states lived in the virtual SuperNodes, which ended with that process, so it cannot "
-                    'continue with the same numbers; run it again into a new folder (with state_store = "disk" '
-                    "a Flower simulation resumes)"
-                )
+            if simulation:
+                check_simulation_resumable(config, results)
             log.info("continuing the unfinished run in %s from its checkpoints", results.root)
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")

@@ -19,10 +19,11 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from ..config import BaseConfig, ConfigError
+from ..federation import ResultsFolder
 from ..federation.network import local_ray_access, prepare_ray, ray_keeps_signal_handlers
 from ..federation.stopping import signal_handlers_kept
 from .client_app import app as client_app
-from .server import check_flower_config, run_on_flower
+from .server import check_flower_config, check_simulation_resumable, run_on_flower
 
 
 def client_resources(config: BaseConfig) -> dict[str, float]:
@@ -36,6 +37,9 @@ def run_on_flower_simulation(
     """Run ``config`` into ``out`` on Flower's Simulation Engine; return the summary (the same
     results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
     check_flower_config(config, simulation=True)
+    folder = ResultsFolder(out)
+    if (folder.root / "run.json").is_file() and folder.status().get("status") != "complete":
+        check_simulation_resumable(config, folder)  # before Ray starts
     try:
         import ray  # noqa: F401  (flwr's Ray backend)
         from flwr.simulation import run_simulation
