@@ -222,7 +222,16 @@ def sosicfl_setup(name: str, *overrides: str, epochs: int = 1):
 
 # ---- federations and their rounds --------------------------------------------------------------
 #: the settings of the engine tests' runs (short ALA start phases, one head and one personal epoch)
-ENGINE_OVERRIDES = ("fedala.max_start_epochs=3", "fedrep.head_epochs=1", "ditto.personal_epochs=1")
+# CReFF's server step (feature matching, classifier re-training) runs on the server whatever the engine:
+# the engine and streaming parities run it small (tests/methods/test_creff.py checks it at full size)
+ENGINE_OVERRIDES = (
+    "fedala.max_start_epochs=3",
+    "fedrep.head_epochs=1",
+    "ditto.personal_epochs=1",
+    "creff.match_steps=5",
+    "creff.retrain_epochs=10",
+    "creff.features=20",
+)
 
 
 def make_data(sizes: list[int], seed: int = 0, test: int = 4, device: str = "cpu") -> FederatedData:
