@@ -19,7 +19,7 @@ SLOW = [
     "dataset=digits",
     "num_clients=4",
     "rounds=3",
-    "local_epochs=50",
+    "local_epochs=1000",  # a round of about 90 s on two cores: far longer than any stop may take
     'algorithms=["fedavg"]',
     "engine=parallel",
     "workers=2",
@@ -38,17 +38,15 @@ def start(out: Path, *args: str) -> subprocess.Popen:
     )
 
 
-def wait_for_round(out: Path, proc: subprocess.Popen, rounds: int = 1, timeout: float = 300) -> None:
-    """Until metrics.jsonl holds ``rounds`` records (the next round's clients are then training)."""
+def wait_until_training(out: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    """Until a run under ``out`` has started (its run.json), then a few seconds into its first round's
+    training (clients in flight)."""
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        path = out / "metrics.jsonl"
-        if path.is_file() and path.read_text().count("\n") >= rounds:
-            time.sleep(0.5)  # into the next round's training
-            return
-        assert proc.poll() is None, proc.communicate()
+    while not any(out.rglob("run.json")):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
         time.sleep(0.05)
-    pytest.fail("the run wrote no record in time")
+    time.sleep(3)
+    assert proc.poll() is None, proc.communicate()
 
 
 @pytest.mark.slow
@@ -57,13 +55,16 @@ def wait_for_round(out: Path, proc: subprocess.Popen, rounds: int = 1, timeout: 
 def test_a_signal_mid_round_ends_the_run_within_seconds(tmp_path, sig):
     out = tmp_path / "run"
     proc = start(out)
-    wait_for_round(out, proc)
+    wait_until_training(out, proc)
     sent = time.perf_counter()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     took = time.perf_counter() - sent
     assert proc.returncode == 130, err[-2000:]
-    assert took < 5, f"stopped {took:.1f} s after the signal"
+    # a few seconds here (printed); the bound only separates abandoning the clients in flight from
+    # waiting out their round (about 90 s), without racing a loaded machine's clock
+    print(f"simulator {sig!r}: stopped {took:.1f} s after the signal")
+    assert took < 30, f"stopped {took:.1f} s after the signal"
     assert "stopping" in err and f"pflkit run --resume {out}" in err
     assert "Traceback" not in err
     status = json.loads((out / "run.json").read_text())
@@ -108,18 +109,16 @@ def test_a_signal_stops_ray_runs_within_seconds_and_leaves_no_ray_process(tmp_pa
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.time() + 300
-    while not any(p.read_text().count("\n") >= 1 for p in out.rglob("metrics.jsonl")):
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()
-        time.sleep(0.1)
-    time.sleep(1.0)  # into the next round
+    wait_until_training(out, proc)
     sent = time.perf_counter()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     took = time.perf_counter() - sent
     assert proc.returncode == 130, err[-3000:]
     print(f"{how} {sig!r}: stopped {took:.1f} s after the signal")
-    assert took < 5, f"stopped {took:.1f} s after the signal"
+    # a few seconds here (printed); the bound only separates abandoning the clients in flight from
+    # waiting out their round (about 90 s), without racing a loaded machine's clock
+    assert took < 30, f"stopped {took:.1f} s after the signal"
     assert "Traceback" not in err and "continue with" in err, err[-3000:]
     if how == "flower-simulation":
         assert json.loads((out / "run.json").read_text())["status"] == "interrupted"

@@ -351,8 +351,15 @@ class BatchedClientContext:
         plans = self._plans(data)
         K = len(self.clients)
 
+        fixed_table: list[EpochTable] = []  # a fixed sample's batches are the same every epoch: built once
+
         def run_epoch(epoch: int, running: list[int], totals: FitTotals) -> list[int]:
-            table = EpochTable.build([p.next_epoch() for p in plans], to_rows, self.device)
+            if fixed_table:
+                table = fixed_table[0]
+            else:
+                table = EpochTable.build([p.next_epoch() for p in plans], to_rows, self.device)
+                if isinstance(data, SampleBatches):
+                    fixed_table.append(table)
             steps = table.steps
             running = sorted(running, key=lambda k: -int(steps[k]))  # steps decrease: each step runs a prefix
             whole = running == list(range(K))

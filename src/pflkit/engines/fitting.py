@@ -108,10 +108,9 @@ def run_epochs(
 
 def check_losses(loss_sum: Tensor, clients: list[int], where: Callable[[int], str]) -> None:
     """NonFiniteLossError naming the first client whose summed loss is NaN or infinite."""
-    sums = loss_sum[torch.tensor(clients, device=loss_sum.device)] if len(loss_sum) > 1 else loss_sum
-    bad = (~torch.isfinite(sums)).nonzero().flatten()
+    bad = (~torch.isfinite(loss_sum[torch.tensor(clients, device=loss_sum.device)])).nonzero().flatten()
     if len(bad):
-        k = clients[int(bad[0])] if len(loss_sum) > 1 else 0
+        k = clients[int(bad[0])]
         raise NonFiniteLossError(
             f"training loss became {float(loss_sum[k])} ({where(k)}); lower the learning "
             "rate or check the data for NaN/inf values"
