@@ -1,4 +1,4 @@
-"""The parallel engine's batched ALA step: chunk size vs time (docs/benchmarks.md, "ALA on the
+"""The parallel engine's batched ALA step: chunk size vs time (docs/explanations/performance.md, "ALA on the
 parallel engine").
 
     python benchmarks/ala_chunks.py --data-dir ../shared/datasets/mnist --clients 20 --repeats 3

@@ -1,5 +1,5 @@
 """Evaluation cost of the same test samples split over 1, 100, 1,000 and 10,000 clients
-(docs/benchmarks.md): one FedAvgCNN, 1 thread, client counts alternating, medians of 3.
+(docs/explanations/performance.md): one FedAvgCNN, 1 thread, client counts alternating, medians of 3.
 
     python benchmarks/eval_by_clients.py
 """

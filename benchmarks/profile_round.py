@@ -1,4 +1,4 @@
-"""Profile one steady round at N clients (docs/benchmarks.md, "Where the per-client time goes").
+"""Profile one steady round at N clients (docs/explanations/performance.md, "Where the per-client time goes").
 
     python benchmarks/profile_round.py --data-dir ../shared/datasets/mnist --clients 1000 --algorithm fedavg
 

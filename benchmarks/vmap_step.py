@@ -4,7 +4,7 @@ one grouped-convolution / batched-matmul network under plain autograd, and a loo
     python benchmarks/vmap_step.py --device cuda --clients 20 --batch 10
 
 Why: on an H200 a vmapped step of 20 MNIST clients took ~6.8 ms against ~1.6 ms for one client's
-step in the loop engine (derived from the bench's round times, docs/benchmarks.md, "GPU"), so the
+step in the loop engine (derived from the bench's round times, docs/explanations/performance.md, "GPU"), so the
 vmap engine's round is bound by its per-step overhead, not by arithmetic. The grouped network does
 the same arithmetic in one kernel per layer for all clients with ordinary autograd; if its step is
 much cheaper on a GPU, a batched forward per model is worth adding to the engine. The script first

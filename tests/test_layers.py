@@ -1,4 +1,4 @@
-"""The package layers import downward only (docs/design.md has the picture).
+"""The package layers import downward only (docs/explanations/design.md has the picture).
 
 Every module under src/pflkit is scanned, top-level ones (config.py, cli.py, bench*.py) included,
 and every import form is resolved to the pflkit "unit" it reaches (a subpackage, a top-level
@@ -28,7 +28,7 @@ _BELOW_APPS = _BELOW_FEDERATION | {"federation", "reporting"}
 
 # What each unit may import from pflkit besides itself and the root package. Every unit that exists
 # under src/pflkit must have an entry (a new module fails test_every_unit_has_an_allowed_entry), and
-# docs/design.md's table of layers must say the same (test_design_md_states_these_layers).
+# docs/explanations/design.md's table of layers must say the same (test_design_md_states_these_layers).
 ALLOWED: dict[str, set[str]] = {
     ROOT: set(),  # the root package imports nothing of pflkit (everyone may import it)
     # leaves
@@ -277,7 +277,7 @@ def test_a_relative_import_above_the_top_package_is_an_error():
 
 
 def design_table(text: str) -> dict[str, set[str]]:
-    """The table of layers in docs/design.md: rows ``| `unit`, `unit` | `imported`, ... |`` (a
+    """The table of layers in docs/explanations/design.md: rows ``| `unit`, `unit` | `imported`, ... |`` (a
     row's second cell without backticks, e.g. "nothing", is the empty set)."""
     import re
 
@@ -295,7 +295,7 @@ def design_table(text: str) -> dict[str, set[str]]:
 
 
 def test_design_md_states_these_layers():
-    """docs/design.md's table of layers is the rule this file checks, unit by unit."""
+    """docs/explanations/design.md's table of layers is the rule this file checks, unit by unit."""
     table = design_table(DESIGN.read_text(encoding="utf-8"))
     assert table == {unit: allowed for unit, allowed in ALLOWED.items()}
 

@@ -49,7 +49,7 @@ def local_ray_access(address: str | None) -> Iterator[dict[str, Any]]:
     one's environment) and advertises 127.0.0.1: Ray binds its gRPC servers to every interface,
     and a Ray instance without authentication runs code for anyone who reaches it. Yields extra
     ``ray.init`` arguments. The instance's processes end with this process, however it ends
-    (``reaper``). A cluster given by ``address`` keeps its own settings (see docs/deploy.md), as does
+    (``reaper``). A cluster given by ``address`` keeps its own settings (see docs/tutorials/deploy-flower.md), as does
     a caller who set RAY_AUTH_MODE."""
     if address is not None or os.environ.get("RAY_AUTH_MODE"):
         yield {}

@@ -1,6 +1,6 @@
 """Run summaries: per-run metrics from the round history, their mean/std over seeds, a table.
 
-Definitions (see docs/metrics.md):
+Definitions (see docs/explanations/metrics.md):
   accuracy              pooled over the evaluated clients' test samples: sum correct / sum samples
   mean_client_accuracy  unweighted mean over evaluated clients of correct_i / n_i
   best_*                maximum over evaluated rounds (round 0 = initial model included)
