@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pflkit"
 ROOT = "pflkit"  # the root package (src/pflkit/__init__.py: only __version__)
 BENCHMARKS = "benchmarks"  # the scripts of benchmarks/, checked like a unit
 BENCHMARK_DIR = SRC.parents[1] / "benchmarks"
-DESIGN = SRC.parents[1] / "docs" / "design.md"
+DESIGN = SRC.parents[1] / "docs" / "explanations" / "design.md"
 
 _BASE = {"functional", "models", "data"}
 _CORE = _BASE | {"algorithms"}
