@@ -260,6 +260,6 @@ def test_a_method_that_overrides_local_init_is_refused_under_ala():
 
 
 def test_the_write_a_method_page_shows_the_example_file():
-    page = (EXAMPLE.parents[1] / "write-a-method.md").read_text()
+    page = (EXAMPLE.parents[1] / "tutorials" / "write-a-method.md").read_text()
     first_block = page.split("```python\n", 1)[1].split("```", 1)[0]
     assert first_block == EXAMPLE.read_text()
