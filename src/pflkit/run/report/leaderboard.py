@@ -97,7 +97,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
     folders = [results_root / board.folder, results_root / (board.folder + GPU_SUFFIX)]
     histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
     where: dict[tuple[str, int], tuple[str, str]] = {}
-    unfinished: list[str] = []
+    unfinished: dict[tuple[str, int], str] = {}  # runs without their final evaluation yet
     first = None
     for folder in folders:
         cells = cell_folders(folder)
@@ -115,7 +115,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
                     where[key] = (folder.name, str(status.get("machine") or status.get("host", "?")))
                 else:
                     reached = max((r["round"] for r in history), default=0)
-                    unfinished.append(f"{key[0]} seed {key[1]} (round {reached} so far, `{folder.name}/`)")
+                    unfinished.setdefault(key, f"{key[0]} seed {key[1]} (round {reached} so far, `{folder.name}/`)")
     if first is None:
         return None
     config = load_config(first.config_path)
@@ -136,7 +136,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
     first_column = board.columns[0][1]
     rows.sort(key=lambda r: (-r.value(first_column), r.method))
     paper = paper_cell(config.paper_table) if config.paper_table else None
-    return Table(board, config, rows, paper, sorted(unfinished))
+    return Table(board, config, rows, paper, sorted(v for k, v in unfinished.items() if k not in histories))
 
 
 def read_costs(path: Path) -> dict[str, Any]:
