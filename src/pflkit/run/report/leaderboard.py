@@ -1,0 +1,353 @@
+"""``pflkit leaderboard``: one page of the committed result cells, a row per method and table:
+FedALA's Table 7 on MNIST in detail (rounds to the plateau, round cost, the paper's number), FedACD's
+and SosicFL's protocol tables compactly. Cells are read through ``ResultsFolder`` and the report's
+folder helpers; per-method means and standard deviations are ``reporting.summarize``'s, as in
+``pflkit report``."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...config import BaseConfig, load_config
+from ...federation import ResultsFolder
+from ...methods import REGISTRY
+from ...reporting import summarize
+from ...reporting.paper import paper_cell
+from .folders import cell_folders, one_setting, run_status
+from .render import pct
+from .sections import partition_words
+
+NONE = "—"
+GPU_SUFFIX = "-gpu"  # a table's cells that ran on a GPU machine lie in <table>-gpu, beside its own folder
+
+
+@dataclass(frozen=True)
+class Board:
+    """One table of the page: its folder under the results root, its title and its accuracy
+    columns ``(name, summary key)``; the rows are sorted by the first. ``detailed``: rounds, cost
+    and rank columns (FedALA's Table 7)."""
+
+    folder: str
+    title: str
+    columns: tuple[tuple[str, str], ...]
+    detailed: bool = False
+
+
+BEST = (("best acc %", "best_accuracy"),)
+GLOBAL = (("best global acc %", "best_global_accuracy"),)
+GLOBAL_LOCAL = (*GLOBAL, ("best local acc %", "best_local_accuracy"))
+BOARDS = (
+    Board("fedala-table7-mnist", "FedALA Table 7: MNIST Dir(0.1), 20 clients", BEST, detailed=True),
+    Board("fedacd-mnist-dir0.1", "FedACD's protocol: MNIST Dir(0.1)", GLOBAL),
+    Board("fedacd-mnist-dir0.05", "FedACD's protocol: MNIST Dir(0.05)", GLOBAL),
+    Board("sosicfl-mnist-2fold", "SosicFL's protocol: MNIST 2-Fold", GLOBAL_LOCAL),
+    Board("sosicfl-mnist-5fold", "SosicFL's protocol: MNIST 5-Fold", GLOBAL_LOCAL),
+    Board("sosicfl-mnist-dir0.5", "SosicFL's protocol: MNIST Dir(0.5)", GLOBAL_LOCAL),
+)
+
+
+@dataclass
+class Row:
+    """One method of a table: its summary over its finished seeds and where each seed ran."""
+
+    method: str
+    entry: dict[str, Any]
+    seeds: list[int]
+    stopped: list[bool]  # per seed: the plateau rule ended it (else it ran to the round cap)
+    sources: dict[str, list[int]] = field(default_factory=dict)  # folder name -> seeds from there
+    machines: dict[str, set[str]] = field(default_factory=dict)  # folder name -> machines of those seeds
+
+    def value(self, key: str) -> float:
+        found = self.entry.get(key)
+        return -math.inf if found is None or math.isnan(found) else float(found)
+
+    def shown(self, key: str) -> str:
+        text = pct(self.entry, key, len(self.seeds) > 1)
+        return NONE if text == "-" else text
+
+    def per_seed(self, key: str) -> list[float]:
+        return [float(self.entry["seeds"][str(s)][key]) for s in self.seeds]
+
+
+@dataclass
+class Table:
+    """A board's rows (sorted), its config, the paper's cell and what did not finish."""
+
+    board: Board
+    config: BaseConfig
+    rows: list[Row]
+    paper: dict[str, Any] | None
+    unfinished: list[str]
+
+    def paper_value(self, method: str, key: str) -> float | None:
+        if self.paper is None or key not in self.paper["metrics"] or method not in self.paper["values"]:
+            return None
+        return float(self.paper["values"][method][list(self.paper["metrics"]).index(key)])
+
+
+def read_table(results_root: Path, board: Board) -> Table | None:
+    """The board's table from ``<results_root>/<folder>`` and its ``-gpu`` sibling (a method's seeds
+    from both make one row; a (method, seed) in both counts once, from the first); None where
+    neither holds a cell."""
+    folders = [results_root / board.folder, results_root / (board.folder + GPU_SUFFIX)]
+    histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    where: dict[tuple[str, int], tuple[str, str]] = {}
+    unfinished: dict[tuple[str, int], str] = {}  # runs without their final evaluation yet
+    first = None
+    for folder in folders:
+        cells = cell_folders(folder)
+        if cells and not one_setting(cells):
+            raise ValueError(f"{folder} holds cells of more than one setting: it cannot be one table")
+        for cell in cells:
+            results = ResultsFolder(cell)
+            first = first or results
+            status = run_status(results)
+            for key, history in results.histories().items():
+                if key in histories:
+                    continue
+                if history and "final_pass_seconds" in history[-1]:
+                    histories[key] = history
+                    where[key] = (folder.name, str(status.get("machine") or status.get("host", "?")))
+                else:
+                    reached = max((r["round"] for r in history), default=0)
+                    unfinished.setdefault(key, f"{key[0]} seed {key[1]} (round {reached} so far, `{folder.name}/`)")
+    if first is None:
+        return None
+    config = load_config(first.config_path)
+    rows = []
+    for method in sorted({m for m, _ in histories}):
+        seeds = sorted(s for m, s in histories if m == method)
+        row = Row(
+            method,
+            summarize(histories, [method], seeds)[method],
+            seeds,
+            [bool(histories[(method, s)][-1].get("stopped")) for s in seeds],
+        )
+        for seed in seeds:
+            source, machine = where[(method, seed)]
+            row.sources.setdefault(source, []).append(seed)
+            row.machines.setdefault(source, set()).add(machine)
+        rows.append(row)
+    first_column = board.columns[0][1]
+    rows.sort(key=lambda r: (-r.value(first_column), r.method))
+    paper = paper_cell(config.paper_table) if config.paper_table else None
+    return Table(board, config, rows, paper, sorted(v for k, v in unfinished.items() if k not in histories))
+
+
+def read_costs(path: Path) -> dict[str, Any]:
+    """A method-costs file (``benchmarks/method_costs.py``'s JSON: its setting and, per method,
+    ``cost_vs_fedavg``), with a clear error where it is not one."""
+    try:
+        costs = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is not a readable method-costs file ({exc})") from None
+    if not isinstance(costs, dict) or not isinstance(costs.get("methods"), dict):
+        raise ValueError(f'{path} is not a method-costs file: it has no "methods" table')
+    return costs
+
+
+def _mean(values: Sequence[float]) -> str:
+    mean = sum(values) / len(values)
+    return f"{mean:.0f}" if len(values) == 1 or mean == int(mean) else f"{mean:.1f}"
+
+
+def _number(value: float | None) -> str:
+    return NONE if value is None else f"{value:.2f}"
+
+
+def _stop_rule(config: BaseConfig) -> str:
+    run, rounds = config.run, config.train.rounds
+    if not run.plateau_evaluations:
+        return f"every run trains {rounds} rounds"
+    return (
+        f"a run stops at its plateau, once its best {run.plateau_metric.replace('_', ' ')} has not improved by "
+        f"more than {run.plateau_points} points over its last {run.plateau_evaluations} evaluations "
+        f"(at most {rounds} rounds)"
+    )
+
+
+def _setting(config: BaseConfig) -> str:
+    return (
+        f"Setting: {config.dataset}, {config.partition.num_clients} clients, partition "
+        f"{partition_words(config.partition)}, model {config.model}, join ratio {config.run.join_ratio}"
+    )
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _source_notes(table: Table) -> tuple[set[str], list[str]]:
+    """The methods with seeds from the ``-gpu`` folder (marked †) and the notes saying where rows ran."""
+    own = table.board.folder
+    marked = {r.method for r in table.rows if any(source != own for source in r.sources)}
+    notes = []
+    for row in table.rows:
+        for source, seeds in row.sources.items():
+            if source != own:
+                notes.append(
+                    f"† {row.method}: seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} "
+                    f"from `{source}/`, run on {'; '.join(sorted(row.machines[source]))}."
+                )
+    machines = sorted({m for r in table.rows for m in r.machines.get(own, ())})
+    if machines and marked:
+        notes.append(f"The other cells (`{own}/`) ran on {'; '.join(machines)}.")
+    return marked, notes
+
+
+def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
+    key = table.board.columns[0][1]
+    marked, notes = _source_notes(table)
+    header = ["#", "method", "best acc % (mean ± std)", "seeds", "best at round", "rounds to plateau"]
+    header += ["round cost × FedAvg", "paper"]
+    rows = []
+    for rank, row in enumerate(table.rows, 1):
+        rounds = _mean([float(r) for r in row.per_seed("rounds")])
+        capped = row.stopped.count(False)
+        cost = costs["methods"].get(row.method, {}).get("cost_vs_fedavg")
+        rows.append(
+            [
+                str(rank),
+                row.method + (" †" if row.method in marked else ""),
+                row.shown(key),
+                str(len(row.seeds)),
+                _mean(row.per_seed("best_round")),
+                rounds + (f" ({capped} of {len(row.seeds)} at the cap)" if capped else ""),
+                NONE if cost is None else f"{float(cost):.2f}",
+                _number(table.paper_value(row.method, key)),
+            ]
+        )
+    last, workers = costs.get("rounds", 3), costs.get("workers", 1)
+    steady = "round 3" if last == 3 else f"rounds 3-{last}, their median"
+    notes.append(
+        f"Round cost: the time of a method's steady training round ({steady}; round 2 is ALA's start phase) "
+        f"over FedAvg's in the same run of `benchmarks/method_costs.py --rounds {last} --workers {workers}`, in "
+        f"this setting (`configs/paper/{costs.get('config', '?')}`) on one CPU machine, the methods advanced "
+        f"round by round in turn so that drift hits them alike; {NONE} where that run did not measure the method."
+    )
+    if table.paper:
+        notes.append(f"Paper: {table.paper['source']}, best accuracy %; {NONE} where it has no row.")
+    return [*_markdown_table(header, rows), *_paragraphs(notes)]
+
+
+def _paragraphs(notes: list[str]) -> list[str]:
+    return [line for note in notes for line in ("", note)]
+
+
+def _compact(table: Table) -> list[str]:
+    marked, notes = _source_notes(table)
+    columns = table.board.columns
+    published = table.paper is not None
+    header = ["method", *(f"{name} (mean ± std)" for name, _ in columns), "seeds"]
+    header += [f"paper {name}" for name, _ in columns] if published else []
+    rows = []
+    for row in table.rows:
+        cells = [row.method + (" †" if row.method in marked else ""), *(row.shown(k) for _, k in columns)]
+        cells.append(str(len(row.seeds)))
+        cells += [_number(table.paper_value(row.method, k)) for _, k in columns] if published else []
+        rows.append(cells)
+    if not published:
+        notes.append("No published number for this setting.")
+    return [*_markdown_table(header, rows), *_paragraphs(notes)]
+
+
+def _section(table: Table, costs: dict[str, Any]) -> list[str]:
+    config, board = table.config, table.board
+    lines = [f"## {board.title}", ""]
+    if board.detailed:
+        lines += [
+            f"{_setting(config)}; every method X and, where it ran, X + ALA (`x+ala`; FedAvg + ALA is FedALA). "
+            f'{_sentence(_stop_rule(config))}: "rounds to plateau" is the round it stopped at. '
+            f"`PFLKIT_DATA=/path/to/datasets pflkit sweep configs/reproduce/{config.name}.toml --out "
+            f"docs/results/{board.folder}` runs its cells (a sweep skips finished ones; the config's comments "
+            f"add seeds). `pflkit leaderboard` at the repository root regenerates this page from the cells.",
+            "",
+        ]
+        body = _detailed(table, costs)
+    else:
+        lines += [
+            f"{_setting(config)}; {_stop_rule(config)}. Cells in `{board.folder}/`, "
+            f"made by the sweep commands at the top of `configs/reproduce/{config.name}.toml`.",
+            "",
+        ]
+        body = _compact(table)
+    if table.unfinished:
+        body += _paragraphs(["Not finished yet, not counted: " + "; ".join(table.unfinished) + "."])
+    return lines + body + [""]
+
+
+def read_tables(results_root: Path) -> list[Table]:
+    """Every board that has cells under ``results_root`` (ValueError where there is none)."""
+    if not results_root.is_dir():
+        raise ValueError(
+            f"{results_root} is not a folder of result cells (run at the repository root, or give --results)"
+        )
+    tables = [t for t in (read_table(results_root, b) for b in BOARDS) if t is not None]
+    if not tables:
+        raise ValueError(
+            f"{results_root} holds none of the leaderboard's tables ({', '.join(b.folder for b in BOARDS)})"
+        )
+    return tables
+
+
+def leaderboard_markdown(results_root: Path, costs_path: Path) -> str:
+    """The leaderboard page for the cells under ``results_root`` and the round costs of ``costs_path``."""
+    costs = read_costs(costs_path)
+    lines = [
+        "# pflkit leaderboard",
+        "",
+        "One row per method and table, from the result cells committed under `docs/results/` (one results "
+        "folder per method and seed); `pflkit leaderboard` at the repository root rewrites this page from "
+        "them. Accuracies are in %, each the best over a run's evaluated rounds, as the mean ± standard "
+        "deviation over seeds (the population standard deviation, as in every pflkit summary); rows are "
+        "sorted by the first accuracy column. Per-seed rounds, times and machines are in "
+        "[results.md](results.md).",
+        "",
+    ]
+    for table in read_tables(results_root):
+        lines += _section(table, costs)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_leaderboard(results_root: Path, out: Path, costs_path: Path) -> Path:
+    """Write the leaderboard page to ``out``."""
+    text = leaderboard_markdown(results_root, costs_path)
+    out.write_text(text)
+    return out
+
+
+def method_results_markdown(results_root: Path, method: str) -> str | None:
+    """A Markdown table of ``method``'s rows across the leaderboard's tables (for its documentation
+    page): per table and accuracy column its mean ± std, seeds, rank and the paper's number; None
+    where it has no finished cell there. ValueError for a name pflkit does not know."""
+    REGISTRY.resolve(method)
+    rows = []
+    for table in read_tables(results_root):
+        found = next((r for r in table.rows if r.method == method), None)
+        if found is None:
+            continue
+        for name, key in table.board.columns:
+            ranked = sorted(table.rows, key=lambda r: (-r.value(key), r.method))
+            rank = ranked.index(found) + 1
+            rows.append(
+                [
+                    table.board.title,
+                    name.removesuffix(" %"),
+                    found.shown(key),
+                    str(len(found.seeds)),
+                    f"{rank} of {len(ranked)}",
+                    _number(table.paper_value(method, key)),
+                ]
+            )
+    if not rows:
+        return None
+    return "\n".join(_markdown_table(["table", "metric", "pflkit %", "seeds", "rank", "paper %"], rows)) + "\n"

@@ -1,0 +1,150 @@
+"""pflkit leaderboard: one page of the committed result cells, and a method's rows for its page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pflkit.cli import main
+from pflkit.config import load_config, to_dict
+from pflkit.federation import ResultsFolder
+from pflkit.run.report.leaderboard import leaderboard_markdown, method_results_markdown
+from tests.support.paths import REPO
+
+TABLE7 = [
+    "name=fedala-table7-mnist",
+    "paper_table=fedala-table7/mnist-dir0.1",
+    "rounds=20",
+    "plateau_evaluations=5",
+    "partition=dirichlet",
+    "alpha=0.1",
+    "num_clients=20",
+]
+SOSICFL = [
+    "name=sosicfl-mnist",
+    "test_set=official",
+    "rounds=20",
+    "plateau_evaluations=5",
+    "plateau_metric=global_accuracy",
+]
+
+
+def cell(
+    folder: Path,
+    overrides: list[str],
+    method: str,
+    seed: int,
+    accuracy: list[float],
+    *,
+    stopped: bool = True,
+    finished: bool = True,
+    machine: str = "CPU box",
+    **curves: list[float],
+) -> None:
+    """A results folder of one (method, seed) run whose rounds 0.. score ``accuracy`` (and ``curves``)."""
+    words = ["dataset=mnist", "data_dir=${PFLKIT_DATA}/mnist", f'algorithms=["{method}"]', f"seeds=[{seed}]"]
+    results = ResultsFolder(folder / f"algorithms={method},seeds={seed}")
+    results.create(to_dict(load_config(None, [*words, *overrides])))
+    for r, value in enumerate(accuracy):
+        record = {"algorithm": method, "seed": seed, "round": r, "accuracy": value, "std_client_accuracy": 0.0}
+        record.update({key: curve[r] for key, curve in curves.items()})
+        if finished and r == len(accuracy) - 1:
+            record.update({"final_pass_seconds": 1.0, **({"stopped": "plateau"} if stopped else {})})
+        results.append_record(record)
+    results.set_status("complete" if finished else "interrupted", machine=machine)
+
+
+@pytest.fixture(scope="module")
+def cells(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("leaderboard") / "results"
+    table7 = root / "fedala-table7-mnist"
+    cell(table7, TABLE7, "fedavg", 0, [0.5, 0.9, 0.97, 0.98, 0.98, 0.975])  # best 98 at round 3, stop at 5
+    cell(table7, TABLE7, "fedavg", 1, [0.5, 0.9, 0.95, 0.96, 0.99, 0.98, 0.985])  # best 99 at round 4, stop at 6
+    cell(table7, TABLE7, "fedala", 0, [0.5] * 20 + [0.995], stopped=False)  # to the cap (20 rounds)
+    cell(table7, TABLE7, "fedprox+ala", 0, [0.5, 0.992, 0.99])
+    cell(table7, TABLE7, "fedprox", 1, [0.5, 0.7], finished=False)
+    cell(root / "fedala-table7-mnist-gpu", TABLE7, "ditto", 0, [0.5, 0.993, 0.99], machine="GPU box")
+    two_fold = root / "sosicfl-mnist-2fold"
+    cell(two_fold, SOSICFL, "fedavg", 0, [0.5, 0.9], global_accuracy=[0.5, 0.91], local_accuracy=[0.5, 0.9])
+    cell(two_fold, SOSICFL, "sosicfl", 0, [0.5, 0.95], global_accuracy=[0.5, 0.9], local_accuracy=[0.5, 0.95])
+    costs = root.parent / "costs.json"
+    methods = {"fedavg": {"cost_vs_fedavg": 1.0}, "fedala": {"cost_vs_fedavg": 1.176}}
+    costs.write_text(json.dumps({"config": "setting.toml", "rounds": 3, "workers": 1, "methods": methods}))
+    return root, costs
+
+
+def table_rows(page: str, title: str) -> list[str]:
+    section = page.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    body = section.split("|\n", 2)[2]  # below the header and its separator line
+    return [line for line in body.splitlines() if line.startswith("| ")]
+
+
+def test_table7_rows_are_sorted_means_with_population_std_rounds_costs_and_paper(cells) -> None:
+    root, costs = cells
+    page = leaderboard_markdown(root, costs)
+    assert table_rows(page, "FedALA Table 7: MNIST Dir(0.1), 20 clients") == [
+        "| 1 | fedala | 99.50 | 1 | 20 | 20 (1 of 1 at the cap) | 1.18 | 99.71 |",
+        "| 2 | ditto † | 99.30 | 1 | 1 | 2 | — | 99.64 |",
+        "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | — | — |",
+        # seeds 98 and 99: population std 0.50 (a sample std would be 0.71); best at rounds 3 and 4, stops 5 and 6
+        "| 4 | fedavg | 98.50 ± 0.50 | 2 | 3.5 | 5.5 | 1.00 | 98.81 |",
+    ]
+    assert "† ditto: seed 0 from `fedala-table7-mnist-gpu/`, run on GPU box." in page
+    assert "The other cells (`fedala-table7-mnist/`) ran on CPU box." in page
+    assert "Not finished yet, not counted: fedprox seed 1 (round 1 so far, `fedala-table7-mnist/`)." in page
+    assert "`configs/paper/setting.toml`" in page and "pflkit sweep configs/reproduce/fedala-table7-mnist.toml" in page
+    assert "FedACD" not in page  # a table without cells is left out
+
+
+def test_protocol_tables_are_compact_and_say_when_no_paper_number_exists(cells) -> None:
+    root, costs = cells
+    page = leaderboard_markdown(root, costs)
+    section = page.split("## SosicFL's protocol: MNIST 2-Fold\n", 1)[1]
+    assert "| method | best global acc % (mean ± std) | best local acc % (mean ± std) | seeds |" in section
+    assert table_rows(page, "SosicFL's protocol: MNIST 2-Fold") == [
+        "| fedavg | 91.00 | 90.00 | 1 |",
+        "| sosicfl | 90.00 | 95.00 | 1 |",
+    ]
+    assert "No published number for this setting." in section
+
+
+def test_a_methods_rows_across_the_tables(cells) -> None:
+    root, _ = cells
+    fedavg = method_results_markdown(root, "fedavg")
+    assert fedavg is not None
+    assert fedavg.splitlines()[2:] == [
+        "| FedALA Table 7: MNIST Dir(0.1), 20 clients | best acc | 98.50 ± 0.50 | 2 | 4 of 4 | 98.81 |",
+        "| SosicFL's protocol: MNIST 2-Fold | best global acc | 91.00 | 1 | 1 of 2 | — |",
+        "| SosicFL's protocol: MNIST 2-Fold | best local acc | 90.00 | 1 | 2 of 2 | — |",
+    ]
+    ala = method_results_markdown(root, "fedprox+ala")
+    assert ala is not None and "| 99.20 | 1 | 3 of 4 | — |" in ala
+    assert method_results_markdown(root, "fedrep") is None  # no cell of it
+    with pytest.raises(ValueError):
+        method_results_markdown(root, "no-such-method")
+
+
+def test_the_command_writes_the_page_and_rejects_a_folder_without_tables(cells, tmp_path) -> None:
+    root, costs = cells
+    out = tmp_path / "leaderboard.md"
+    args = ["leaderboard", "--results", str(root), "--costs", str(costs), "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == leaderboard_markdown(root, costs)
+    (tmp_path / "empty").mkdir()
+    result = CliRunner().invoke(main, [*args[:2], str(tmp_path / "empty"), *args[3:]])
+    assert result.exit_code == 2 and "holds none of the leaderboard's tables" in result.output
+
+
+def test_the_committed_leaderboard_is_what_the_command_makes_from_the_committed_cells(tmp_path) -> None:
+    out = tmp_path / "leaderboard.md"
+    args = ["--results", str(REPO / "docs" / "results"), "--costs", str(REPO / "docs" / "method-costs-after.json")]
+    result = CliRunner().invoke(main, ["leaderboard", *args, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text() == (REPO / "docs" / "leaderboard.md").read_text(), (
+        "docs/leaderboard.md is not what the cells under docs/results/ give (a cell added or changed): "
+        "run `pflkit leaderboard` at the repository root and commit docs/leaderboard.md"
+    )
