@@ -16,7 +16,13 @@ def row(e: Entry) -> dict[str, Any]:
         "full_name": e.full_name,
         "paper": None
         if paper is None
-        else {"title": paper.title, "authors": paper.authors, "venue": paper.venue, "year": paper.year, "url": paper.url},
+        else {
+            "title": paper.title,
+            "authors": paper.authors,
+            "venue": paper.venue,
+            "year": paper.year,
+            "url": paper.url,
+        },
         "kind": None if card is None else ("personalised" if card.personalised else "global"),
         "scored": card.scored if card else None,
         "vmap": e.vmap,
@@ -42,7 +48,11 @@ def format_listing(rows: list[dict[str, Any]]) -> str:
     table = [HEADER]
     for r in rows:
         paper = r["paper"]
-        short = "—" if paper is None else f"{paper['authors']}, {(paper['venue'] + ' ') if paper['venue'] else ''}{paper['year']}"
+        short = (
+            "—"
+            if paper is None
+            else f"{paper['authors']}, {(paper['venue'] + ' ') if paper['venue'] else ''}{paper['year']}"
+        )
         table.append(
             (
                 r["name"],

@@ -60,7 +60,8 @@ def _card_sections(card: MethodCard) -> list[str]:
     lines = [
         f"**Paper:** {paper_line(card)}",
         "",
-        f"**Kind:** {kind}." + (" A reconstruction: pflkit's reading where the paper gives no code." if card.reconstruction else ""),
+        f"**Kind:** {kind}."
+        + (" A reconstruction: pflkit's reading where the paper gives no code." if card.reconstruction else ""),
         "",
         f"**Shared with the server:** {card.shares}",
         "",
