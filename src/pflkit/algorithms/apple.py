@@ -36,8 +36,7 @@ class AppleSettings(Settings):
         None,
         gt=0,
         description="eta_1, core learning rate; None = the local lr. "
-        "PFLlib's lr x N diverges with the true gradient of p (spec §2.11 [UNCERTAIN]; "
-        "docs/algorithms.md)",
+        "PFLlib's lr x N diverges with the true gradient of p (docs/reference/methods/apple.md)",
     )
 
 

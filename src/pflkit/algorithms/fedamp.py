@@ -5,7 +5,7 @@ u_i = sum_j xi_ij w_j with xi_ij = alpha_k * A'(||w_i - w_j||^2) (j != i), A'(x)
 xi_ii = 1 - sum_{j != i} xi_ij. The client does not overwrite its model: from its own w_i it
 trains E epochs on F_i(w) + lambda/(2 alpha_k) ||w - u_i||^2 and uploads w_i. Every client must
 take part in every round (cross-silo). Evaluated model: w_i. With ``+ala`` ALA blends u_i into
-w_i to form the start point of training (spec §1.8 [RECON]).
+w_i to form the start point of training.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ class FedAMPSettings(Settings):
         True,
         description="when sum_{j!=i} xi_ij > 1, scale those coefficients to sum to 1 "
         "(xi_ii = 0) so u_i stays a convex combination; False = the literal formula, whose "
-        "negative xi_ii extrapolates and can diverge [ours; spec §2.8, §9.4]",
+        "negative xi_ii extrapolates and can diverge (pflkit's)",
     )
     squared_prox: bool = Field(
         True,
         description="squared norm in the proximal term (paper); False = the "
         "non-squared norm ||w - u_i|| with its gradient (the form of PFLlib's term, whose "
-        "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib) "
-        "[spec §2.8; docs/algorithms.md]",
+        "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib; "
+        "docs/reference/methods/fedamp.md)",
     )
 
 

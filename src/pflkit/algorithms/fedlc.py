@@ -22,7 +22,7 @@ from .registry import register
 
 
 class FedLCSettings(Settings):
-    tau: float = Field(1.0, gt=0, description="calibration strength (spec §3.14 [UNCERTAIN])")
+    tau: float = Field(1.0, gt=0, description="calibration strength")
 
 
 def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""FedPHP (Li et al., ECML-PKDD 2021): an inherited private model (HPM) per client (spec §2.9).
+"""FedPHP (Li et al., ECML-PKDD 2021): an inherited private model (HPM) per client.
 
 Round t: w <- Theta^{t-1}; E epochs of SGD on (1 - lam) * CE(w) + lam * KT(w, v), with the HPM v
 frozen; KT is (default, PFLlib) the biased MMD between the body features (all units but the
@@ -41,17 +41,16 @@ class FedPHPSettings(Settings):
     # spec §2.9: the paper studies several KT types; the reference (PFLlib) uses MMD on features
     kt: Literal["mmd", "kd"] = Field(
         "mmd",
-        description="knowledge transfer from the HPM: MMD on body "
-        "features (PFLlib [REF-CODE]) or logit KD (spec §2.9 option)",
+        description="knowledge transfer from the HPM: MMD on body features (PFLlib's) or logit KD",
     )
     bandwidths: list[float] = Field(
-        [10.0, 15.0, 20.0, 50.0], min_length=1, description="RBF kernel bandwidths s of the MMD (spec §2.9 [REF-CODE])"
+        [10.0, 15.0, 20.0, 50.0], min_length=1, description="RBF kernel bandwidths s of the MMD (PFLlib's)"
     )
-    temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd'; spec §2.9 [UNCERTAIN])")
-    eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w (spec §2.9 option)")
+    temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd')")
+    eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w")
     variant: Literal["hpm", "pfllib2022"] = Field(
         "hpm",
-        description="hpm: the paper's inherited private model (spec §2.9); pfllib2022: PFLlib's FedPHP of "
+        description="hpm: the paper's inherited private model; pfllib2022: PFLlib's FedPHP of "
         "FedALA's time (blend the global into the old local model on receiving, MMD toward the global model)",
     )
 
@@ -92,7 +91,7 @@ def hpm_coefficient(mu: float, round: int, rounds: int) -> float:
 
 
 def fedphp_loss(settings: FedPHPSettings, body: int) -> LossFn:
-    """(1 - lam) CE + lam KT(w, HPM), the HPM ``aux["hpm"]`` frozen (spec §2.9)."""
+    """(1 - lam) CE + lam KT(w, HPM), the HPM ``aux["hpm"]`` frozen."""
     lam, mmd = settings.lam, settings.kt == "mmd"
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:

@@ -69,17 +69,15 @@ class PartialFedSettings(Settings):
     )
     tau0: float = Field(5.0, gt=0, description="initial Gumbel-softmax temperature (FedALA App. G: 5.0)")
     decay: float = Field(0.965, gt=0, le=1, description="per-round temperature decay (App. G: 0.965)")
-    tau_min: float = Field(0.05, gt=0, description="temperature floor (spec §2.12 [UNCERTAIN])")
+    tau_min: float = Field(0.05, gt=0, description="temperature floor")
     model_batches: int = Field(8, ge=0, description="f_m, model batches per cycle (App. G: 8)")
     strategy_batches: int = Field(2, ge=0, description="f_s, strategy batches per cycle (App. G: 2)")
-    strategy_lr: float | None = Field(
-        None, gt=0, description="SGD lr of the strategy logits; None = local lr (spec §2.12 [UNCERTAIN])"
-    )
+    strategy_lr: float | None = Field(None, gt=0, description="SGD lr of the strategy logits; None = local lr")
     continue_cycle: bool = Field(
         True,
         description="the f_m/f_s cycle continues across rounds (position kept "
         "in the client state), so clients with fewer than f_m + 1 batches per round "
-        "still train S; False restarts it every round (spec §2.12 [RECON])",
+        "still train S; False restarts it every round",
     )
 
     @model_validator(mode="after")
@@ -164,7 +162,7 @@ class PartialFed(Algorithm):
         return {**state, "model": model, INIT_LOCAL: local}, {"global_picks": sum(use_global) / len(self.units)}
 
     def batch_step(self, ctx: ClientContext, tau: float, noise: torch.Generator) -> StepFn:
-        """One model or strategy batch (spec §2.12 [RECON]); branches in Python (per-client contexts)."""
+        """One model or strategy batch; branches in Python (per-client contexts)."""
         cfg = self.settings
         per_batch = cfg.load == "batch"
         lr, s_lr = ctx.train.lr, ctx.train.lr if cfg.strategy_lr is None else cfg.strategy_lr

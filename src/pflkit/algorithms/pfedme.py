@@ -1,4 +1,4 @@
-"""pFedMe (T Dinh et al., NeurIPS 2020): personalisation through Moreau envelopes (spec §2.6).
+"""pFedMe (T Dinh et al., NeurIPS 2020): personalisation through Moreau envelopes.
 
 The local model w is reset to the received global each round. For every mini-batch B of the E
 local epochs:
@@ -40,19 +40,17 @@ class PFedMeSettings(Settings):
     l2: float = Field(
         0.0,
         ge=0,
-        description="extra l2 * theta in the inner step; the reference uses 0.001 "
-        "(spec §2.6 [REF-CODE] option, default off)",
+        description="extra l2 * theta in the inner step; the reference uses 0.001 (default off)",
     )
     # spec §2.6: the paper averages uniformly over sampled clients, PFLlib weights by samples
     server_weights: Literal["samples", "uniform"] = Field(
         "samples",
-        description="server average weighted by sample counts (PFLlib, library rule §0.2) or "
-        "uniform over the sampled clients (paper) (spec §2.6)",
+        description="server average weighted by sample counts (PFLlib) or uniform over the sampled clients (paper)",
     )
     # spec §1.8/§2.6: with +ala only w is ALA-initialised; where theta starts is our choice
     theta_init: Literal["received", "local"] = Field(
         "received",
-        description="theta's start each round: the received global (spec §2.6) or the "
+        description="theta's start each round: the received global or the "
         "(ALA-)initialised local w; identical without +ala",
     )
 

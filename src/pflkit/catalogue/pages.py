@@ -4,6 +4,7 @@ under ``reference/methods/``): one page per method and alias, and an index."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,8 @@ def load_costs(path: Path) -> Costs:
     """The ``cost_vs_fedavg`` of every method in a ``benchmarks/method_costs.py`` output file."""
     data = json.loads(path.read_text(encoding="utf-8"))
     ratios = {name: float(m["cost_vs_fedavg"]) for name, m in data["methods"].items() if "cost_vs_fedavg" in m}
-    setting = f"config `{data.get('config')}`, {data.get('rounds')} rounds, {data.get('workers')} worker(s)"
+    workers = data.get("workers", 1)
+    setting = f"config `{data.get('config')}`, {data.get('rounds')} rounds, {workers} worker{'s' * (workers != 1)}"
     return Costs(ratios, setting, path.name)
 
 
@@ -110,7 +112,12 @@ def render_method_page(name: str, costs: Costs | None = None, results: str | Non
     if results is not None:
         lines += ["", "## Results", "", results.strip()]
     lines += ["", f"Choices shared by every method: [reconstructions]({RECONSTRUCTIONS})."]
-    return "\n".join(lines) + "\n"
+    return link_docs("\n".join(lines) + "\n")
+
+
+def link_docs(text: str) -> str:
+    """Mentions of ``docs/<path>.md`` as links relative to ``reference/methods/``."""
+    return re.sub(r"(?<!\]\()(?<![/\w])docs/([\w/-]+)\.md", r"[\1](../../\1.md)", text)
 
 
 def _settings(e: Entry) -> list[str]:
@@ -134,6 +141,10 @@ def _support(e: Entry, costs: Costs | None) -> list[str]:
         ala = f"`{e.name}+ala` is refused: the method downloads no single model that ALA could initialise."
     vmap = f"The vmap engine runs its clients {e.vmap}" + (f": {e.vmap_reason}." if e.vmap_reason else ".")
     lines = [f"- {ala}", f"- {vmap} The parallel CPU engine runs every method (see [design]({DESIGN}))."]
+    if e.cls.requires_full_participation:
+        lines.append("- It needs every client in every round: a config with `join_ratio < 1` is refused.")
+    if not e.cls.has_global_model:
+        lines.append("- Its server holds no model worth scoring: global-test metrics skip it.")
     if costs is not None and e.name in costs.ratios:
         lines.append(
             f"- Round cost: {costs.ratios[e.name]:.2f}× FedAvg's (`cost_vs_fedavg` in `{costs.source}`: "
