@@ -1,4 +1,5 @@
-"""What a Ray sweep costs over a local one: the same 4 digits cells (docs/tutorials/deploy-flower.md, "Sweeps on a Ray cluster").
+"""What a Ray sweep costs over a local one: the same 4 digits cells (docs/tutorials/deploy-flower.md,
+"Sweeps on a Ray cluster").
 
     python benchmarks/ray_sweep_overhead.py [--repeats 2]
 
