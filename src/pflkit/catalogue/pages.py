@@ -85,7 +85,8 @@ def _card_sections(card: MethodCard) -> list[str]:
     if card.no_reference:
         lines += ["", card.no_reference] if card.references else [card.no_reference]
     if card.tests:
-        lines += ["", "Tests that compare pflkit with it:", "", *_list([f"`{t}`" for t in card.tests])]
+        said = "Tests that compare pflkit with it:" if card.references else "Tests that check it:"
+        lines += ["", said, "", *_list([f"`{t}`" for t in card.tests])]
     if card.pinned:
         lines += ["", "Recorded differences pinned by strict xfail tests (each with a partner test):", ""]
         lines += _list([f"`{t}`" for t in card.pinned])
