@@ -44,6 +44,8 @@ ALLOWED: dict[str, set[str]] = {
     "methods": {"algorithms", "personalize", "models"},
     # the config schema validates names against the registry; no plug-in, engine or report
     "config": _CORE | {"methods"},
+    # the methods as users read them: the listing and the documentation pages, from the cards
+    "catalogue": {"methods", "algorithms", "engines"},
     # what both the simulator and Flower need; no summaries or plots (those belong to run/ and flower/)
     "federation": _BELOW_FEDERATION,  # summaries and figures come in through run_all's `report`
     # the simulator and Flower: each other's peers, so flower does not import run/ nor run/ flower/
@@ -52,7 +54,7 @@ ALLOWED: dict[str, set[str]] = {
     # entry points
     "bench": _BELOW_APPS | {"run"},
     "bench_scale": _BELOW_APPS | {"run", "bench"},
-    "cli": _BELOW_APPS | {"run", "flower", "bench", "bench_scale"},
+    "cli": _BELOW_APPS | {"run", "flower", "bench", "bench_scale", "catalogue"},
     # the scripts under benchmarks/ (outside the package): the library as a user sees it
     BENCHMARKS: _BELOW_APPS | {"run", "bench", "bench_scale"},
 }

@@ -4,7 +4,7 @@ hand, and against my transcription of PFLlib f1e313a (``clients/clientamp.py``,
 
 The strict xfail ``test_fedamp_two_rounds_match_pfllib_f1e313a`` states f1e313a's behaviour; its
 partner ``test_fedamp_two_rounds_match_pfllib_with_the_own_model_as_the_self_term`` applies the
-difference docs/algorithms.md records (the cloud model's self term xi_ii times the client's own
+difference the method's card records (the cloud model's self term xi_ii times the client's own
 model, as PFLlib from 0998c54, instead of its previous cloud model) to the same transcription, so
 that a third behaviour fails."""
 

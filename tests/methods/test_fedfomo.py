@@ -3,7 +3,7 @@ recomputed by hand, and against my transcription of PFLlib f1e313a (``clients/cl
 ``servers/serverfomo.py``).
 
 The three strict xfails state PFLlib's behaviour; their partners apply the differences
-docs/algorithms.md records to the same transcription and assert equality with pflkit, so that a
+the method's card records to the same transcription and assert equality with pflkit, so that a
 third behaviour fails: pflkit weighs the *other* clients' models against its own trained model
 (PFLlib: against its previous combined model, its own model among the candidates); pflkit scores
 the combined model (PFLlib: last round's trained model); pflkit's affinity adds the weights

@@ -5,7 +5,7 @@ later in 3c1024f).
 
 The strict xfail ``test_partialfed_model_batches_from_a_zero_strategy_as_pfllibs_draft`` states the
 draft's behaviour; its partner ``test_partialfed_model_batches_from_hard_gates_drawn_once_at_receipt``
-applies the difference docs/algorithms.md records (hard gates from the logits S = 0, one Gumbel
+applies the difference the method's card records (hard gates from the logits S = 0, one Gumbel
 draw per unit at receipt, loading the chosen units of the global model once per round: s is 1 for
 a unit drawn global, else 0, applied once before the model batches) to the same transcription: it
 is pflkit's default ``load = "round"``, so that a third behaviour fails."""

@@ -5,7 +5,7 @@ PerAvgOptimizer, ``servers/serverperavg.py``).
 
 The strict xfail ``test_perfedavg_evaluated_model_is_pfllib_train_one_step`` states PFLlib's
 evaluated model; its partner ``test_perfedavg_evaluated_model_is_one_alpha_step_on_a_training_batch``
-applies the difference docs/algorithms.md records (one step at alpha from the received model on one
+applies the difference the method's card records (one step at alpha from the received model on one
 batch of the client's training data, no beta step, no test data) to the same transcription, so that
 a third behaviour fails."""
 

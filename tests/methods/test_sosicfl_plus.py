@@ -3,7 +3,7 @@ Floco+ client (dennis-grinwald/floco a25b3a1, ``src/client/floco.py``: training_
 _regularize_pers_model; the transcription is in tests/support/references.py).
 
 Two strict xfails state floco's behaviour where pflkit differs; their partners apply the
-difference docs/algorithms.md records to the same transcription and assert equality with pflkit,
+difference the method's card records to the same transcription and assert equality with pflkit,
 so that a third behaviour fails. Recorded differences: floco's _regularize_pers_model adds
 lamda * p - global to the gradient (operator precedence), pflkit's lam/2 ||p - global||^2 adds
 lam * (p - global); floco scores the personal endpoints at the simplex centroid, pflkit at the

@@ -1,4 +1,4 @@
-"""Models against the spec (algorithms.md §1.3, §7.2, §7.3) and batch-norm buffers end to end (§0.2)."""
+"""Models against their references (docs/explanations/reconstructions.md) and batch-norm buffers end to end."""
 
 from __future__ import annotations
 

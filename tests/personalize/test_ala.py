@@ -1,4 +1,4 @@
-"""ALA maths and behaviour against the spec (algorithms.md §1.2-1.7): blending, the weight
+"""ALA maths and behaviour against the FedALA paper (docs/reference/methods/fedala.md): blending, the weight
 gradient and update, the start phase, sampling, the feature cache and the closed-form head.
 ALA as a method (FedALA, X+ala) and its reference transcription are in tests/methods/test_fedala.py."""
 

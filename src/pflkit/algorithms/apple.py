@@ -23,6 +23,7 @@ from torch.nn import functional as F
 from ..functional import Params, scale
 from ..functional.training import Batch, LossFn, Net, cross_entropy
 from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -35,8 +36,7 @@ class AppleSettings(Settings):
         None,
         gt=0,
         description="eta_1, core learning rate; None = the local lr. "
-        "PFLlib's lr x N diverges with the true gradient of p (spec §2.11 [UNCERTAIN]; "
-        "docs/algorithms.md)",
+        "PFLlib's lr x N diverges with the true gradient of p (docs/reference/methods/apple.md)",
     )
 
 
@@ -159,3 +159,81 @@ class Apple(Algorithm):
         core = {k: fit.params[k] for k in state["model"]}
         new_state = {**state, "model": core, "p": fit.params[P]}
         return new_state, self.upload(core, ctx), {"train_loss": fit.loss}
+
+
+Apple.card = MethodCard(
+    full_name="APPLE",
+    paper=Paper(
+        "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated Learning",
+        "Luo & Wu",
+        2022,
+        "IJCAI",
+        "https://arxiv.org/abs/2110.08394",
+    ),
+    personalised=True,
+    shares="Its core model; every client downloads every core.",
+    keeps="Its directed-relationship vector p_i.",
+    scored="the mixture Σ_j p_ij w_j",
+    scored_detail="The mixture formed at receipt.",
+    client_round="Download every client's core; the personalised model is Σ_j p_ij w_j. Per batch, update "
+    "the own core (η₁ = lr) and p_i (η₂ = 0.01, proximal μ = 0.1 toward p⁰, a cos schedule over L = 0.2 "
+    "of the rounds). Upload the core.",
+    references=(
+        Reference("TsingZ0/PFLlib", "ffb17a9", ("clients/clientapple.py", "servers/serverapple.py")),
+        Reference(
+            "ljaiverson/pFL-APPLE",
+            "8078196",
+            (
+                "train_APPLE.py (train_one_round)",
+                "utils/models.py (ClientNet)",
+                "utils/losses.py (reg_loss, get_reg_coef)",
+                "utils/apple.py (init_pss)",
+            ),
+        ),
+    ),
+    tests=(
+        "tests/methods/test_apple.py::test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_gradient_of_p",
+        "tests/methods/test_apple.py::test_apple_round_with_the_proximal_term_matches_the_authors_client_under_momentum",
+    ),
+    pinned=(
+        "tests/methods/test_apple.py::test_apple_first_p_is_uniform_as_in_pfllib",
+        "tests/methods/test_apple.py::test_apple_upload_is_pfllibs_model_c",
+        "tests/methods/test_apple.py::test_apple_proximal_step_on_p_is_pfllibs",
+        "tests/methods/test_apple.py::test_apple_lambda_schedule_is_pfllibs",
+    ),
+    differences=(
+        "PFLlib (ffb17a9, the first commit with APPLE) is compared at `core_lr` = N·lr, with the true "
+        "gradient of p and μ = 0. The authors' client is compared at the default core lr, with μ = 1 in a "
+        "round with λ > 0 and momentum 0.9.",
+        "PFLlib starts p at 1/N; pflkit at the data shares p⁰.",
+        "PFLlib uploads the mixture formed at its last batch instead of the trained core. It also shares "
+        "cores in place within a round (undone upstream in 7101091).",
+        "PFLlib steps λμ(p − p⁰), where pflkit's λμ‖p − p⁰‖² steps twice that.",
+        "PFLlib's λ schedule lags pflkit's by two rounds.",
+        "The authors' code does as pflkit in three of these: p starts at p⁰, the trained core is uploaded, "
+        "and the term is λμ‖p − p⁰‖². It also takes the true gradient of p (autograd through `ClientNet`) "
+        "and steps the core at its own lr (`lr_net`, not × N).",
+        "The authors' λ schedule lags pflkit's by one round and counts ⌊L·R⌋ rounds.",
+        "The authors' SGD has momentum 0.9, fixed in the code, on the cores and on p. pflkit uses the "
+        "run's `momentum` (default 0) on both.",
+        "The authors score the mixture after the round's training; pflkit the one formed at receipt.",
+        "The authors' defaults (lr 0.01, p lr 0.001, L = 0.1, exponential schedule) are not FedALA Appendix G's.",
+    ),
+    choices=(
+        Choice(
+            "core learning rate",
+            "plain SGD at the local lr. PFLlib's lr × N diverged on MNIST (lr 0.1: NaN in round 1 for small "
+            "clients), because with the true gradient of p (not PFLlib's mean of element-wise products) "
+            "p_ii grows from n_i/n within a round. The authors' code also steps the cores at a plain rate.",
+            "`core_lr` (e.g. `apple.core_lr = 2.0` for lr × N at lr 0.1)",
+        ),
+        Choice("λ schedule", "cos", '`scheduler = "exp"`'),
+    ),
+    notes=(
+        "λ(r) runs over the first L·R rounds of `rounds` (R). The plateau rule (`plateau_evaluations`) "
+        "judges an APPLE run only from the evaluation of round ⌈L·R⌉ on. A plateau while the proximal term "
+        "still pulls p toward p⁰ is no convergence. On FedALA's MNIST Table 7 setting (R = 200 as a cap), "
+        "the rule had stopped APPLE at round 34 of its 40-round schedule.",
+        "`train_loss` includes the proximal term.",
+    ),
+)

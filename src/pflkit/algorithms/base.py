@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from ..functional import Params, WeightedSum, clone, weighted_average
 from ..functional.training import Ensemble, LossFn, classification_loss
 from ..models import Units, parameter_names
+from .card import MethodCard
 from .context import ClientContext, Fit, Metrics, PerClient, TrainBatches, TrainSettings
 
 State = dict[str, Any]
@@ -141,6 +142,8 @@ class Algorithm:
         run together (SosicFL: FedAvg; SosicFL+: Ditto).
       metric_reductions: how a round's record reduces a client metric over the clients, where
         not the mean (``{"ala_epochs": "max"}``).
+      card: the method's description (paper, scored model, reference code; ``MethodCard``), for
+        ``pflkit algorithms`` and the documentation; optional, and not inherited by subclasses.
     """
 
     name: ClassVar[str] = ""
@@ -156,6 +159,7 @@ class Algorithm:
     #: how a round's record reduces each of the method's numeric client metrics over the clients
     #: (default: the mean, NaN values left out)
     metric_reductions: ClassVar[Mapping[str, Literal["mean", "sum", "max", "min"]]] = {}
+    card: ClassVar[MethodCard | None] = None
 
     def __init__(self, settings: Settings, train: TrainSettings, units: Units) -> None:
         self.settings = settings

@@ -39,6 +39,7 @@ from ..functional import Params, torch_generator, weighted_average
 from ..functional.training import Net, one_hot
 from ..models import head_names
 from .base import Algorithm, ClientContext, ClientSummary, Payload, SentUpload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 MATCHING_HEAD = "creff.head"  # the payload entry: the classifier the clients' gradients are taken at
@@ -242,3 +243,54 @@ class CReFF(Algorithm):
     def global_params(self, server: State) -> Params:
         """The averaged body with the re-trained classifier (the global model CReFF evaluates)."""
         return {**server["global"], **server["head"]}
+
+
+CReFF.card = MethodCard(
+    full_name="CReFF",
+    paper=Paper(
+        "Federated Learning on Heterogeneous and Long-Tailed Data via Classifier Re-Training with Federated Features",
+        "Shang et al.",
+        2022,
+        "IJCAI",
+        "https://arxiv.org/abs/2204.13399",
+    ),
+    personalised=False,
+    shares="Its model, and per class it holds the gradient of last round's re-trained classifier on its real features.",
+    keeps="Nothing between rounds.",
+    scored="the received global",
+    scored_detail="Global accuracy scores the averaged body with the re-trained classifier.",
+    client_round="First compute the per-class gradients of last round's re-trained classifier on the real "
+    "features (under the received body). Then train as FedAvg. The server averages the models, takes a "
+    "plain mean of each class's gradient over the clients holding it, and moves 100 federated features "
+    "per class by gradient matching at that same classifier (row-wise cosine distance). It then trains a "
+    "fresh linear classifier on them for 300 epochs in mini-batches.",
+    references=(
+        Reference(
+            "shangxinyi/CReFF-FL",
+            "fbec98f",
+            ("main.py (Global, Local.compute_gradient)", "Dataset/Gradient_matching_loss.py"),
+        ),
+        Reference("Yutong-Dai/FedNH", "60c3161", ("src/flbase/strategies/CReFF.py",)),
+    ),
+    tests=(
+        "tests/methods/test_creff.py::test_creff_matches_features_with_the_authors_row_wise_distance_at_last_rounds_classifier",
+        "tests/methods/test_creff.py::test_creff_round_gradients_at_the_retrained_head_plain_mean_and_a_fresh_retrained_classifier",
+        "tests/methods/test_creff.py::test_creff_retraining_is_minibatch_sgd_from_the_given_start",
+        "tests/methods/test_creff.py",
+    ),
+    differences=(
+        "The client gradient is the exact class mean. Theirs is the mean of 10 random sub-batches of 32 "
+        "with augmentation (the same expectation).",
+        "On a head without bias (`conv2cifar`, FedACD's configs) the gradients and the distance have no "
+        "bias part, as in FedNH's port.",
+    ),
+    choices=(
+        Choice(
+            "matching steps and rate, re-training epochs, batch and rate",
+            "100 / 0.1, 300 epochs of the run's batch size / 0.01 (the authors' code; FedNH's scripts use "
+            "feature lr 0.01)",
+            "`creff.match_steps`, `creff.feature_lr`, `creff.retrain_epochs`, `creff.retrain_batch`, "
+            "`creff.retrain_lr`, `creff.send_retrained`",
+        ),
+    ),
+)

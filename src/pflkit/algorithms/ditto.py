@@ -14,6 +14,7 @@ from pydantic import Field
 from ..functional import Params, clone
 from ..functional.training import classification_loss, proximal_loss
 from .base import Algorithm, ClientContext, ModelState, Payload, Settings, State, Trained
+from .card import MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -22,8 +23,8 @@ class DittoSettings(Settings):
     personal_epochs: int = Field(2, ge=1, description="s, epochs of personal training per round (App. G: 2)")
     ala_target: Literal["model", "personal"] = Field(
         "model",
-        description="with +ala: which copy ALA initialises: the global-track model (spec §1.8 "
-        "[RECON]) or the personal model (FedALA author, TsingZ0/FedALA issue #9)",
+        description="with +ala: which copy ALA initialises: the global-track model "
+        "or the personal model (the FedALA author's answer)",
     )
 
 
@@ -61,3 +62,41 @@ class Ditto(Algorithm):
 
     def eval_params(self, state: State) -> Params:
         return state["personal"]
+
+
+Ditto.card = MethodCard(
+    full_name="Ditto",
+    paper=Paper(
+        "Ditto: Fair and Robust Federated Learning Through Personalization",
+        "Li et al.",
+        2021,
+        "ICML",
+        "https://arxiv.org/abs/2012.04221",
+    ),
+    personalised=True,
+    shares="The global-track model and its training-set size.",
+    keeps="The personal model v.",
+    scored="the personal model v",
+    scored_detail="v before this round's personal update.",
+    client_round="Train the personal model v for s = 2 epochs on F + λ/2‖v − w_g‖² (λ = 0.1), anchored "
+    "at the received global. Then train the global track from the received global for E epochs. "
+    "Upload the global track.",
+    references=(
+        Reference(
+            "TsingZ0/PFLlib",
+            "f1e313a",
+            ("clients/clientditto.py (ptrain, train, test_metrics)", "servers/serverditto.py"),
+        ),
+    ),
+    tests=(
+        "tests/methods/test_ditto.py::"
+        "test_ditto_is_pfllib_ptrain_then_train_with_the_personal_model_anchored_at_the_received_global",
+    ),
+    differences=(
+        "None in the updates or the scored model. Later PFLlib versions score differently "
+        "(docs/explanations/reconstructions.md).",
+    ),
+    notes=("`train_loss` includes the personal model's proximal term.",),
+    ala_initialises='the global-track copy (`ditto.ala_target = "model"`, default), or the personal '
+    'model (`"personal"`, the FedALA author\'s answer)',
+)

@@ -5,7 +5,7 @@ u_i = sum_j xi_ij w_j with xi_ij = alpha_k * A'(||w_i - w_j||^2) (j != i), A'(x)
 xi_ii = 1 - sum_{j != i} xi_ij. The client does not overwrite its model: from its own w_i it
 trains E epochs on F_i(w) + lambda/(2 alpha_k) ||w - u_i||^2 and uploads w_i. Every client must
 take part in every round (cross-silo). Evaluated model: w_i. With ``+ala`` ALA blends u_i into
-w_i to form the start point of training (spec §1.8 [RECON]).
+w_i to form the start point of training.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import Field
 from ..functional import Params
 from ..functional.training import Batch, LossFn, Net, classification_loss, proximal_loss, squared_distance
 from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 log = logging.getLogger(__name__)
@@ -33,14 +34,14 @@ class FedAMPSettings(Settings):
         True,
         description="when sum_{j!=i} xi_ij > 1, scale those coefficients to sum to 1 "
         "(xi_ii = 0) so u_i stays a convex combination; False = the literal formula, whose "
-        "negative xi_ii extrapolates and can diverge [ours; spec §2.8, §9.4]",
+        "negative xi_ii extrapolates and can diverge (pflkit's)",
     )
     squared_prox: bool = Field(
         True,
         description="squared norm in the proximal term (paper); False = the "
         "non-squared norm ||w - u_i|| with its gradient (the form of PFLlib's term, whose "
-        "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib) "
-        "[spec §2.8; docs/algorithms.md]",
+        "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib; "
+        "docs/reference/methods/fedamp.md)",
     )
 
 
@@ -116,3 +117,49 @@ class FedAMP(Algorithm):
 
     def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         return {"anchor": self.parameters_of(payload["cloud"])}
+
+
+FedAMP.card = MethodCard(
+    full_name="FedAMP",
+    paper=Paper(
+        "Personalized Cross-Silo Federated Learning on Non-IID Data",
+        "Huang et al.",
+        2021,
+        "AAAI",
+        "https://arxiv.org/abs/2007.03797",
+    ),
+    personalised=True,
+    shares="Its model; the server keeps every client's latest model and sends each a personalised cloud model.",
+    keeps="Its own model, which the download never overwrites.",
+    scored="the local model",
+    client_round="Keep the own model w. Train E epochs of SGD on F + λ/(2α_k)‖w − u_i‖² toward the cloud "
+    "model u_i = Σ ξ_ij w_j (α_k = 1000, λ = 1, σ = 0.1). Upload the model.",
+    references=(Reference("TsingZ0/PFLlib", "f1e313a", ("clients/clientamp.py", "servers/serveramp.py")),),
+    tests=("tests/methods/test_fedamp.py::test_fedamp_cloud_coefficients_and_client_step_match_pfllib",),
+    pinned=("tests/methods/test_fedamp.py::test_fedamp_two_rounds_match_pfllib_f1e313a",),
+    differences=(
+        "The transcription test sets `convex = false`.",
+        "At f1e313a the proximal term is the squared norm with its gradient, pflkit's default. PFLlib "
+        "detached it from 45ae9f5 (March 2023) on.",
+        "At f1e313a ξ_ii multiplies the client's previous cloud model (the initial model, never reset) "
+        "instead of its own model; PFLlib fixed this in 0998c54 (April 2023). pflkit uses the paper's "
+        "ξ_ii·w_i. The two agree in round 1.",
+    ),
+    choices=(
+        Choice(
+            "coefficients when Σ_{j≠i} ξ_ij > 1 (ξ_ii < 0 extrapolates; with α_k = 1000, σ = 0.1 this "
+            "happens for nearly identical models)",
+            "scaled to sum to 1 (ξ_ii = 0)",
+            "`convex = false` (the literal formula, with a warning)",
+        ),
+        Choice(
+            "proximal norm",
+            "squared (the paper). PFLlib at f1e313a has the squared norm with its gradient. From 45ae9f5 "
+            "on, its term is built from detached tensors (`p.data`): a constant without gradient, so its "
+            "clients train with plain SGD from their own model. `fedamp.lam = 0` reproduces that version.",
+            "`squared_prox = false`: the non-squared norm ‖w − u_i‖, with its gradient (pflkit's)",
+        ),
+    ),
+    notes=("`train_loss` includes the proximal term.",),
+    ala_initialises="the local model, blending the cloud model u_i into it",
+)

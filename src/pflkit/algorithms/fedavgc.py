@@ -18,16 +18,35 @@ from pydantic import Field
 
 from ..functional.training import LossFn, classification_loss
 from .base import Algorithm, ClientContext, Init, Payload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper
 from .context import TrainBatches
 from .registry import register
 
+#: The paper that introduced FedAvg-C and FedProx-C as baselines.
+FEDALA_PAPER = Paper(
+    "FedALA: Adaptive Local Aggregation for Personalized Federated Learning",
+    "Zhang et al.",
+    2023,
+    "AAAI",
+    "https://arxiv.org/abs/2212.01197",
+)
+#: The choices FedAvg-C and FedProx-C share.
+FINE_TUNING_CHOICES = (
+    Choice(
+        "fine-tuning length",
+        "1 epoch",
+        "`ft_epochs`, or `ft_until_converged` (ALA's loss-std criterion: `ft_threshold`, `ft_window`, `ft_max_epochs`)",
+    ),
+    Choice("what local training starts from", "the fine-tuned model", '`upload_from = "global"`'),
+)
+
 
 class FineTuneSettings(Settings):
-    ft_epochs: int = Field(1, ge=1, description="fine-tuning epochs per round [UNCERTAIN, spec §2.3]")
+    ft_epochs: int = Field(1, ge=1, description="fine-tuning epochs per round")
     ft_until_converged: bool = Field(
         False,
         description="fine-tune until the std of the last ft_window epochs' "
-        "last-batch losses < ft_threshold (ALA's criterion, spec §1.6), capped by "
+        "last-batch losses < ft_threshold (ALA's criterion), capped by "
         "ft_max_epochs",
     )
     ft_threshold: float = Field(0.01, gt=0, description="convergence threshold with ft_until_converged")
@@ -35,7 +54,7 @@ class FineTuneSettings(Settings):
     ft_max_epochs: int = Field(50, ge=1, description="cap on fine-tuning epochs with ft_until_converged")
     upload_from: Literal["finetuned", "global"] = Field(
         "finetuned",
-        description="start local training from the fine-tuned or the raw received model [UNCERTAIN, spec §2.3]",
+        description="start local training from the fine-tuned or the raw received model",
     )
 
 
@@ -91,3 +110,25 @@ class FineTuning(Algorithm):
 class FedAvgC(FineTuning):
     name = "fedavgc"
     settings_class = FineTuneSettings
+
+
+FedAvgC.card = MethodCard(
+    full_name="FedAvg-C",
+    paper=FEDALA_PAPER,
+    personalised=True,
+    shares="The whole model and its training-set size; the server averages them as FedAvg.",
+    keeps="Nothing between rounds: the received global model overwrites the local one.",
+    scored="the fine-tuned model",
+    client_round="Overwrite the local model with the received global. Fine-tune all parameters for "
+    "`ft_epochs` = 1 epoch of SGD at the local lr. The fine-tuned model is scored. FedAvg training "
+    "then starts from it. Upload the model.",
+    no_reference="No author code exists: the FedALA paper, which uses it as a baseline, only says the "
+    "global model is locally fine-tuned. PFLlib's `fine_tuning_epoch_new` is for new clients.",
+    tests=(
+        "tests/methods/test_fedavgc.py::test_finetuned_methods_evaluate_the_finetuned_global_and_train_from_it",
+        "tests/methods/test_fedavgc.py::test_finetuning_options_two_epochs_converged_and_training_from_the_raw_global",
+    ),
+    choices=FINE_TUNING_CHOICES,
+    reconstruction=True,
+    ala_initialises="the local model, which is then fine-tuned",
+)

@@ -22,6 +22,7 @@ from pydantic import Field
 from ..functional import Params
 from ..functional.training import Batch, LossFn, Net, cross_entropy
 from .base import Algorithm, Settings
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -75,3 +76,43 @@ class FedDecorr(Algorithm):
 
     def loss(self) -> LossFn:
         return feddecorr_loss(self.settings.beta, body=len(self.units) - 1, form=self.settings.form)
+
+
+FedDecorr.card = MethodCard(
+    full_name="FedDecorr",
+    paper=Paper(
+        "Towards Understanding and Mitigating Dimensional Collapse in Heterogeneous Federated Learning",
+        "Shi et al.",
+        2023,
+        "ICLR",
+        "https://arxiv.org/abs/2210.00226",
+    ),
+    personalised=False,
+    shares="The whole model and its training-set size; the server averages them as FedAvg.",
+    keeps="Nothing between rounds.",
+    scored="the received global",
+    client_round="Overwrite the local model with the received global. Train on CE + β·L of the batch's "
+    "features h [N, d] (β = 0.1). L is the authors' `loss.py`: z-score h with the unbiased variance "
+    "(ε = 1e-8), then the mean of the squared off-diagonal entries of zᵀz, divided by N. Upload the model.",
+    references=(
+        Reference("bytedance/FedDecorr", "973e4af", ("loss.py (FedDecorrLoss)", "approach/fedavg.py", "run_scripts/")),
+    ),
+    tests=(
+        "tests/methods/test_feddecorr.py::test_decorrelation_is_the_authors_loss_and_the_papers_form_is_about_n_times_weaker",
+        "tests/methods/test_feddecorr.py::test_feddecorr_batch_loss_is_ce_plus_beta_times_the_authors_loss_of_the_classifier_input",
+        "tests/methods/test_feddecorr.py::test_feddecorr_client_round_is_the_authors_local_training",
+    ),
+    differences=(
+        "None in the loss. The client round is checked under momentum 0.9 and weight decay 1e-5, at β = 0.1 and 0.05.",
+        "Their runs use MobileNetV2 and ResNet features.",
+    ),
+    choices=(
+        Choice(
+            "weight β, loss form",
+            "0.1 (the authors' CIFAR-10 and Tiny-ImageNet value; 0.05 on CIFAR-100), the authors' code's form. "
+            "The paper's ‖K‖²_F/d² has the same gradient direction but is (N−1)²d/(N(d−1)) times weaker "
+            "(62 at N = 64, d = 192), so β = 0.1 in it was nearly FedAvg.",
+            '`feddecorr.beta`, `feddecorr.form = "paper"`',
+        ),
+    ),
+)

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from ..functional import Params, evaluate
 from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .context import PER_CLIENT, TrainBatches
 from .registry import register
 
@@ -30,7 +31,7 @@ class FedFomoSettings(Settings):
         None, ge=1, description="M, models sent to each client (None = all other clients, the FedALA setting M = N)"
     )
     val_ratio: float = Field(
-        0.2, gt=0, lt=1, description="share of the training data held out for the model weights [REF-CODE, spec §2.10]"
+        0.2, gt=0, lt=1, description="share of the training data held out for the model weights (the reference code's)"
     )
 
 
@@ -92,3 +93,47 @@ class FedFomo(Algorithm):
         fit = ctx.fit(state["model"], self.loss(), data=data)
         upload = self.upload(fit.params, ctx, weights=state["weights"], ids=payload["ids"])
         return {**state, "model": fit.params}, upload, {"train_loss": fit.loss}
+
+
+FedFomo.card = MethodCard(
+    full_name="FedFomo",
+    paper=Paper(
+        "Personalized Federated Learning with First Order Model Optimization",
+        "Zhang et al.",
+        2021,
+        "ICLR",
+        "https://arxiv.org/abs/2012.08565",
+    ),
+    personalised=True,
+    shares="Its model and its weights for the others' models; the server keeps every client's latest "
+    "model and adds the weights to an affinity matrix.",
+    keeps="Its combined model.",
+    scored="the combined model",
+    client_round="Receive the other clients' models. Weigh each by its validation-loss gain per distance "
+    "on the last 20 % of the training data. Move to the weighted combination. Train on the other 80 %. "
+    "Upload the model and the weights.",
+    references=(Reference("TsingZ0/PFLlib", "f1e313a", ("clients/clientfomo.py", "servers/serverfomo.py")),),
+    tests=(
+        "tests/methods/test_fedfomo.py::"
+        "test_fedfomo_weights_combination_and_training_match_pfllib_for_the_same_base_and_candidates",
+    ),
+    pinned=(
+        "tests/methods/test_fedfomo.py::test_fedfomo_two_rounds_combine_as_pfllib",
+        "tests/methods/test_fedfomo.py::test_fedfomo_evaluated_model_is_pfllibs",
+        "tests/methods/test_fedfomo.py::test_fedfomo_affinity_accumulates_raw_weights_as_pfllib",
+    ),
+    differences=(
+        "Given one base model and one set of candidates, the weights, combination and training agree.",
+        "PFLlib's base is the client's previous combined model, and its own trained model is a candidate. "
+        "pflkit's base is its trained model, and the candidates are the other clients' models.",
+        "PFLlib scores last round's trained model; pflkit scores the combined one.",
+        "PFLlib's affinity adds raw (also negative) weights; pflkit adds clipped ones. This matters only "
+        "for `num_models` < N.",
+        "Validation loss: PFLlib takes the mean of batch means, pflkit the sample mean.",
+    ),
+    choices=(
+        Choice(
+            "ε-greedy model selection", "not implemented (irrelevant with M = N)", "`num_models` (top M by affinity)"
+        ),
+    ),
+)

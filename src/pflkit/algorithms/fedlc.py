@@ -17,11 +17,12 @@ from torch.nn import functional as F
 from ..functional import Params
 from ..functional.training import Batch, LossFn, Net, label_loss
 from .base import Algorithm, ClientContext, Payload, Settings, State
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 
 class FedLCSettings(Settings):
-    tau: float = Field(1.0, gt=0, description="calibration strength (spec §3.14 [UNCERTAIN])")
+    tau: float = Field(1.0, gt=0, description="calibration strength")
 
 
 def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:
@@ -49,3 +50,30 @@ class FedLC(Algorithm):
 
     def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         return {"counts": ctx.label_counts}
+
+
+FedLC.card = MethodCard(
+    full_name="FedLC",
+    paper=Paper(
+        "Federated Learning with Label Distribution Skew via Logits Calibration",
+        "Zhang et al.",
+        2022,
+        "ICML",
+        "https://proceedings.mlr.press/v162/zhang22p.html",
+    ),
+    personalised=False,
+    shares="The whole model and its training-set size; the server averages them as FedAvg.",
+    keeps="Nothing between rounds.",
+    scored="the received global",
+    client_round="Overwrite the local model with the received global. Train on cross-entropy of the "
+    "calibrated logits z_j − τ n_j^{−1/4} (absent classes left out, τ = 1). Upload the model.",
+    references=(Reference("KarhouTam/FL-bench", "06e658b", ("src/client/fedlc.py",)),),
+    no_reference="The authors published no code; FL-bench's port is the reference.",
+    tests=("tests/methods/test_fedlc.py::test_fedlc_matches_fl_benchs_calibrated_loss_and_client",),
+    differences=(
+        "The test runs τ = 1 and 2.",
+        "FL-bench counts a class the client lacks as 1e-8, so it stays in the softmax with weight e^(−100τ). "
+        "pflkit leaves it out. The two are equal in float32 for τ ≥ 0.2.",
+    ),
+    choices=(Choice("calibration strength τ", "1", "`fedlc.tau`"),),
+)

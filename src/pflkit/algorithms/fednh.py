@@ -30,12 +30,13 @@ from ..functional import Params, clone, weighted_average
 from ..functional.training import Batch, LossFn, Net, cross_entropy
 from ..models import head_names
 from .base import Algorithm, ClientContext, Init, Payload, SentUpload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 
 class FedNHSettings(Settings):
     smoothing: float = Field(
-        0.9, ge=0, le=1, description="rho, the prototypes' moving average (spec §3.14; the authors' code: 0.9)"
+        0.9, ge=0, le=1, description="rho, the prototypes' moving average (the authors' code: 0.9)"
     )
     scale: float = Field(
         1.0,
@@ -203,3 +204,48 @@ class FedNH(Algorithm):
             SCALE: scale,
             "global": {**old, **merged, self.weight: prototypes, **{k: old[k] for k in self.head[1:]}},
         }
+
+
+FedNH.card = MethodCard(
+    full_name="FedNH",
+    paper=Paper(
+        "Tackling Data Heterogeneity in Federated Learning with Class Prototypes",
+        "Dai et al.",
+        2023,
+        "AAAI",
+        "https://arxiv.org/abs/2212.02758",
+    ),
+    personalised=False,
+    shares="Its body, the scale s and its per-class means of the normalised features with their counts.",
+    keeps="Nothing between rounds.",
+    scored="the received global, head s·W",
+    client_round="Overwrite the local model with the received global. Train the body and the scale s "
+    "(from 1.0) on scaled cosine logits s·⟨h/‖h‖, w_c⟩ against frozen unit prototypes (orthonormal at the "
+    "start); clip gradients at global norm 10. Upload per-class feature means. The server takes the "
+    "uniform mean of bodies and s and moves each prototype: w_c ← normalise(ρ w_c + (1 − ρ) mean) (ρ = 0.9).",
+    references=(
+        Reference(
+            "Yutong-Dai/FedNH",
+            "60c3161",
+            ("src/flbase/strategies/FedNH.py", "src/flbase/strategies/FedUH.py", "src/flbase/models/CNN.py"),
+        ),
+    ),
+    tests=(
+        "tests/methods/test_fednh.py::test_fednh_orthogonal_prototypes_learnable_scale_clipping_and_uniform_server_mean",
+        "tests/methods/test_fednh.py::test_fednh_client_round_is_the_authors_training_under_momentum_weight_decay_and_clipping",
+        "tests/methods/test_fednh.py::test_fednh_server_step_is_the_authors_aggregate_at_rho_other_than_one_half",
+    ),
+    differences=(
+        "Their clients' prototype estimate sees augmented images.",
+        "Their personalised accuracy scores the model after local training.",
+    ),
+    choices=(
+        Choice(
+            "scale, clipping, server mean, prototypes",
+            "as the authors' code: a learnable s from 1.0 (their ResNet: 20), averaged; gradient clipping "
+            "at norm 10; a uniform server mean; orthogonal prototypes; ρ = 0.9",
+            "`fednh.scale`, `fednh.learn_scale = false` (a fixed s), `fednh.clip_norm`, "
+            '`fednh.body_weights = "samples"`, `fednh.prototype_init = "spread"`, `fednh.smoothing`',
+        ),
+    ),
+)

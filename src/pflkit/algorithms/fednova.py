@@ -13,6 +13,7 @@ import torch
 
 from ..functional import scale, weighted_average
 from .base import Algorithm, ClientContext, Payload, SentUpload, State, Trained
+from .card import MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -50,3 +51,31 @@ class FedNova(Algorithm):
         old = server["global"]
         new = {k: (old[k] - tau_eff * v if k in names else v) for k, v in direction.items()}
         return {**server, "global": {**old, **new}}
+
+
+FedNova.card = MethodCard(
+    full_name="FedNova",
+    paper=Paper(
+        "Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization",
+        "Wang et al.",
+        2020,
+        "NeurIPS",
+        "https://arxiv.org/abs/2007.07481",
+    ),
+    personalised=False,
+    shares="Its normalised update d_m and its normaliser a_m.",
+    keeps="Nothing between rounds.",
+    scored="the received global",
+    client_round="Overwrite the local model with the received global. Run τ_m SGD steps. Upload "
+    "d_m = (w^{t−1} − w_m)/a_m (a_m = τ_m, or the momentum normaliser). The server steps "
+    "w − τ_eff Σ p_m d_m.",
+    references=(Reference("JYWa/FedNova", "47b4e09", ("distoptim/FedNova.py (step, average)", "train_LocalSGD.py")),),
+    tests=("tests/methods/test_fednova.py::test_fednova_matches_the_authors_optimizer_and_average",),
+    differences=(
+        "The test runs momentum 0 and 0.9.",
+        "Their script hard-codes weight decay 1e-4; pflkit uses the run's.",
+        "Their server momentum `gmf` and their FedProx variant are not in pflkit.",
+        "Their p_i is over all workers (equal under full participation).",
+        "They keep batch-norm statistics per worker.",
+    ),
+)

@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from ..functional import Params
 from ..functional.training import Batch, LossFn, Net, cross_entropy, label_loss, one_hot
 from .base import Algorithm, ClientContext, Payload, Settings, State
+from .card import MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -56,3 +57,34 @@ class FedNTD(Algorithm):
 
     def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         return {"teacher": {**state["model"], **payload["global"]}}
+
+
+FedNTD.card = MethodCard(
+    full_name="FedNTD",
+    paper=Paper(
+        "Preservation of the Global Knowledge by Not-True Distillation in Federated Learning",
+        "Lee et al.",
+        2022,
+        "NeurIPS",
+        "https://arxiv.org/abs/2106.03097",
+    ),
+    personalised=False,
+    shares="The whole model and its training-set size; the server averages them as FedAvg.",
+    keeps="Nothing between rounds.",
+    scored="the received global",
+    client_round="Overwrite the local model with the received global. Train on CE + β τ² KL(not-true "
+    "softmax of the received global ‖ of the local model) (β = τ = 1). Upload the model.",
+    references=(
+        Reference(
+            "Lee-Gihun/FedNTD",
+            "be00ee5",
+            ("algorithms/fedntd/criterion.py (NTD_Loss)", "utils.py", "ClientTrainer.py", "config/fedntd.json"),
+        ),
+    ),
+    tests=("tests/methods/test_fedntd.py::test_fedntd_matches_the_authors_ntd_loss_and_client",),
+    differences=(
+        "The test runs τ = β = 1 and τ = 3, β = 0.3.",
+        "Their teacher runs in the mode the client model was left in. This differs only for a batch-norm "
+        "model on the first client.",
+    ),
+)

@@ -1,4 +1,4 @@
-"""FedPHP (Li et al., ECML-PKDD 2021): an inherited private model (HPM) per client (spec §2.9).
+"""FedPHP (Li et al., ECML-PKDD 2021): an inherited private model (HPM) per client.
 
 Round t: w <- Theta^{t-1}; E epochs of SGD on (1 - lam) * CE(w) + lam * KT(w, v), with the HPM v
 frozen; KT is (default, PFLlib) the biased MMD between the body features (all units but the
@@ -31,6 +31,7 @@ from torch.nn import functional as F
 from ..functional import Params, clone
 from ..functional.training import Batch, LossFn, Net, cross_entropy
 from .base import Algorithm, ClientContext, Init, Payload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -40,17 +41,16 @@ class FedPHPSettings(Settings):
     # spec §2.9: the paper studies several KT types; the reference (PFLlib) uses MMD on features
     kt: Literal["mmd", "kd"] = Field(
         "mmd",
-        description="knowledge transfer from the HPM: MMD on body "
-        "features (PFLlib [REF-CODE]) or logit KD (spec §2.9 option)",
+        description="knowledge transfer from the HPM: MMD on body features (PFLlib's) or logit KD",
     )
     bandwidths: list[float] = Field(
-        [10.0, 15.0, 20.0, 50.0], min_length=1, description="RBF kernel bandwidths s of the MMD (spec §2.9 [REF-CODE])"
+        [10.0, 15.0, 20.0, 50.0], min_length=1, description="RBF kernel bandwidths s of the MMD (PFLlib's)"
     )
-    temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd'; spec §2.9 [UNCERTAIN])")
-    eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w (spec §2.9 option)")
+    temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd')")
+    eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w")
     variant: Literal["hpm", "pfllib2022"] = Field(
         "hpm",
-        description="hpm: the paper's inherited private model (spec §2.9); pfllib2022: PFLlib's FedPHP of "
+        description="hpm: the paper's inherited private model; pfllib2022: PFLlib's FedPHP of "
         "FedALA's time (blend the global into the old local model on receiving, MMD toward the global model)",
     )
 
@@ -91,7 +91,7 @@ def hpm_coefficient(mu: float, round: int, rounds: int) -> float:
 
 
 def fedphp_loss(settings: FedPHPSettings, body: int) -> LossFn:
-    """(1 - lam) CE + lam KT(w, HPM), the HPM ``aux["hpm"]`` frozen (spec §2.9)."""
+    """(1 - lam) CE + lam KT(w, HPM), the HPM ``aux["hpm"]`` frozen."""
     lam, mmd = settings.lam, settings.kt == "mmd"
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
@@ -165,3 +165,47 @@ class FedPHP(Algorithm):
         if self.pfllib2022:  # scored after the blend, before training
             return state["model"]
         return state["hpm"] if self.settings.eval_hpm else state["trained"]
+
+
+FedPHP.card = MethodCard(
+    full_name="FedPHP",
+    paper=Paper(
+        "FedPHP: Federated Personalization with Inherited Private Models",
+        "Li et al.",
+        2021,
+        "ECML PKDD",
+        "https://doi.org/10.1007/978-3-030-86486-6_36",
+    ),
+    personalised=True,
+    shares="The trained model w and its training-set size; the server averages them as FedAvg.",
+    keeps="The inherited private model (HPM) v, and the model w it trained last.",
+    scored="the locally trained w",
+    scored_detail="w of the client's last participation (the initial model before it); `eval_hpm` scores v.",
+    client_round="Overwrite w with the received global. Train E epochs on (1 − λ)CE + λ·MMD(features of "
+    "w, of the frozen HPM v) (λ = 0.01). Then v ← μ_t v + (1 − μ_t) w, with μ_t = μ·t/T (μ = 0.9). "
+    "Upload w.",
+    references=(Reference("TsingZ0/PFLlib", "f1e313a", ("clients/clientphp.py",)),),
+    tests=(
+        "tests/methods/test_fedphp.py::"
+        "test_fedphp_pfllib2022_blends_on_receive_scores_the_blend_and_distils_toward_the_global_model",
+    ),
+    differences=(
+        "pflkit follows the paper: the global overwrites the local model, which trains with MMD toward "
+        "the frozen HPM; the HPM follows the trained models.",
+        "PFLlib's `clientphp.py` starts training from (1 − μ_t)·global + μ_t·old local and transfers "
+        "knowledge toward the global model's features. The FedALA paper's FedPHP numbers probably come "
+        "from that code (f1e313a, the last commit before the FedALA preprint); PFLlib changed it in "
+        "December 2024.",
+        '`fedphp.variant = "pfllib2022"` runs PFLlib\'s reading: on receiving, w ← (1 − μ_R)·Θ + μ_R·w_old '
+        "with μ_R = μ·R/T and R counted from 0; w is scored then and trained on (1 − λ)·CE + λ·MMD(features "
+        "of w, of Θ). The test above checks it.",
+    ),
+    choices=(
+        Choice(
+            "knowledge transfer",
+            "MMD with RBF bandwidths {10, 15, 20, 50} on body features",
+            '`kt = "kd"` (logit distillation, `temperature`)',
+        ),
+        Choice("evaluated model", "the trained local model", "`eval_hpm`"),
+    ),
+)

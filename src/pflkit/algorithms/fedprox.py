@@ -11,6 +11,7 @@ from pydantic import Field
 
 from ..functional.training import LossFn, classification_loss, proximal_loss
 from .base import Algorithm, ClientContext, Payload, Settings, State
+from .card import MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -29,3 +30,35 @@ class FedProx(Algorithm):
 
     def loss_aux(self, payload: Payload, state: State, ctx: ClientContext) -> Any:
         return {"anchor": self.parameters_of(payload["global"])}
+
+
+FedProx.card = MethodCard(
+    full_name="FedProx",
+    paper=Paper(
+        "Federated Optimization in Heterogeneous Networks",
+        "Li et al.",
+        2020,
+        "MLSys",
+        "https://arxiv.org/abs/1812.06127",
+    ),
+    personalised=False,
+    shares="The whole model and its training-set size; the server averages them as FedAvg.",
+    keeps="Nothing between rounds.",
+    scored="the received global",
+    client_round="Overwrite the local model with the received global. Train E epochs of SGD on "
+    "F + μ/2‖w − w_g‖², the proximal term pulling toward the received global (μ = 0.001). Upload "
+    "the model.",
+    references=(
+        Reference(
+            "TsingZ0/PFLlib",
+            "f1e313a",
+            ("clients/clientprox.py", "optimizers/fedoptimizer.py (PerturbedGradientDescent)"),
+        ),
+    ),
+    tests=(
+        "tests/methods/test_fedprox.py::test_fedprox_is_pfllib_perturbed_gradient_descent_toward_the_received_global",
+    ),
+    differences=("None. μ = 0.001 is FedALA Appendix G's value; PFLlib's command-line default is 0.",),
+    notes=("`train_loss` includes the proximal term.",),
+    ala_initialises="the local model; the proximal anchor stays the received global",
+)

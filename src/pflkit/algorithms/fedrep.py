@@ -14,6 +14,7 @@ from ..functional import subset
 from ..functional.training import classification_loss
 from ..models import head_names
 from .base import Algorithm, ClientContext, Payload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
 
 
@@ -69,3 +70,44 @@ class FedRep(Algorithm):
             self.upload(subset(fit.params, body), ctx),
             {"train_loss": fit.loss, "head_loss": head_fit.loss},
         )
+
+
+FedRep.card = MethodCard(
+    full_name="FedRep",
+    paper=Paper(
+        "Exploiting Shared Representations for Personalized Federated Learning",
+        "Collins et al.",
+        2021,
+        "ICML",
+        "https://arxiv.org/abs/2102.07078",
+    ),
+    personalised=True,
+    shares="The body (every unit but the head) and the training-set size; the server averages the bodies.",
+    keeps="The head, which is never sent.",
+    scored="the global body with the local head",
+    client_round="Take the received body. Train the head alone for τ = 5 epochs (`head_epochs`). Then "
+    "train the body alone for E epochs. Upload the body. The head epochs run on the body's outputs, "
+    "computed once per round (`fedrep.cache_features`).",
+    references=(Reference("TsingZ0/PFLlib", "f1e313a", ("clients/clientrep.py", "servers/serverrep.py")),),
+    tests=("tests/methods/test_fedrep.py::test_fedrep_is_pfllib_head_epochs_then_body_epochs_and_a_body_only_server",),
+    differences=(
+        "pflkit clips each step at global norm 10 by default (`fedrep.clip_norm`); the transcription test sets 0.",
+        "pflkit's head and body phases draw separate shuffles. PFLlib reshuffles one loader (the same distribution).",
+        "pflkit's head epochs run on the body's outputs computed once per round. The body is frozen then, "
+        "so this is the same function up to float reassociation (`tests/engines/test_feature_cache.py`). "
+        "PFLlib runs the whole model at every head step.",
+    ),
+    choices=(
+        Choice(
+            "gradient clipping (pflkit's, not the paper's or PFLlib's)",
+            "global norm 10 in both phases. In FedALA's MNIST setting (lr 0.1, batch 10, τ = 5) unclipped "
+            "FedRep blew up at seeds 2, 3 and 4 within 5 rounds. Seed 3: body loss 17,641 in round 1, then "
+            "stuck at 72 %, like the 0.681, 0.724 and 0.727 of PFLlib's own FedRep on the FedALA split. "
+            "Seeds 2 and 4 fell from 94 % to 68 % and from 83 % to 71 %. With the clip, seeds 2-4 reach "
+            "98.7-98.9 % at round 5 (`pflkit run configs/mnist_fedala.toml data_dir=DIR rounds=5 "
+            "'seeds=[0,1,2,3,4]' 'algorithms=[\"fedrep\"]'`, with and without `fedrep.clip_norm=0`).",
+            "`clip_norm` (0: off, PFLlib's)",
+        ),
+    ),
+    ala_initialises="the body (only the body is downloaded; `p` counts units among the downloaded ones)",
+)

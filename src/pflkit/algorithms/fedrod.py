@@ -22,6 +22,7 @@ from ..functional import Params, clone
 from ..functional.training import Batch, LossFn, Net, cross_entropy, label_loss
 from ..models import head_names
 from .base import Algorithm, ClientContext, Payload, State, Trained
+from .card import MethodCard, Paper, Reference
 from .registry import register
 
 PERSONAL = "fedrod.personal."  # prefix of the personal head among the tensors a fit trains
@@ -74,3 +75,41 @@ class FedROD(Algorithm):
     def eval_params(self, state: State) -> Params:
         """The personalised model: generic body, head W_g + W_p (both heads are linear)."""
         return {**state["model"], **{k: state["model"][k] + state["personal"][k] for k in self.head}}
+
+
+FedROD.card = MethodCard(
+    full_name="FedROD",
+    paper=Paper(
+        "On Bridging Generic and Personalized Federated Learning for Image Classification",
+        "Chen & Chao",
+        2022,
+        "ICLR",
+        "https://arxiv.org/abs/2107.00778",
+    ),
+    personalised=True,
+    shares="The body and the generic head, with the training-set size; the server averages them as FedAvg.",
+    keeps="The personal head.",
+    scored="body + head W_g + W_p",
+    scored_detail="The personal model: the body with head W_g + W_p. Global accuracy scores the generic model.",
+    client_round="Overwrite the body and the generic head. Train on the balanced-softmax loss of the "
+    "generic logits, plus cross-entropy of z_g (detached) + z_p on the personal head (detached "
+    "features; plain SGD at the lr). Upload the body and the generic head.",
+    references=(
+        Reference("TsingZ0/PFLlib", "d832e76", ("clients/clientrod.py",)),
+        Reference("Yutong-Dai/FedNH", "60c3161", ("src/flbase/strategies/FedROD.py",)),
+    ),
+    tests=(
+        "tests/methods/test_fedrod.py::test_fedrod_matches_pfllibs_two_optimisers_per_batch_and_scores_the_summed_logits",
+        "tests/methods/test_fedrod.py::test_fedrod_personal_head_plain_sgd_under_momentum_as_fednh",
+        "tests/methods/test_fedrod.py::test_fedrods_adaptability_metrics_score_its_uploaded_generic_model",
+    ),
+    differences=(
+        "The personal head steps by plain SGD at the lr, as in both references; the generic model by the "
+        "run's optimiser.",
+        "FedNH clips the generic gradients at norm 10; pflkit does not clip.",
+        "PFLlib counts n_j over its `drop_last` loader, and FedNH puts 1e-12 for absent classes. pflkit "
+        "counts all samples and gives absent classes −inf.",
+        "FedNH's CIFAR runs make the personal head with a hypernetwork.",
+        "FedACD's local-model metrics score the uploaded generic model.",
+    ),
+)

@@ -7,6 +7,7 @@ aggregated. Evaluated model: the client's own model. No ALA (nothing is download
 from __future__ import annotations
 
 from .base import Algorithm, ClientContext, Init, Payload, SentUpload, State, Trained
+from .card import MethodCard
 from .registry import register
 
 
@@ -31,3 +32,16 @@ class Local(Algorithm):
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         fit = self.train_model(state["model"], ctx, self.loss())
         return {**state, "model": fit.params}, self.upload({}, ctx), {"train_loss": fit.loss}
+
+
+Local.card = MethodCard(
+    full_name="Local training",
+    paper=None,
+    personalised=True,
+    shares="Nothing.",
+    keeps="Its own model.",
+    scored="the own model",
+    client_round="Train E epochs on the own model. Nothing is sent. The floor every personalised method must beat.",
+    no_reference="A baseline: the clients never communicate.",
+    tests=("tests/methods/test_local.py::test_local_training_never_communicates",),
+)

@@ -1,4 +1,4 @@
-"""pFedMe (T Dinh et al., NeurIPS 2020): personalisation through Moreau envelopes (spec §2.6).
+"""pFedMe (T Dinh et al., NeurIPS 2020): personalisation through Moreau envelopes.
 
 The local model w is reset to the received global each round. For every mini-batch B of the E
 local epochs:
@@ -25,6 +25,7 @@ from pydantic import Field
 from ..functional import Params, clone, weighted_average
 from ..functional.training import Batch, Net, cross_entropy
 from .base import Algorithm, ClientContext, Payload, SentUpload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .context import StepFn, TrainBatches
 from .registry import register
 
@@ -39,19 +40,17 @@ class PFedMeSettings(Settings):
     l2: float = Field(
         0.0,
         ge=0,
-        description="extra l2 * theta in the inner step; the reference uses 0.001 "
-        "(spec §2.6 [REF-CODE] option, default off)",
+        description="extra l2 * theta in the inner step; the reference uses 0.001 (default off)",
     )
     # spec §2.6: the paper averages uniformly over sampled clients, PFLlib weights by samples
     server_weights: Literal["samples", "uniform"] = Field(
         "samples",
-        description="server average weighted by sample counts (PFLlib, library rule §0.2) or "
-        "uniform over the sampled clients (paper) (spec §2.6)",
+        description="server average weighted by sample counts (PFLlib) or uniform over the sampled clients (paper)",
     )
     # spec §1.8/§2.6: with +ala only w is ALA-initialised; where theta starts is our choice
     theta_init: Literal["received", "local"] = Field(
         "received",
-        description="theta's start each round: the received global (spec §2.6) or the "
+        description="theta's start each round: the received global or the "
         "(ALA-)initialised local w; identical without +ala",
     )
 
@@ -125,3 +124,44 @@ class PFedMe(Algorithm):
 
     def eval_params(self, state: State) -> Params:
         return state["personal"]
+
+
+PFedMe.card = MethodCard(
+    full_name="pFedMe",
+    paper=Paper(
+        "Personalized Federated Learning with Moreau Envelopes",
+        "T Dinh et al.",
+        2020,
+        "NeurIPS",
+        "https://arxiv.org/abs/2006.08848",
+    ),
+    personalised=True,
+    shares="The local model w and its training-set size.",
+    keeps="The personalised model θ.",
+    scored="the personalised θ",
+    scored_detail="θ of the client's last training, as the paper. PFLlib scores the received global "
+    "(docs/explanations/reconstructions.md).",
+    client_round="Reset w to the received global. Per batch: K = 5 steps on θ (η_p = 0.01, λ = 15), "
+    "then w ← w − lr·λ(w − θ). Upload w. The server mixes (1 − β)·old + β·average (β = 1: FedAvg).",
+    references=(
+        Reference(
+            "TsingZ0/PFLlib",
+            "f1e313a",
+            ("clients/clientpFedMe.py", "optimizers/fedoptimizer.py (pFedMeOptimizer)", "servers/serverpFedMe.py"),
+        ),
+    ),
+    tests=(
+        "tests/methods/test_pfedme.py::test_pfedme_is_pfllib_inner_steps_with_its_l2_term_local_update_and_beta_server",
+    ),
+    differences=(
+        "The reference's 0.001·θ term is off by default; the transcription test sets `pfedme.l2 = 0.001`.",
+        "The scored model differs (above).",
+    ),
+    choices=(
+        Choice("server weights", "sample-weighted (PFLlib)", '`server_weights = "uniform"` (the paper)'),
+        Choice("the reference's 0.001·θ term", "off", "`l2 = 0.001`"),
+    ),
+    notes=("`train_loss` is the last inner loss per batch.",),
+    ala_initialises="the local w (`theta_init`: θ starts at the received global, or at w)",
+    step_function=True,
+)

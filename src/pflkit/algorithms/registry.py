@@ -29,6 +29,7 @@ from typing import cast
 
 from ..models import Units
 from .base import Algorithm, Settings
+from .card import MethodCard
 from .context import TrainSettings
 
 ENTRY_POINT_GROUP = "pflkit.methods"
@@ -44,6 +45,7 @@ class Modifier:
     applies: Callable[[type[Algorithm]], bool]
     wrap: Callable[[Algorithm, Settings, str], Algorithm]
     refusal: str  # why it does not apply, formatted with {base} and {name}
+    card: MethodCard | None = None  # what the modifier does, for its alias's documentation page
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from ..functional import Ensemble, Params, clone, numpy_generator
 from ..functional.training import Batch, LossFn, Net, classification_loss, squared_distance
 from ..models import head_names
 from .base import Algorithm, ClientContext, ClientSummary, Payload, SentUpload, Settings, State, Trained
+from .card import Choice, MethodCard, Paper, Reference
 from .context import TrainBatches
 from .registry import register
 from .simplex import ENDPOINT, make_endpoints, prepare_simplex, realise
@@ -40,8 +41,8 @@ class SosicFLSettings(Settings):
     num_endpoints: int = Field(
         3,
         ge=2,
-        description="M + 1, the simplex's endpoints (spec §4.12: M = 2 "
-        "[UNCERTAIN], M = 1 in the 2-Fold SqueezeNet study)",
+        description="M + 1, the simplex's endpoints (M = 2 "
+        "as no setting is stated; M = 1 in the 2-Fold SqueezeNet study)",
     )
     num_clusters: int = Field(10, ge=1, description="C (paper: 10 for Dirichlet splits, 2 / 5 for 2-/5-Fold)")
     rho: float = Field(
@@ -50,7 +51,7 @@ class SosicFLSettings(Settings):
         description="subregion size: eta = rho * mean L1 distance from the centres "
         "to the simplex (paper: 0.6 for 2-Fold, 0.4 otherwise)",
     )
-    metric: Literal["l1", "hilbert"] = Field("l1", description="clustering distance (spec §4.4 [UNCERTAIN])")
+    metric: Literal["l1", "hilbert"] = Field("l1", description="clustering distance")
     cluster_algo: Literal["kmeans", "kcenter"] = Field(
         "kmeans", description="k-means++ (Lloyd) or k-center (farthest-first) clustering"
     )
@@ -94,8 +95,7 @@ class SosicFLSettings(Settings):
     plus_lam: float = Field(
         1.0,
         ge=0,
-        description="SosicFL+: lambda of the personal proximal term "
-        "(spec §4.10 [UNCERTAIN]: 1.0, FLOCO's default; 0.1 as FedALA's Ditto)",
+        description="SosicFL+: lambda of the personal proximal term (1.0, FLOCO's default; 0.1 as FedALA's Ditto)",
     )
     plus_samples: int = Field(10, ge=1, description="SosicFL+: Omega_tr of the personal training (paper: 10)")
     plus_mode: Literal["every_round", "post_hoc"] = Field(
@@ -361,3 +361,149 @@ class SosicFLPlus(SosicFL):
     name = "sosicfl_plus"
     personal = True
     tta_base = "ditto"
+
+
+#: The SosicFL paper; the authors' code (dennis-grinwald/floco) calls the method FLOCO.
+SOSICFL_PAPER = Paper(
+    "Solution Simplex Clustering for Heterogeneous Federated Learning",
+    "Grinwald et al.",
+    2024,
+    "arXiv",
+    "https://arxiv.org/abs/2403.03333",
+)
+FLOCO = Reference(
+    "dennis-grinwald/floco",
+    "a25b3a1",
+    (
+        "src/server/floco.py (SimplexModel, SimplexLinear)",
+        "src/client/floco.py",
+        "src/server/fedavg.py",
+        "config/cifar10_fold.yaml",
+    ),
+)
+FLOCO_DIFFERENCES = (
+    "By design, as the paper: clients are placed by LDA of their label counts and clustering. FLOCO "
+    "projects the trained endpoint weights instead.",
+    "Draws are exactly uniform in ball ∩ simplex. FLOCO's `_sample_L1_ball` is not uniform and leaves the simplex.",
+)
+SosicFL.card = MethodCard(
+    full_name="SosicFL",
+    paper=SOSICFL_PAPER,
+    personalised=True,
+    shares="The head's M + 1 = 3 endpoint tensors (and the rest of the model); the server averages them as FedAvg.",
+    keeps="Nothing between rounds: its place on the simplex is the server's.",
+    scored="the model at the cluster centre",
+    scored_detail="Global accuracy scores the simplex centroid.",
+    client_round="The head is a simplex of endpoint tensors. Before round 1 the server clusters the clients' "
+    "LDA points (label counts). Each round it sends a participant the endpoints, its cluster centre and "
+    "alphas drawn uniformly from its cluster's subregion. The client trains E epochs of SGD on "
+    "CE(W(alpha)), with W(alpha) = Σ α_m W_m realised inside the loss (endpoint gradient α_m ∂F/∂W). "
+    "Upload the endpoints.",
+    references=(FLOCO,),
+    tests=(
+        "tests/methods/test_sosicfl.py::test_sosicfl_matches_flocos_simplex_linear_per_step_alphas_and_endpoint_average",
+    ),
+    differences=FLOCO_DIFFERENCES,
+    choices=(
+        Choice(
+            "simplex size M + 1",
+            "3 (not stated); 6 in the 5-Fold configs. With 3, LDA puts the 5 groups on 3 corners and clusters "
+            "share one centre (MNIST 5-Fold, seeds 0-2: 3, 3, 5 distinct centres with 3 endpoints; 5, 5, 5 "
+            "with 6; `python benchmarks/sosicfl_centres.py`). A run warns when two centres coincide.",
+            "`sosicfl.num_endpoints`",
+        ),
+        Choice(
+            "clustering distance",
+            "L1",
+            '`sosicfl.metric = "hilbert"` (boundary smoothing `sosicfl.hilbert_eps` = 1e-6), '
+            '`sosicfl.cluster_algo = "kcenter"`, `sosicfl.n_init`',
+        ),
+        Choice("LDA", "scikit-learn online variational Bayes, M + 1 topics, seed = run seed, library defaults"),
+        Choice("δ̄ (mean L1 distance from the centres to the simplex)", "Monte Carlo, 10⁵ seeded Dir(1) draws"),
+        Choice(
+            "sampling a subregion",
+            "exact: uniform proposals on {α_i ≥ max(0, μ_i − η/2)}, accepted in the L1 ball; a pool of "
+            "10,000 points per cluster",
+            "`sosicfl.pool_size`",
+        ),
+        Choice(
+            "alphas",
+            "a fresh draw per local step (the paper's §3.2 step 2, and FLOCO's code)",
+            '`sosicfl.alpha_resample = "per_round"` (Ω_tr draws per client and round that the steps cycle '
+            "over; Appendix A's Ω_tr = 1: one α per round), `sosicfl.samples_per_round`",
+        ),
+        Choice(
+            "server weights",
+            "N_k over the round's participants",
+            '`sosicfl.server_weights = "literal"` (N over all clients, the paper\'s formula)',
+        ),
+        Choice(
+            "endpoint initialisation",
+            "every weight endpoint an independent Xavier-normal draw, as FLOCO's code; 1-d tensors "
+            "(`simplex_bias`): endpoint 0 the initial value, the others + N(0, 0.01); keyed by the initial tensor",
+        ),
+        Choice("biases", "one shared bias", "`sosicfl.simplex_bias`"),
+        Choice(
+            "late start t~",
+            "1 (clusters from the start)",
+            "`sosicfl.late_start` (0 = never: plain simplex FedAvg, scored at the centroid)",
+        ),
+        Choice(
+            "Ω_te (models per client at inference)",
+            "1: the single model at the cluster centre (the paper's setting)",
+            "`sosicfl.eval_samples` > 1: the softmax ensemble of models at that many subregion draws",
+        ),
+    ),
+    notes=("Every SosicFL config uses weight decay 5e-4: docs/explanations/reconstructions.md.",),
+    reconstruction=True,
+)
+SosicFLAll.card = MethodCard(
+    full_name="SosicFL-All",
+    paper=SOSICFL_PAPER,
+    personalised=True,
+    shares="Every parametrised layer's endpoints; batch-norm statistics are shared as in FedAvg.",
+    keeps="Nothing between rounds.",
+    scored="the model at the cluster centre",
+    scored_detail="Global accuracy scores the simplex centroid.",
+    client_round="As SosicFL, with every parametrised layer's weights a simplex. Its choices are "
+    "SosicFL's ([sosicfl](sosicfl.md)).",
+    references=(FLOCO,),
+    tests=(
+        "tests/methods/test_sosicfl.py::test_sosicfl_matches_flocos_simplex_linear_per_step_alphas_and_endpoint_average",
+    ),
+    differences=FLOCO_DIFFERENCES,
+)
+SosicFLPlus.card = MethodCard(
+    full_name="SosicFL+",
+    paper=SOSICFL_PAPER,
+    personalised=True,
+    shares="The shared endpoints, as SosicFL.",
+    keeps="Its personal endpoints.",
+    scored="the personal endpoints at the cluster centre",
+    scored_detail="Global accuracy scores the shared endpoints at the centroid.",
+    client_round="As SosicFL, plus personal endpoints per client, trained first each round like Ditto's "
+    "personal model: E epochs on CE at alphas cycling over 10 subregion draws + λ/2‖θ̂ − θ‖² toward the "
+    "received endpoints (λ = 1). Its other choices are SosicFL's ([sosicfl](sosicfl.md)).",
+    references=(FLOCO,),
+    tests=("tests/methods/test_sosicfl_plus.py::test_sosicfl_plus_matches_floco_plus_at_its_default_lambda",),
+    pinned=(
+        "tests/methods/test_sosicfl_plus.py::test_sosicfl_plus_regulariser_at_lambda_one_half_as_flocos_code",
+        "tests/methods/test_sosicfl_plus.py::test_sosicfl_plus_scores_the_personal_endpoints_at_the_centroid_as_flocos_code",
+    ),
+    differences=(
+        *FLOCO_DIFFERENCES,
+        "FLOCO+ adds λθ̂ − θ to the gradient (operator precedence). This equals pflkit's λ(θ̂ − θ) at the default λ = 1.",
+        "FLOCO+'s personal model never receives the subregion: it trains at uniform draws and is scored at "
+        "the centroid. pflkit uses subregion draws and the cluster centre, as the paper.",
+    ),
+    choices=(
+        Choice(
+            "λ, personal draws, schedule",
+            "1.0, Ω_tr = 10, every participation",
+            '`sosicfl.plus_lam`, `sosicfl.plus_samples`, `sosicfl.plus_mode = "post_hoc"` (after SosicFL '
+            "training, every client fine-tunes personal endpoints from the final global ones in the final "
+            "evaluation; until then clients are scored with the global endpoints at their centre)",
+        ),
+    ),
+    reconstruction=True,
+)

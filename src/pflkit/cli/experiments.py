@@ -120,9 +120,17 @@ def config(args: tuple[str, ...], keys: bool) -> None:
 
 
 @main.command()
-def algorithms() -> None:
-    """List the algorithm names accepted in ``algorithms = [...]``."""
-    from ..methods import available
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per method, for machines")
+def algorithms(as_json: bool) -> None:
+    """List the methods ``algorithms = [...]`` accepts: name, method and paper, global or
+    personalised, the scored model, how the vmap engine runs it, whether ``NAME+ala`` exists."""
+    from ..catalogue import format_listing, listing
 
-    for name in available():
-        click.echo(name)
+    rows, problems = listing()
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+    else:
+        click.echo(format_listing(rows))
+        click.echo("\nNAME+ala: ALA initialises the model before NAME's training, for every NAME marked +ala yes.")
+    for problem in problems:
+        click.echo(f"warning: {problem}", err=True)

@@ -36,6 +36,7 @@ import torch
 from pydantic import Field
 
 from ..algorithms.base import Algorithm, Init, Payload, Settings, State
+from ..algorithms.card import MethodCard, Paper, Reference
 from ..algorithms.context import ClientContext, Metrics, SampleBatches, StepFn, TrainSettings
 from ..algorithms.registry import Modifier, Registry
 from ..functional import Params
@@ -60,7 +61,7 @@ class ALASettings(Settings):
         "num_pre_loss epoch losses is below this (paper README: 0.01)",
     )
     num_pre_loss: int = Field(10, ge=2, description="window of the start-phase convergence test")
-    max_start_epochs: int = Field(200, ge=1, description="hard cap on start-phase epochs (ours; spec §1.6)")
+    max_start_epochs: int = Field(200, ge=1, description="hard cap on start-phase epochs (pflkit's)")
     sampling: Literal["random", "contiguous"] = Field(
         "random", description="s% sample: uniform subset (paper) or the reference code's contiguous slice"
     )
@@ -424,6 +425,46 @@ def _with_ala(base: Algorithm, settings: Settings, name: str) -> Algorithm:
     return WithALA(base, AdaptiveLocalAggregation(settings, base.units, base.train), display_name=name)
 
 
+#: FedALA: what ``+ala`` does, for the ``fedala`` page
+ALA_CARD = MethodCard(
+    full_name="FedALA",
+    paper=Paper(
+        "FedALA: Adaptive Local Aggregation for Personalized Federated Learning",
+        "Zhang et al.",
+        2023,
+        "AAAI",
+        "https://arxiv.org/abs/2212.01197",
+    ),
+    personalised=True,
+    shares="What the base method uploads (`fedala`: FedAvg's whole model).",
+    keeps="The local model and ALA's element-wise weights W.",
+    scored="the ALA-initialised model",
+    client_round="Instead of overwriting the local model with the download, learn element-wise weights W in "
+    "[0, 1] on a random sample of the client's training data (s = 80 %). The lower units take the global "
+    "model; the top p units become Θ_local + (Θ_global − Θ_local)·W. The first active round trains W until "
+    "the loss settles (the start phase); later rounds train W for one epoch. Then the base method trains "
+    "(`fedala` = `fedavg+ala`: FedAvg).",
+    references=(Reference("TsingZ0/FedALA", "a7a9b21", ("system/utils/ALA.py",)),),
+    tests=(
+        "tests/methods/test_fedala.py::test_fedala_matches_ala_py_first_round_idle_then_start_phase_then_one_epoch",
+        "tests/personalize/test_ala.py::test_matches_transcription_of_reference_loop",
+    ),
+    differences=(
+        "The FedALA-era commit 7939ca7 differs from a7a9b21 only in the threshold default and in `drop_last` "
+        "on the sample.",
+        "The first test runs both fast paths and plain autograd.",
+        "ALA's random sample is compared with ALA.py's contiguous slice only with `sampling = \"contiguous\"`; "
+        "`tests/personalize/test_ala.py` gives its transcription pflkit's own sample.",
+        "Choices between the paper and the reference code (docs/explanations/design.md): p counts units "
+        '(`reference_layer_idx`), a random sample by default (`sampling = "contiguous"`), threshold 0.01, a '
+        "200-epoch cap, exact-equality deactivation, and only participants run ALA.",
+    ),
+    notes=(
+        "`X+ala` applies ALA to any method that downloads a single model; each method's page says what ALA "
+        "initialises there.",
+    ),
+)
+
 ALA_SECTION = "fedala"
 #: ``<method>+ala``: any method that offers an ALA target, with ALA's settings in ``[fedala]``
 ALA_MODIFIER = Modifier(
@@ -433,6 +474,7 @@ ALA_MODIFIER = Modifier(
     applies=lambda cls: bool(cls.ala_targets),
     wrap=_with_ala,
     refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined",
+    card=ALA_CARD,
 )
 
 
