@@ -197,7 +197,11 @@ class FedACD(Algorithm):
 
 FedACD.card = MethodCard(
     full_name="FedACD",
-    paper=Paper(None, "Zhou et al.", 2025),
+    paper=Paper(
+        "Enhancing the Performance of Global Model by Improving the Adaptability of Local Models in Federated Learning",
+        "Zhou et al.",
+        2025,
+    ),
     personalised=False,
     shares="Its model and its score s_m = mean_i KL(P_i‖T_i); the server weighs the uploads by softmax(−s).",
     keeps="Its probability matrix P^m, estimated again every round.",
