@@ -35,7 +35,7 @@ class AppleSettings(Settings):
         None,
         gt=0,
         description="eta_1, core learning rate; None = the local lr. "
-        "PFLlib's lr x N diverges with the true gradient of p (spec §2.11 [UNCERTAIN]; "
+        "PFLlib's lr x N diverges with the true gradient of p (the paper leaves it open; "
         "docs/algorithms.md)",
     )
 

@@ -22,8 +22,9 @@ class DittoSettings(Settings):
     personal_epochs: int = Field(2, ge=1, description="s, epochs of personal training per round (App. G: 2)")
     ala_target: Literal["model", "personal"] = Field(
         "model",
-        description="with +ala: which copy ALA initialises: the global-track model (spec §1.8 "
-        "[RECON]) or the personal model (FedALA author, TsingZ0/FedALA issue #9)",
+        description="with +ala: which copy ALA initialises: the global-track model "
+        "(reconstructed from the paper) or the personal model (the FedALA author's answer at "
+        "github.com/TsingZ0/FedALA/issues/9)",
     )
 
 

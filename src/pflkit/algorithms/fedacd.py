@@ -40,14 +40,16 @@ class FedACDSettings(Settings):
     lam: float = Field(
         1.0, ge=0, description="lambda, weight of the flattening loss (Eq. 9; ablation {0.5, 1, 1.5, 2})"
     )
-    gamma: float = Field(0.9, gt=0, lt=1, description="template T_ii of the score (Eq. 10) [UNCERTAIN, spec §3.9]")
+    gamma: float = Field(0.9, gt=0, lt=1, description="template T_ii of the score (Eq. 10) [the paper leaves it open]")
     eps_missing: float = Field(
-        0.01, gt=0, description="P_yj / P_jy for a class j the client lacks [UNCERTAIN, spec §3.6]"
+        0.01, gt=0, description="P_yj / P_jy for a class j the client lacks [the paper leaves it open]"
     )
-    tau_la: float = Field(1.0, ge=0, description="temperature of the logit adjustment (Eq. 8) [RECON, spec §3.5]")
+    tau_la: float = Field(
+        1.0, ge=0, description="temperature of the logit adjustment (Eq. 8) [reconstructed from the paper]"
+    )
     mixup: bool = Field(
         True,
-        description="input mixup in local training (spec §3.7; false: FedACD Table 5's "
+        description="input mixup in local training (false: FedACD Table 5's "
         "ablation); decides for FedACD whatever the run's mixup (which sets the other methods'); "
         "the run's mixup_alpha sets Beta(a, a)",
     )
@@ -56,23 +58,23 @@ class FedACDSettings(Settings):
         ge=0,
         lt=1,
         description="per-epoch update of P: P <- ema P + (1 - ema) new "
-        "(0: replace, spec §3.3 [RECON]; 0.9: the EMA option)",
+        "(0: replace, reconstructed from the paper; 0.9: the EMA option)",
     )
     p_update: Literal["epoch", "round"] = Field(
         "epoch",
         description="when P is re-estimated during local "
-        "training: after every epoch (spec §3.3 [RECON]) or never within the "
+        "training: after every epoch [reconstructed from the paper] or never within the "
         "round (the round-start estimate from the received model)",
     )
     score_rows: Literal["mean", "samples"] = Field(
         "mean",
         description="the score s averages KL(P_i || T_i) over "
-        "the client's classes (mean, spec §3.9 [RECON]) or weights each "
+        "the client's classes (mean, reconstructed from the paper) or weights each "
         "class by its samples",
     )
     agg: Literal["softmax_neg_score", "inverse_score", "softmax_neg_score_x_n", "uniform", "samples"] = Field(
         "softmax_neg_score",
-        description="aggregation weights (Eq. 11 [RECON]): softmax(-s), 1/s, n_m softmax(-s), "
+        description="aggregation weights (Eq. 11, reconstructed from the paper): softmax(-s), 1/s, n_m softmax(-s), "
         "uniform (Table 8's ablation) or sample counts",
     )
 

@@ -33,14 +33,14 @@ class FedAMPSettings(Settings):
         True,
         description="when sum_{j!=i} xi_ij > 1, scale those coefficients to sum to 1 "
         "(xi_ii = 0) so u_i stays a convex combination; False = the literal formula, whose "
-        "negative xi_ii extrapolates and can diverge [ours; spec §2.8, §9.4]",
+        "negative xi_ii extrapolates and can diverge [pflkit's choice]",
     )
     squared_prox: bool = Field(
         True,
         description="squared norm in the proximal term (paper); False = the "
         "non-squared norm ||w - u_i|| with its gradient (the form of PFLlib's term, whose "
         "detached tensors give it no gradient at all: lam = 0 reproduces PFLlib) "
-        "[spec §2.8; docs/algorithms.md]",
+        "[docs/algorithms.md]",
     )
 
 

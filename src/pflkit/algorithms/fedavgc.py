@@ -23,11 +23,11 @@ from .registry import register
 
 
 class FineTuneSettings(Settings):
-    ft_epochs: int = Field(1, ge=1, description="fine-tuning epochs per round [UNCERTAIN, spec §2.3]")
+    ft_epochs: int = Field(1, ge=1, description="fine-tuning epochs per round [the paper leaves it open]")
     ft_until_converged: bool = Field(
         False,
         description="fine-tune until the std of the last ft_window epochs' "
-        "last-batch losses < ft_threshold (ALA's criterion, spec §1.6), capped by "
+        "last-batch losses < ft_threshold (ALA's criterion), capped by "
         "ft_max_epochs",
     )
     ft_threshold: float = Field(0.01, gt=0, description="convergence threshold with ft_until_converged")
@@ -35,7 +35,7 @@ class FineTuneSettings(Settings):
     ft_max_epochs: int = Field(50, ge=1, description="cap on fine-tuning epochs with ft_until_converged")
     upload_from: Literal["finetuned", "global"] = Field(
         "finetuned",
-        description="start local training from the fine-tuned or the raw received model [UNCERTAIN, spec §2.3]",
+        description="start local training from the fine-tuned or the raw received model [the paper leaves it open]",
     )
 
 

@@ -30,7 +30,10 @@ class FedFomoSettings(Settings):
         None, ge=1, description="M, models sent to each client (None = all other clients, the FedALA setting M = N)"
     )
     val_ratio: float = Field(
-        0.2, gt=0, lt=1, description="share of the training data held out for the model weights [REF-CODE, spec §2.10]"
+        0.2,
+        gt=0,
+        lt=1,
+        description="share of the training data held out for the model weights [as in the authors' code]",
     )
 
 

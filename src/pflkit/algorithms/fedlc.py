@@ -21,7 +21,7 @@ from .registry import register
 
 
 class FedLCSettings(Settings):
-    tau: float = Field(1.0, gt=0, description="calibration strength (spec §3.14 [UNCERTAIN])")
+    tau: float = Field(1.0, gt=0, description="calibration strength [the paper leaves it open]")
 
 
 def calibrated_logits(logits: torch.Tensor, counts: torch.Tensor, tau: float) -> torch.Tensor:

@@ -35,7 +35,7 @@ from .registry import register
 
 class FedNHSettings(Settings):
     smoothing: float = Field(
-        0.9, ge=0, le=1, description="rho, the prototypes' moving average (spec §3.14; the authors' code: 0.9)"
+        0.9, ge=0, le=1, description="rho, the prototypes' moving average (the authors' code: 0.9)"
     )
     scale: float = Field(
         1.0,

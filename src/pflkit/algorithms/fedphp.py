@@ -41,16 +41,18 @@ class FedPHPSettings(Settings):
     kt: Literal["mmd", "kd"] = Field(
         "mmd",
         description="knowledge transfer from the HPM: MMD on body "
-        "features (PFLlib [REF-CODE]) or logit KD (spec §2.9 option)",
+        "features (PFLlib, as in the authors' code) or logit KD",
     )
     bandwidths: list[float] = Field(
-        [10.0, 15.0, 20.0, 50.0], min_length=1, description="RBF kernel bandwidths s of the MMD (spec §2.9 [REF-CODE])"
+        [10.0, 15.0, 20.0, 50.0],
+        min_length=1,
+        description="RBF kernel bandwidths s of the MMD [as in the authors' code]",
     )
-    temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd'; spec §2.9 [UNCERTAIN])")
-    eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w (spec §2.9 option)")
+    temperature: float = Field(1.0, gt=0, description="KD temperature (kt='kd'; the paper leaves it open)")
+    eval_hpm: bool = Field(False, description="score the HPM v instead of the trained w")
     variant: Literal["hpm", "pfllib2022"] = Field(
         "hpm",
-        description="hpm: the paper's inherited private model (spec §2.9); pfllib2022: PFLlib's FedPHP of "
+        description="hpm: the paper's inherited private model; pfllib2022: PFLlib's FedPHP of "
         "FedALA's time (blend the global into the old local model on receiving, MMD toward the global model)",
     )
 

@@ -20,7 +20,7 @@ from .registry import register
 
 class FedProxCSettings(FineTuneSettings):
     mu: float = Field(0.001, ge=0, description="proximal coefficient (FedALA App. G: 0.001)")
-    ft_prox: bool = Field(False, description="fine-tune with the proximal term too [UNCERTAIN, spec §2.3]")
+    ft_prox: bool = Field(False, description="fine-tune with the proximal term too [the paper leaves it open]")
 
 
 @register

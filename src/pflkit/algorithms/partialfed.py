@@ -68,17 +68,17 @@ class PartialFedSettings(Settings):
     )
     tau0: float = Field(5.0, gt=0, description="initial Gumbel-softmax temperature (FedALA App. G: 5.0)")
     decay: float = Field(0.965, gt=0, le=1, description="per-round temperature decay (App. G: 0.965)")
-    tau_min: float = Field(0.05, gt=0, description="temperature floor (spec §2.12 [UNCERTAIN])")
+    tau_min: float = Field(0.05, gt=0, description="temperature floor [the paper leaves it open]")
     model_batches: int = Field(8, ge=0, description="f_m, model batches per cycle (App. G: 8)")
     strategy_batches: int = Field(2, ge=0, description="f_s, strategy batches per cycle (App. G: 2)")
     strategy_lr: float | None = Field(
-        None, gt=0, description="SGD lr of the strategy logits; None = local lr (spec §2.12 [UNCERTAIN])"
+        None, gt=0, description="SGD lr of the strategy logits; None = local lr [the paper leaves it open]"
     )
     continue_cycle: bool = Field(
         True,
         description="the f_m/f_s cycle continues across rounds (position kept "
         "in the client state), so clients with fewer than f_m + 1 batches per round "
-        "still train S; False restarts it every round (spec §2.12 [RECON])",
+        "still train S; False restarts it every round [reconstructed from the paper]",
     )
 
     @model_validator(mode="after")

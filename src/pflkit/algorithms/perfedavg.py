@@ -40,24 +40,23 @@ class PerFedAvgSettings(Settings):
         description="inner (personalisation) step size; None = the local lr (FedALA App. G: alpha = local lr)",
     )
     beta: float | None = Field(
-        None, gt=0, description="outer (meta) step size; None = the local lr (spec §2.4 [REF-CODE])"
+        None, gt=0, description="outer (meta) step size; None = the local lr [as in the authors' code]"
     )
     hessian_free: bool = Field(
         False,
         description="Hessian-free variant with a Hessian-vector product on a "
-        "third batch B'' (spec §2.4 [PAPER]); default first order (reference)",
+        "third batch B'' [as in the paper]; default first order (reference)",
     )
     # spec §2.4: the paper draws B and B' independently; PFLlib splits one batch of size 2b in halves
     batch_pairs: Literal["independent", "split"] = Field(
         "independent",
         description="independent: B, B' from two independent shuffles (paper); split: "
-        "one batch of 2b split in halves (PFLlib [REF-CODE]) (spec §2.4)",
+        "one batch of 2b split in halves (PFLlib, as in the authors' code)",
     )
     train_calls: int = Field(
         1,
         ge=1,
-        description="local training passes per round; PFLlib's server calls "
-        "client.train() twice (spec §2.4 quirk: 2 reproduces it)",
+        description="local training passes per round; PFLlib's server calls client.train() twice (2 reproduces it)",
     )
     clip_norm: float = Field(
         10.0,

@@ -40,18 +40,18 @@ class PFedMeSettings(Settings):
         0.0,
         ge=0,
         description="extra l2 * theta in the inner step; the reference uses 0.001 "
-        "(spec §2.6 [REF-CODE] option, default off)",
+        "(an option of the authors' code, default off)",
     )
     # spec §2.6: the paper averages uniformly over sampled clients, PFLlib weights by samples
     server_weights: Literal["samples", "uniform"] = Field(
         "samples",
-        description="server average weighted by sample counts (PFLlib, library rule §0.2) or "
-        "uniform over the sampled clients (paper) (spec §2.6)",
+        description="server average weighted by sample counts (PFLlib, pflkit's averaging rule) or "
+        "uniform over the sampled clients (paper)",
     )
     # spec §1.8/§2.6: with +ala only w is ALA-initialised; where theta starts is our choice
     theta_init: Literal["received", "local"] = Field(
         "received",
-        description="theta's start each round: the received global (spec §2.6) or the "
+        description="theta's start each round: the received global or the "
         "(ALA-)initialised local w; identical without +ala",
     )
 

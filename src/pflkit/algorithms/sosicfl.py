@@ -40,8 +40,8 @@ class SosicFLSettings(Settings):
     num_endpoints: int = Field(
         3,
         ge=2,
-        description="M + 1, the simplex's endpoints (spec §4.12: M = 2 "
-        "[UNCERTAIN], M = 1 in the 2-Fold SqueezeNet study)",
+        description="M + 1, the simplex's endpoints (M = 2; the paper "
+        "leaves it open, M = 1 in the 2-Fold SqueezeNet study)",
     )
     num_clusters: int = Field(10, ge=1, description="C (paper: 10 for Dirichlet splits, 2 / 5 for 2-/5-Fold)")
     rho: float = Field(
@@ -50,7 +50,7 @@ class SosicFLSettings(Settings):
         description="subregion size: eta = rho * mean L1 distance from the centres "
         "to the simplex (paper: 0.6 for 2-Fold, 0.4 otherwise)",
     )
-    metric: Literal["l1", "hilbert"] = Field("l1", description="clustering distance (spec §4.4 [UNCERTAIN])")
+    metric: Literal["l1", "hilbert"] = Field("l1", description="clustering distance [the paper leaves it open]")
     cluster_algo: Literal["kmeans", "kcenter"] = Field(
         "kmeans", description="k-means++ (Lloyd) or k-center (farthest-first) clustering"
     )
@@ -95,7 +95,7 @@ class SosicFLSettings(Settings):
         1.0,
         ge=0,
         description="SosicFL+: lambda of the personal proximal term "
-        "(spec §4.10 [UNCERTAIN]: 1.0, FLOCO's default; 0.1 as FedALA's Ditto)",
+        "(the paper leaves it open: 1.0, FLOCO's default; 0.1 as FedALA's Ditto)",
     )
     plus_samples: int = Field(10, ge=1, description="SosicFL+: Omega_tr of the personal training (paper: 10)")
     plus_mode: Literal["every_round", "post_hoc"] = Field(

@@ -60,7 +60,7 @@ class ALASettings(Settings):
         "num_pre_loss epoch losses is below this (paper README: 0.01)",
     )
     num_pre_loss: int = Field(10, ge=2, description="window of the start-phase convergence test")
-    max_start_epochs: int = Field(200, ge=1, description="hard cap on start-phase epochs (ours; spec §1.6)")
+    max_start_epochs: int = Field(200, ge=1, description="hard cap on start-phase epochs (pflkit's choice)")
     sampling: Literal["random", "contiguous"] = Field(
         "random", description="s% sample: uniform subset (paper) or the reference code's contiguous slice"
     )
