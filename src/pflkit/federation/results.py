@@ -50,6 +50,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 LOCK_FILE = ".lock"
+#: files that may stand in a folder before its run starts: the lock, and Flower's log of a simulation
+BEFORE_THE_RUN = frozenset({LOCK_FILE, "flower.log"})
 
 
 class FolderBusyError(RuntimeError):
@@ -209,7 +211,7 @@ class ResultsFolder:
 
     def create(self, config: Mapping[str, Any], backend: str = "simulator") -> None:
         """Start a new folder for a run on ``backend`` (``BACKENDS``); refuse one that already holds files."""
-        if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
+        if self.root.exists() and any(p.name not in BEFORE_THE_RUN for p in self.root.iterdir()):
             raise FileExistsError(
                 f"results folder {self.root} already exists and is not empty; "
                 f"use --resume {self.root} to continue it, or choose another --out"
