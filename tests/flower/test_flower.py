@@ -11,7 +11,8 @@ import torch
 
 flwr = pytest.importorskip("flwr")
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, Error, Message, MessageType, RecordDict  # noqa: E402
+from flwr.common.constant import ErrorCode  # noqa: E402
 
 from pflkit.algorithms import ClientSummary  # noqa: E402
 from pflkit.config import load_config, to_dict  # noqa: E402
@@ -344,3 +345,33 @@ def test_sosicfl_on_flower_matches_the_simulator_and_refuses_evaluating_absent_c
         run_on_flower(load_config(None, overrides + ["state_store=disk"]), grid, tmp_path / "disk", wait_seconds=5)
     assert not (tmp_path / "again").exists() and not (tmp_path / "traced").exists()  # nothing half-written
     assert not (tmp_path / "disk").exists()
+
+
+class _OneClientFails(LocalGrid):
+    """Node 1001 (client 1) answers its training messages with the error Flower's Simulation
+    Engine sends for a ClientApp that raised."""
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id == 1001 and message.metadata.message_type == MessageType.TRAIN:
+                message.metadata.__dict__["_message_id"] = f"failed-{len(self._replies)}"
+                reason = (
+                    "<class 'flwr.clientapp.client_app.ClientAppException'>:<'\nException ClientAppException "
+                    "occurred. Message: CUDA out of memory on client 1'>"
+                )
+                error = Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason)
+                self._replies[message.metadata.message_id] = Message(error, reply_to=message)
+                ids.append(message.metadata.message_id)
+            else:
+                ids += list(super().push_messages([message]))
+        return ids
+
+
+def test_a_failing_client_is_named_in_one_line(tmp_path):
+    config = load_config(None, OVERRIDES)
+    grid = _OneClientFails(client_app, [{"partition-id": i} for i in range(3)])
+    with pytest.raises(RuntimeError) as failed:
+        run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)
+    message = str(failed.value)
+    assert message == "fedavg seed 0 round 1: client 1 failed: CUDA out of memory on client 1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import pytest
@@ -71,3 +72,28 @@ def test_flower_simulation_refuses_what_it_cannot_run(tmp_path):
         run_on_flower_simulation(load_config(None, ["eval_all_clients=true"]), tmp_path / "a")
     with pytest.raises(ConfigError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
         run_on_flower_simulation(load_config(None, ["rounds=1"]), tmp_path / "b", ray_address="127.0.0.1:1")
+
+
+@pytest.mark.slow
+def test_a_simulation_prints_pflkits_lines_and_keeps_flowers_log_in_the_folder(tmp_path):
+    """Flower's DEBUG and INFO lines, its database layer's (alembic) and the deprecation warnings go
+    to flower.log; the terminal shows pflkit's progress, the table and where things are."""
+    import subprocess
+    import sys
+
+    from tests.support.paths import REPO
+
+    out = tmp_path / "sim"
+    command = [sys.executable, "-m", "pflkit.cli", "run", "rounds=2", "num_clients=4"]
+    command += ['algorithms=["fedavg","fedala"]', "engine=loop", "--out", str(out), "--on", "flower-simulation"]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 0, "\n".join(lines[-30:])
+    noise = [line for line in lines if re.search(r"DEBUG|alembic|DeprecationWarning|DEPRECATED|flwr", line)]
+    assert not noise, noise
+    assert len(lines) <= 30, "\n".join(lines)  # 171 lines before Flower's log went to its file
+    assert any("fedala seed 0 round 2: accuracy" in line for line in lines)
+    assert f"results: {out}" in lines and f"Flower's full log: {out / 'flower.log'}" in lines
+    log = (out / "flower.log").read_text()
+    assert "DEBUG flwr" in log and "alembic" in log

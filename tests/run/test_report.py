@@ -109,18 +109,30 @@ def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> Non
 
 
 @pytest.mark.integration
-def test_tensorboard_tracker_writes_every_record(tmp_path) -> None:
+def test_tensorboard_writes_one_run_per_method_and_seed_with_the_same_tags(tmp_path) -> None:
+    """TensorBoard overlays runs, not tags: each (method, seed) is its own run (a folder under
+    tensorboard/) whose tags are the record's fields, the same in every run."""
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedavg"]', "tracker=tensorboard"])
+    config = load_config(
+        None, ["num_clients=4", "rounds=2", 'algorithms=["fedavg","fedala"]', "seeds=[0,1]", "tracker=tensorboard"]
+    )
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
-    events = EventAccumulator(str(tmp_path / "run" / "tensorboard")).Reload()
+    board = tmp_path / "run" / "tensorboard"
+    runs = ["fedala-seed0", "fedala-seed1", "fedavg-seed0", "fedavg-seed1"]
+    assert sorted(p.name for p in board.iterdir()) == runs
+    assert not list(board.glob("events.*"))  # nothing written beside the runs
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    scalars = events.Scalars("fedavg/seed0/accuracy")
-    assert [s.step for s in scalars] == [r["round"] for r in records]
-    assert [s.value for s in scalars] == pytest.approx([r["accuracy"] for r in records])
-    assert "fedavg/seed0/train_loss" in events.Tags()["scalars"]
+    for run in runs:
+        algorithm, seed = run.rsplit("-seed", 1)
+        events = EventAccumulator(str(board / run)).Reload()
+        mine = [r for r in records if r["algorithm"] == algorithm and r["seed"] == int(seed)]
+        scalars = events.Scalars("accuracy")
+        assert [s.step for s in scalars] == [r["round"] for r in mine]
+        assert [s.value for s in scalars] == pytest.approx([r["accuracy"] for r in mine])
+        assert {"accuracy", "train_loss"} <= set(events.Tags()["scalars"])
+        assert not any("/" in tag for tag in events.Tags()["scalars"])  # no per-run prefixes: the tags overlay
 
 
 def test_sosicfl_cells_carry_table_5_beside_tables_2_and_3() -> None:

@@ -64,7 +64,7 @@ class TrainSettings(BaseModel):
     bn_buffers: Literal["local", "global"] = Field(
         "local",
         description="batch-norm running statistics: kept by each client (local, reference behaviour) "
-        "or downloaded with the global model (global); the server averages them either way (spec §0.2)",
+        "or downloaded with the global model (global); the server averages them either way",
     )
 
     def at_round(self, round: int) -> TrainSettings:

@@ -74,12 +74,20 @@ def run(
             config = load_config(config_path, overrides)
             check_writable_folder(out if out is not None else Path("results"))
             if on == "flower-simulation":
-                from ..flower.simulation import run_on_flower_simulation
+                from ..flower.simulation import FLOWER_LOG, run_on_flower_simulation
                 from ..reporting import format_table
+                from ..run.next_steps import run_lines
 
                 folder = out if out is not None else new_results_folder(config.name)
-                click.echo(format_table(run_on_flower_simulation(config, folder, ray_address=ray_address)))
-                click.echo(f"results: {folder}")
+                try:
+                    summary = run_on_flower_simulation(config, folder, ray_address=ray_address)
+                except BaseException:
+                    if (folder / FLOWER_LOG).is_file():
+                        click.echo(f"Flower's full log: {folder / FLOWER_LOG}", err=True)
+                    raise
+                click.echo(format_table(summary))
+                click.echo("\n".join(run_lines(folder, config)))
+                click.echo(f"Flower's full log: {folder / FLOWER_LOG}")
                 return
             if ray_address:
                 raise click.UsageError("--ray-address goes with --on flower-simulation")

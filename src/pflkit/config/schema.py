@@ -113,7 +113,7 @@ class BaseConfig(BaseModel):
         for name in self.algorithms:
             if REGISTRY.method_class(name).requires_full_participation and self.run.join_ratio < 1:
                 raise ValueError(
-                    f"algorithm {name!r} needs every client in every round (cross-silo, spec §2): "
+                    f"algorithm {name!r} needs every client in every round (cross-silo): "
                     f"{_named(info, 'run', 'join_ratio')} must be 1, got {self.run.join_ratio}"
                 )
         return self

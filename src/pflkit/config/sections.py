@@ -19,7 +19,7 @@ class MetricsSettings(BaseModel):
         "a pass over its training data and the global test set; test_set = official)",
     )
     template_gamma: float = Field(
-        0.9, gt=0, lt=1, description="gamma of the template T of KL(P||T) (spec §3.9 [UNCERTAIN])"
+        0.9, gt=0, lt=1, description="gamma of the template T of KL(P||T) [the paper leaves it open]"
     )
 
 

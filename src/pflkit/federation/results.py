@@ -9,6 +9,8 @@ partition-seed<k>.json  the partition of partition seed k: how it was drawn (met
                   minimum enforced, any fallback) and each client's train/test class counts
 plots/            accuracy.png, partition-seed<k>.png
 checkpoints/      <algorithm>-seed<k>.pt, the latest state of each run (for --resume)
+tensorboard/      <algorithm>-seed<k>/, one TensorBoard run per method and seed (tracker = "tensorboard")
+flower.log        Flower's full log of a run on its Simulation Engine
 .lock             held (``flock``) by the process that writes the folder: a second one is refused
 """
 
@@ -18,6 +20,7 @@ import datetime as dt
 import hashlib
 import json
 import os
+import re
 import socket
 import stat
 import tomllib
@@ -47,6 +50,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 LOCK_FILE = ".lock"
+#: files that may stand in a folder before its run starts: the lock, and Flower's log of a simulation
+BEFORE_THE_RUN = frozenset({LOCK_FILE, "flower.log"})
 
 
 class FolderBusyError(RuntimeError):
@@ -206,7 +211,7 @@ class ResultsFolder:
 
     def create(self, config: Mapping[str, Any], backend: str = "simulator") -> None:
         """Start a new folder for a run on ``backend`` (``BACKENDS``); refuse one that already holds files."""
-        if self.root.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
+        if self.root.exists() and any(p.name not in BEFORE_THE_RUN for p in self.root.iterdir()):
             raise FileExistsError(
                 f"results folder {self.root} already exists and is not empty; "
                 f"use --resume {self.root} to continue it, or choose another --out"
@@ -411,10 +416,11 @@ class MetricsWriter:
 
 
 class TensorBoardTracker:
-    """Callback: every numeric field of every record as a TensorBoard scalar
-    (``<algorithm>/seed<k>/<field>`` at step = the record's round) under ``<folder>``."""
+    """Callback: every numeric field of a run's records as a TensorBoard scalar (tag = the field,
+    step = the record's round) in the run's own TensorBoard run, ``<folder>/<algorithm>-seed<k>``:
+    TensorBoard overlays the methods' and seeds' curves of one tag."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, algorithm: str, seed: int) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -422,12 +428,20 @@ class TensorBoardTracker:
                 'tracker = "tensorboard" needs the tensorboard package: pip install '
                 "'pflkit[tensorboard]' (or set tracker = \"none\")"
             ) from None
-        self.writer = SummaryWriter(log_dir=str(folder))
+        self.log_dir = folder / tensorboard_run(algorithm, seed)
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))
 
     def on_record(self, state: Any, record: Mapping[str, Any]) -> None:
-        prefix = f"{record['algorithm']}/seed{record['seed']}"
         step = int(record.get("train_round", record["round"]))
         for key, value in record.items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("round", "seed"):
-                self.writer.add_scalar(f"{prefix}/{key}", value, step)
+                self.writer.add_scalar(key, value, step)
         self.writer.flush()
+        if getattr(state, "done", False):  # the run's final record
+            self.writer.close()
+
+
+def tensorboard_run(algorithm: str, seed: int) -> str:
+    """The TensorBoard run (a folder name) of one method and seed: ``fedala-seed0``; characters
+    other than letters, digits and ``_.+-`` (an outside method's ``module:Class``) become ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", algorithm) + f"-seed{seed}"

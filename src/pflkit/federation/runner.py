@@ -174,7 +174,7 @@ def outputs(
     if config.trace.clients and backend.keeps_client_states:
         callbacks.append(TraceWriter(results.root / "trace", algorithm, config.trace.clients))
     if config.run.tracker == "tensorboard":
-        callbacks.append(TensorBoardTracker(results.root / "tensorboard"))
+        callbacks.append(TensorBoardTracker(results.root / "tensorboard", name, seed))
     return callbacks
 
 

@@ -29,6 +29,7 @@ from ..federation import (
     run_all,
 )
 from ..reporting import RunSummarizer, format_table
+from .logs import client_error
 from .resilient import ResilientGrid
 from .strategy import PflkitStrategy
 
@@ -52,7 +53,7 @@ def discover(
     replies = list(grid.send_and_receive(messages, timeout=wait_seconds))
     errors = [r.error.reason for r in replies if r.has_error()]
     if errors:
-        raise RuntimeError(f"a SuperNode could not set up its client: {errors[0]}")
+        raise RuntimeError(f"a SuperNode could not set up its client: {client_error(errors[0])}")
     nodes: dict[int, int] = {}
     summaries = []
     info: dict[str, Any] = {}
@@ -216,5 +217,6 @@ def run_on_flower(
             config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout, wait_seconds, state_dir
         )
         summary = run_all(config, results, backend, RunSummarizer(), progress=False)
-    log.info("\n%s\nresults: %s", format_table(summary), results.root)
+    if not simulation:  # pflkit run --on flower-simulation prints the table itself
+        log.info("\n%s\nresults: %s", format_table(summary), results.root)
     return summary

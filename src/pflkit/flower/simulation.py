@@ -7,7 +7,8 @@ records as the simulator. Each of the config's ``num_clients`` clients is a virt
 node's ``context.state`` for the run, or, with ``state_store = "disk"`` (many stateful clients), in a
 file under the results folder's ``states/flower/`` (the nodes' memory then holds none). A client
 reserves ``run.threads`` CPUs, and one GPU when ``run.device`` is CUDA. Flower's ``flwr[simulation]``
-needs Ray (``pip install 'pflkit[ray]'``).
+needs Ray (``pip install 'pflkit[ray]'``). Flower's own log goes to ``flower.log`` in the results
+folder; the terminal shows pflkit's lines.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..federation import ResultsFolder
 from ..federation.network import local_ray_access, prepare_ray, ray_keeps_signal_handlers
 from ..federation.stopping import signal_handlers_kept
 from .client_app import app as client_app
+from .logs import FLOWER_LOG, flower_log_in
 from .server import check_flower_config, check_simulation_resumable, run_on_flower
 
 
@@ -42,7 +44,6 @@ def run_on_flower_simulation(
         check_simulation_resumable(config, folder)  # before Ray starts
     try:
         import ray  # noqa: F401  (flwr's Ray backend)
-        from flwr.simulation import run_simulation
     except ImportError:
         raise ConfigError("--on flower-simulation needs Flower's Ray backend: pip install 'pflkit[ray]'") from None
     prepare_ray(ray_address)
@@ -64,7 +65,14 @@ def run_on_flower_simulation(
     if ray_address:
         init_args["address"] = ray_address
     # Ray's SIGTERM handler outlives the simulation otherwise; a Ray started here takes a token
-    with signal_handlers_kept(), ray_keeps_signal_handlers(), local_ray_access(ray_address) as access:
+    with (
+        flower_log_in(folder.root / FLOWER_LOG),
+        signal_handlers_kept(),
+        ray_keeps_signal_handlers(),
+        local_ray_access(ray_address) as access,
+    ):
+        from flwr.simulation import run_simulation  # (its import logs too)
+
         backend_config: dict[str, dict[str, Any]] = {
             "client_resources": client_resources(config),
             "init_args": {**init_args, **access},
@@ -73,5 +81,5 @@ def run_on_flower_simulation(
     if errors:
         raise errors[0]
     if not summary:
-        raise RuntimeError("the Flower simulation ended without the run's summary (see its log above)")
+        raise RuntimeError(f"the Flower simulation ended without the run's summary (see {folder.root / FLOWER_LOG})")
     return summary

@@ -24,6 +24,7 @@ from ..engines.base import ClientJob, ClientResult
 from ..federation.driver import RoundDriver, RoundPlan, RunState
 from ..federation.session import RunSession
 from ..federation.stopping import check_stop
+from .logs import client_error
 from .serde import get as get_values
 from .serde import put as put_values
 
@@ -134,9 +135,15 @@ class PflkitStrategy(Strategy):
 
     def _results(self, replies: Iterable[Message], plan: RoundPlan, train: bool) -> list[ClientResult]:
         replies = list(replies)
-        errors = [r.error.reason for r in replies if r.has_error()]
-        if errors:
-            raise RuntimeError(f"round {plan.round}: {len(errors)} client(s) failed: {errors[0]}")
+        failed = [r for r in replies if r.has_error()]
+        if failed:
+            clients = {node: cid for cid, node in self.nodes.items()}
+            first = clients.get(failed[0].metadata.src_node_id, "?")
+            others = f" ({len(failed) - 1} more client(s) failed)" if len(failed) > 1 else ""
+            raise RuntimeError(
+                f"{self.state.algorithm} seed {self.state.seed} round {plan.round}: client {first} failed: "
+                f"{client_error(failed[0].error.reason)}{others}"
+            )
         if len(replies) != len(plan.jobs):
             raise RuntimeError(
                 f"round {plan.round}: {len(replies)} of {len(plan.jobs)} sampled clients replied "

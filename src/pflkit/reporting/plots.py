@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from .styles import integer_ticks, method_style
+
 
 def _save(fig: Any, path: Path, title: str = "") -> None:
     if title:
@@ -41,10 +43,11 @@ def plot_accuracy(
         rounds = np.array([p[0] for p in runs[0][:length]])
         acc = scale * np.array([[p[1] for p in run[:length]] for run in runs])
         mean = acc.mean(0)
-        (line,) = ax.plot(rounds, mean, label=alg)
+        (line,) = ax.plot(rounds, mean, label=alg, **method_style(alg))
         if len(runs) > 1:
             ax.fill_between(rounds, mean - acc.std(0), mean + acc.std(0), color=line.get_color(), alpha=0.2)
     ax.set_xlabel("round")
+    integer_ticks(ax.xaxis)
     ax.set_ylabel(label)
     ax.set_title(title or f"{metric} per round")
     ax.grid(alpha=0.3)
@@ -210,20 +213,28 @@ def plot_sweep(
     position = {x: (raw[x] if numeric else i) for i, x in enumerate(xs)}
     scale = 100 if "accuracy" in metric else 1
     lines: dict[str, list[tuple[float, float, float]]] = {}
+    algorithms: dict[str, tuple[str, str]] = {}  # label -> (algorithm, the other keys' values)
+    combos: list[str] = []
     for cell in cells:
         rest = ", ".join(f"{k}={cell['values'][k]}" for k in other_keys)
+        combos += [rest] if rest not in combos else []
         for algorithm, entry in cell["summary"].items():
             if metric not in entry:
                 continue
             label = algorithm + (f" ({rest})" if rest else "")
+            algorithms[label] = (algorithm, rest)
             lines.setdefault(label, []).append(
                 (position[repr(cell["values"][x_key])], scale * entry[metric], scale * entry.get(metric + "_std", 0.0))
             )
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    markers = "osD^v<>ph*"
     for label, points in lines.items():
         points.sort()
         x, y, err = (np.array(v) for v in zip(*points))
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
+        algorithm, rest = algorithms[label]
+        style = method_style(algorithm)
+        marker = markers[combos.index(rest) % len(markers)]
+        ax.errorbar(x, y, yerr=err, marker=marker, capsize=3, label=label, **style)
     ax.set_xticks([position[x] for x in xs])
     ax.set_xticklabels([str(raw[x]) for x in xs])
     ax.set_xlabel(x_key)
@@ -264,6 +275,7 @@ def plot_ala(
                 )
         ax.set_title(f"{alg}: learned ALA weights (client means)")
         ax.set_xlabel("round")
+        integer_ticks(ax.xaxis)
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -277,6 +289,7 @@ def plot_ala(
             twin.plot(*zip(*epochs), color="tab:gray", alpha=0.6, label="ALA epochs (mean)")
             twin.set_ylabel("epochs")
         ax.set_xlabel("round")
+        integer_ticks(ax.xaxis)
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
@@ -296,6 +309,7 @@ def plot_ala(
             else:
                 ax.set_title(f"client {client}: no start phase recorded", fontsize=9)
             ax.set_xlabel("weight-learning epoch")
+            integer_ticks(ax.xaxis)
             ax.set_ylabel("loss (last step of the epoch)")
             ax.grid(alpha=0.3)
     _save(fig, path, title)
@@ -318,7 +332,7 @@ def plot_trajectory(
     contour = ax.contourf(a_axis, b_axis, surface, levels=20, cmap="Blues_r", alpha=0.8)
     fig.colorbar(contour, ax=ax, label="training loss of the client")
     for algorithm, points in paths.items():
-        (line,) = ax.plot(points[:, 0], points[:, 1], marker=".", label=algorithm)
+        (line,) = ax.plot(points[:, 0], points[:, 1], marker=".", label=algorithm, **method_style(algorithm))
         ax.annotate(f"r{rounds[algorithm][0]}", points[0], color=line.get_color(), fontsize=8)
         ax.annotate(f"r{rounds[algorithm][-1]}", points[-1], color=line.get_color(), fontsize=8)
     ax.set_xlabel(f"PC 1 ({100 * explained[0]:.0f} % of variance)")

@@ -39,6 +39,7 @@ from ..methods import build_algorithm
 from ..models import UnitModel
 from ..reporting import RunSummarizer, format_table
 from ..reporting.paper import paper_cell
+from .next_steps import run_lines
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ def run_experiment(
                 summary = results.summary()  # nothing left to run: the records stay as they are
                 echo(f"{results.root} holds a complete run: nothing to resume")
                 echo(format_table(summary))
+                echo("\n".join(run_lines(results.root, config)))
                 return summary
             # checked against metrics.jsonl before a byte of it is rewritten
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
@@ -151,7 +153,7 @@ def run_experiment(
         finally:
             engine.close()
     echo(format_table(summary))
-    echo(f"results: {results.root}")
+    echo("\n".join(run_lines(results.root, config)))
     return summary
 
 

@@ -42,6 +42,7 @@ from ..reporting.summary import round_seconds, summary_metrics
 from .cell import run_cell
 from .cluster import run_cells_on_ray
 from .experiment import check_fits
+from .next_steps import sweep_lines
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ def run_sweep(
         if finished:
             plot_sweep(axes[0].key, [a.key for a in axes[1:]], finished, metric, parent / "sweep.png")
     echo(table)
-    echo(f"sweep: {parent}")
+    echo("\n".join(sweep_lines(parent, [config for _, config in cells])))
     return record
 
 

@@ -137,32 +137,32 @@ class PartitionSpec(BaseModel):
 
     method: PartitionMethod = Field(
         "dirichlet",
-        description="iid; dirichlet (class-wise, PFLlib, spec §5.4); pathological (spec §5.2); "
-        "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
-        "distributions with equal client sizes, SosicFL, spec §5.6)",
+        description="iid; dirichlet (class-wise, PFLlib); pathological; "
+        "kfold (SosicFL's k-Fold groups); label_dirichlet (client-wise Dir over label "
+        "distributions with equal client sizes, SosicFL)",
     )
     num_clients: int = Field(20, ge=1)
-    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4; label_dirichlet: §5.6)")
-    classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
+    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration")
+    classes_per_client: int = Field(2, ge=1, description="pathological: classes per client")
     balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
     min_samples_per_client: int | None = Field(
         None,
         ge=0,
         description="dirichlet/pathological minimum samples per client; default PFLlib's "
         "int(min(batch_size / (1 - train_fraction), samples / num_clients / 2)), lowered with a logged "
-        "warning to one training batch + one test sample where no draw reaches it (spec §5.4)",
+        "warning to one training batch + one test sample where no draw reaches it",
     )
     balance_cap: bool = Field(
         True,
         description="dirichlet: stop feeding clients that hold the average share "
-        "(PFLlib; spec §5.4 [UNCERTAIN] for FedACD's splits)",
+        "(PFLlib; FedACD's paper leaves it open for its splits)",
     )
     train_fraction: float = Field(
         0.75,
         gt=0,
         lt=1,
-        description="per-client train share (spec §5.5; "
-        "test_set = client_split; also sizes the default minimum of dirichlet/pathological)",
+        description="per-client train share (test_set = client_split; also sizes the default minimum of "
+        "dirichlet/pathological)",
     )
     rng: PartitionRng = Field(
         "pflkit",
@@ -187,9 +187,9 @@ class PartitionSpec(BaseModel):
     )
     test_set: TestSet = Field(
         "client_split",
-        description="client_split: every client's samples split train/test (FedALA, spec §5.5); "
+        description="client_split: every client's samples split train/test (FedALA); "
         "official: the official training split is partitioned, the official test split is the global test "
-        "set and each client gets a local test set with its label proportions (spec §5.6)",
+        "set and each client gets a local test set with its label proportions",
     )
 
     @property
