@@ -141,7 +141,7 @@ class PartitionSpec(BaseModel):
         "kfold (SosicFL's k-Fold groups, spec §5.3); label_dirichlet (client-wise Dir over label "
         "distributions with equal client sizes, SosicFL, spec §5.6)",
     )
-    num_clients: int = Field(20, ge=1)
+    num_clients: int = Field(20, ge=1, description="clients the data is split over")
     alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (spec §5.4; label_dirichlet: §5.6)")
     classes_per_client: int = Field(2, ge=1, description="pathological: classes per client (spec §5.2)")
     balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
