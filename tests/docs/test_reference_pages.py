@@ -48,6 +48,15 @@ def test_the_cli_page_keeps_the_examples_and_escapes_markdown() -> None:
     assert "\b" not in page
 
 
+def test_every_command_shows_an_example() -> None:
+    page = pages.cli_page()
+    for ctx, command in pages.commands():
+        if not isinstance(command, click.Group):
+            section = page.split(f"\n## {ctx.command_path}\n")[1].split("\n## ")[0]
+            examples = section.partition("**Examples**\n\n```bash\n")[2].partition("```")[0]
+            assert re.search(rf"^{ctx.command_path}\b", examples, flags=re.M), f"{ctx.command_path}: no example"
+
+
 def test_every_config_key_is_on_the_config_page_as_config_keys_prints_it() -> None:
     page = pages.config_page()
     printed = CliRunner().invoke(main, ["config", "--keys"]).output

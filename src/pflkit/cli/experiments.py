@@ -93,7 +93,13 @@ def run(
         fail(exc)
 
 
-@main.command()
+@main.command(
+    epilog="""\b
+Examples:
+  pflkit config configs/mnist_fedala.toml data_dir=DIR rounds=10   # the TOML that run would use
+  pflkit config --keys                                             # every key, its default, its meaning
+"""
+)
 @click.argument("args", nargs=-1)
 @click.option(
     "--keys",
@@ -119,7 +125,7 @@ def config(args: tuple[str, ...], keys: bool) -> None:
         fail(exc)
 
 
-@main.command()
+@main.command(epilog="\b\nExample:\n  pflkit algorithms")
 def algorithms() -> None:
     """List the algorithm names accepted in ``algorithms = [...]``."""
     from ..methods import available
