@@ -18,7 +18,7 @@ ALLOWED = re.compile(
     "|".join(
         [
             r"\brun sessions?\b",  # pflkit's RunSession: one (algorithm, seed) run
-            r"\bthe session knows them\b|\bruns the session\b",  # the same, in the design page
+            r"\bruns the session\b",  # the same, in the design page
             r"\bRay(?:'s)? sessions?\b|\btoken for that session\b",  # a Ray instance's session
             r"\bprevious session has missed\b",  # a Flower SuperNode's session with the SuperLink
             r"\b[\w.-]+/[\w.-]+ issue #?\d+",  # an issue of another project's repository
