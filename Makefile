@@ -1,4 +1,5 @@
-# One-command entry points. `make demo` runs the main job offline; `make test` runs the static checks
+# One-command entry points. `make demo` runs the main job offline; `make docs` builds the documentation
+# site into site/; `make test` runs the static checks
 # (`make lint`: ruff's lint and format check, and mypy, configured in pyproject.toml), then the tests.
 # Both create .venv and install pflkit with constraints.txt (torch 2.13.0, the CPU build here);
 # elsewhere, `pip install -e .` accepts any recent torch.
@@ -6,13 +7,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo lint test
+.PHONY: install demo lint docs test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 install: $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test,flower,tensorboard,ray]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test,docs,flower,tensorboard,ray]"
 
 # the digits demo (the default experiment) with the papers' five repetitions: mean ± std over seeds
 demo: install
@@ -22,6 +23,10 @@ lint: install
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
+
+# the documentation site into site/ (docs/, mkdocs.yml; the reference pages generated from the code)
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test: lint
 	$(BIN)/python -m pytest -q

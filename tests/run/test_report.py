@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 
 import matplotlib.image
 import numpy as np
@@ -17,6 +15,7 @@ from pflkit.config import ConfigError, load_config
 from pflkit.reporting.paper import PAPER_TABLES
 from pflkit.run.experiment import run_experiment
 from pflkit.run.report import ala_gain_table, build_report, ranking_table
+from tests.support.browser import find_browser, screenshot
 from tests.support.paths import REPO
 
 
@@ -75,30 +74,10 @@ def test_report_rejects_what_is_not_a_results_folder(tmp_path) -> None:
 @pytest.mark.browser
 def test_the_html_page_renders_in_headless_chromium(run_folder, tmp_path) -> None:
     """.ci/run installs Chromium and sets PFLKIT_REQUIRE_BROWSER=1, so there this test never skips."""
-    browser = next(
-        (shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None
-    )
-    if browser is None:
-        if os.environ.get("PFLKIT_REQUIRE_BROWSER") == "1":
-            pytest.fail("PFLKIT_REQUIRE_BROWSER=1 but no chromium, chromium-browser or google-chrome on PATH")
-        pytest.skip("no Chromium installed (.ci/run installs it)")
+    browser = find_browser()
     _, page = build_report([run_folder], tmp_path / "out")
     shot = tmp_path / "shot.png"
-    subprocess.run(
-        [
-            browser,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            f"--screenshot={shot}",
-            "--window-size=1200,2000",
-            page.as_uri(),
-        ],
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
+    screenshot(browser, page.as_uri(), shot, 1200, 2000)
     pixels = matplotlib.image.imread(shot)[..., :3]
     assert pixels.shape[:2] == (2000, 1200)
     ink = pixels.min(axis=2) < 0.5  # dark pixels: text, table rules, plot lines

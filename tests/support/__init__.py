@@ -4,5 +4,5 @@
 of parameters and run states; ``references``: transcriptions of reference code that several method
 files use; ``runs``: results folders and processes of end-to-end runs; ``configs``: config
 spellings; ``paths``: where the repository's files are; ``params``: parameters of the tests over
-every method.
+every method; ``browser``: headless Chromium.
 """

@@ -39,9 +39,9 @@ class TrainSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    batch_size: int = Field(10, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    lr: float = Field(0.1, gt=0)
+    batch_size: int = Field(10, ge=1, description="local training batch size")
+    local_epochs: int = Field(1, ge=1, description="local epochs per round (E)")
+    lr: float = Field(0.1, gt=0, description="local SGD learning rate")
     lr_decay: float = Field(
         1.0,
         gt=0,
@@ -55,7 +55,7 @@ class TrainSettings(BaseModel):
         False, description="input mixup in every local training batch (Zhang et al. 2018; FedACD Table 5)"
     )
     mixup_alpha: float = Field(1.0, gt=0, description="mixup: lambda ~ Beta(mixup_alpha, mixup_alpha)")
-    eval_batch_size: int = Field(1000, ge=1)
+    eval_batch_size: int = Field(1000, ge=1, description="batch size of evaluation (memory only: same scores)")
     rounds: int = Field(
         60,
         ge=1,

@@ -12,7 +12,14 @@ from .app import main
 from .common import USER_ERRORS, check_writable_file, fail
 
 
-@main.command()
+@main.command(
+    epilog="""\b
+Examples:
+  pflkit bench --rounds 2                    # this machine's CPU, on an MNIST-shaped stand-in
+  pflkit bench --device cuda --engines loop,vmap --clients 20,1000 --data-dir DIR
+  pflkit bench --scale --out scale.json      # cost per client as the client count grows
+"""
+)
 @click.option("--data-dir", default=None, help="MNIST folder (IDX files); default: an MNIST-shaped stand-in")
 @click.option("--clients", default="20", show_default=True, help="comma-separated client counts")
 @click.option("--engines", default="loop,parallel", show_default=True, help="comma-separated engines")
@@ -69,10 +76,7 @@ def bench(
     scale: bool,
     participants: int,
 ) -> None:
-    """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1).
-
-    \b
-    GPU: pflkit bench --device cuda --engines loop,vmap --clients 20,1000 --data-dir DIR"""
+    """Time FedAvg and FedALA rounds on each engine (MNIST CNN, Dir(0.1), batch 10, lr 0.1)."""
     from ..bench import BenchSettings, format_report, run_bench, save_report
 
     source = click.get_current_context().get_parameter_source
@@ -136,7 +140,10 @@ def bench(
     click.echo(f"report: {out}")
 
 
-@main.command()
+@main.command(
+    epilog="\b\nExample:\n  pflkit download mnist data/mnist\n"
+    "  pflkit run configs/mnist_fedala.toml data_dir=data/mnist"
+)
 @click.argument("name")
 @click.argument("data_dir", type=click.Path(file_okay=False, path_type=Path))
 def download(name: str, data_dir: Path) -> None:

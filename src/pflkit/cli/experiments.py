@@ -101,7 +101,13 @@ def run(
         fail(exc)
 
 
-@main.command()
+@main.command(
+    epilog="""\b
+Examples:
+  pflkit config configs/mnist_fedala.toml data_dir=DIR rounds=10   # the TOML that run would use
+  pflkit config --keys                                             # every key, its default, its meaning
+"""
+)
 @click.argument("args", nargs=-1)
 @click.option(
     "--keys",
@@ -127,7 +133,7 @@ def config(args: tuple[str, ...], keys: bool) -> None:
         fail(exc)
 
 
-@main.command()
+@main.command(epilog="\b\nExamples:\n  pflkit algorithms\n  pflkit algorithms --json")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per method, for machines")
 def algorithms(as_json: bool) -> None:
     """List the methods ``algorithms = [...]`` accepts: name, method and paper, global or

@@ -15,7 +15,11 @@ def plot() -> None:
     """Pictures of a finished run."""
 
 
-@plot.command("ala")
+@plot.command(
+    "ala",
+    epilog="\b\nExample:\n  pflkit run rounds=2 'algorithms=[\"fedala\"]' --out results/ala\n"
+    "  pflkit plot ala results/ala --client 0",
+)
 @click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--seed", type=int, default=None, help="run seed (default: the first)")
 @click.option("--client", type=int, default=None, help="also draw this client's start-phase loss per epoch")
@@ -54,7 +58,11 @@ def plot_ala_command(run: Path, seed: int | None, client: int | None) -> None:
     click.echo(f"wrote {path}")
 
 
-@plot.command("trajectory")
+@plot.command(
+    "trajectory",
+    epilog="\b\nExample:\n  pflkit run rounds=2 'algorithms=[\"fedala\"]' 'trace.clients=[0]' --out results/traced\n"
+    "  pflkit plot trajectory results/traced --client 0",
+)
 @click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--client", type=int, required=True, help="a client listed in the run's trace.clients")
 @click.option("--seed", type=int, default=None, help="run seed (default: the first)")
@@ -72,7 +80,11 @@ def plot_trajectory_command(run: Path, client: int, seed: int | None, grid: int)
     click.echo(f"wrote {path}")
 
 
-@plot.command("simplex")
+@plot.command(
+    "simplex",
+    epilog="\b\nExample:\n  pflkit run rounds=2 'algorithms=[\"sosicfl\"]' --out results/sosicfl\n"
+    "  pflkit plot simplex results/sosicfl --points 500",
+)
 @click.argument("run", type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option("--algorithm", default="sosicfl", show_default=True, help="sosicfl, sosicfl_all or sosicfl_plus")
 @click.option("--seed", type=int, default=None, help="run seed (default: the first)")

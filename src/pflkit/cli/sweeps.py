@@ -133,7 +133,13 @@ def sweep(
         sys.exit(1)
 
 
-@main.command()
+@main.command(
+    epilog="""\b
+Examples:
+  pflkit report results/quick results/sp --out report --title "FedALA on digits"
+  pflkit report results/sp --out report --name sp   # a sweep folder: its cells in one report
+"""
+)
 @click.argument("folders", nargs=-1, type=click.Path(file_okay=False, exists=True, path_type=Path))
 @click.option(
     "--out",

@@ -30,7 +30,11 @@ class BaseConfig(BaseModel):
         description='the paper\'s cell this config reproduces, "<table>/<column>" '
         "(e.g. fedala-table2/cifar10-dir0.1): pflkit report sets its numbers beside ours",
     )
-    dataset: DatasetName = "digits"
+    dataset: DatasetName = Field(
+        "digits",
+        description="digits (scikit-learn's 8x8 digits, no download), synthetic, mnist, cifar10, cifar100, "
+        "tiny_imagenet, agnews, or pfllib (a folder PFLlib generated, in data_dir)",
+    )
     data_dir: str | None = Field(
         None, description="folder with the dataset's files (every dataset but digits and synthetic)"
     )
@@ -46,9 +50,16 @@ class BaseConfig(BaseModel):
         "initialised (SosicFL Table 3: squeezenet1_1, resnet18)",
     )
     algorithms: list[str] = Field(
-        default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"], min_length=1
+        default_factory=lambda: ["fedavg", "fedprox", "ditto", "fedrep", "fedala"],
+        min_length=1,
+        description="the methods to run on the same partition (pflkit algorithms lists the names; "
+        "<method>+ala adds FedALA's adaptive local aggregation)",
     )
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seeds: list[int] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        description="one run of every method per seed; the summary is the mean ± std over them",
+    )
     partition: PartitionSpec = Field(
         default_factory=lambda: PartitionSpec(), description="how the data is split over clients"
     )

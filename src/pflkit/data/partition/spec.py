@@ -141,7 +141,7 @@ class PartitionSpec(BaseModel):
         "kfold (SosicFL's k-Fold groups); label_dirichlet (client-wise Dir over label "
         "distributions with equal client sizes, SosicFL)",
     )
-    num_clients: int = Field(20, ge=1)
+    num_clients: int = Field(20, ge=1, description="clients the data is split over")
     alpha: float = Field(0.1, gt=0, description="Dirichlet concentration")
     classes_per_client: int = Field(2, ge=1, description="pathological: classes per client")
     balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
