@@ -135,15 +135,13 @@ def test_an_outside_method_without_a_card_gets_its_docstring(tmp_path, monkeypat
     assert entry("cardless_methods:Own").ala
 
 
-def test_the_docs_build_script_writes_the_index_and_a_page_per_name(tmp_path, monkeypatch):
-    import runpy
-    import types
+def test_the_leaderboard_command_writes_the_index_and_a_page_per_name(tmp_path):
+    from pflkit.cli.leaderboard import write_method_pages
 
-    stub = types.ModuleType("mkdocs_gen_files")
-    stub.open = lambda path, mode: (tmp_path / path).open(mode)  # type: ignore[attr-defined]
-    (tmp_path / "reference" / "methods").mkdir(parents=True)
-    monkeypatch.setitem(sys.modules, "mkdocs_gen_files", stub)
-    runpy.run_path(str(REPO / "docs" / "gen" / "methods.py"))
-    written = {p.stem for p in (tmp_path / "reference" / "methods").glob("*.md")}
-    assert written == {"index", *PAGES}
-    assert "Round cost" in (tmp_path / "reference" / "methods" / "fedrep.md").read_text()
+    folder = tmp_path / "methods"
+    folder.mkdir()
+    (folder / "gone.md").write_text("a method that no longer exists")
+    count = write_method_pages(folder, REPO / "docs" / "results", REPO / "docs" / "method-costs-after.json")
+    written = {p.stem for p in folder.glob("*.md")}
+    assert written == {"index", *PAGES} and count == len(PAGES)
+    assert "Round cost" in (folder / "fedrep.md").read_text()

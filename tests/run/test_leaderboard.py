@@ -142,9 +142,16 @@ def test_the_command_writes_the_page_and_rejects_a_folder_without_tables(cells, 
 def test_the_committed_leaderboard_is_what_the_command_makes_from_the_committed_cells(tmp_path) -> None:
     out = tmp_path / "leaderboard.md"
     args = ["--results", str(REPO / "docs" / "results"), "--costs", str(REPO / "docs" / "method-costs-after.json")]
-    result = CliRunner().invoke(main, ["leaderboard", *args, "--out", str(out)])
+    pages = tmp_path / "methods"
+    result = CliRunner().invoke(main, ["leaderboard", *args, "--out", str(out), "--methods-dir", str(pages)])
     assert result.exit_code == 0, result.output
-    assert out.read_text() == (REPO / "docs" / "leaderboard.md").read_text(), (
-        "docs/leaderboard.md is not what the cells under docs/results/ give (a cell added or changed): "
-        "run `pflkit leaderboard` at the repository root and commit docs/leaderboard.md"
+    hint = (
+        "is not what the cells under docs/results/ and the methods' cards give (a cell added or changed, "
+        "a card edited): run `pflkit leaderboard` at the repository root and commit docs/leaderboard.md "
+        "and docs/reference/methods/"
     )
+    assert out.read_text() == (REPO / "docs" / "leaderboard.md").read_text(), f"docs/leaderboard.md {hint}"
+    committed = REPO / "docs" / "reference" / "methods"
+    made = {p.name: p.read_text() for p in pages.glob("*.md")}
+    assert made == {p.name: p.read_text() for p in committed.glob("*.md")}, f"docs/reference/methods/ {hint}"
+    assert "## Results" in made["fedala.md"] and "99.68 ± 0.03" in made["fedala.md"]

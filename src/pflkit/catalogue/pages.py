@@ -1,5 +1,5 @@
-"""Markdown pages of the methods, for the documentation site (``docs/gen/methods.py`` writes them
-under ``reference/methods/``): one page per method and alias, and an index."""
+"""Markdown pages of the methods, for the documentation (``pflkit leaderboard`` writes them into
+``docs/reference/methods/``): one page per method and alias, and an index."""
 
 from __future__ import annotations
 

@@ -33,16 +33,43 @@ from .common import USER_ERRORS, check_writable_file, fail
     show_default=True,
     help="the Markdown page to write",
 )
-def leaderboard(results_root: Path, costs: Path, out: Path) -> None:
+@click.option(
+    "--methods-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("docs/reference/methods"),
+    show_default=True,
+    help="folder of the method pages (index.md and one page per method, with its rows of these tables)",
+)
+def leaderboard(results_root: Path, costs: Path, out: Path, methods_dir: Path) -> None:
     """Write the leaderboard page from the result cells: FedALA's Table 7 on MNIST (best accuracy
     mean ± std over seeds, seeds, round of the best, rounds to the plateau, round cost relative to
-    FedAvg, the paper's number) and FedACD's and SosicFL's protocol tables. Run at the repository
-    root, it reads docs/results and writes docs/leaderboard.md."""
+    FedAvg, the paper's number) and FedACD's and SosicFL's protocol tables; and the method pages,
+    each from its method's card with its rows of these tables. Run at the repository root, it
+    reads docs/results and writes docs/leaderboard.md and docs/reference/methods/."""
     from ..run.report.leaderboard import write_leaderboard
 
     try:
         check_writable_file(out)
         write_leaderboard(results_root, out, costs)
+        pages = write_method_pages(methods_dir, results_root, costs)
     except USER_ERRORS as exc:
         fail(exc)
-    click.echo(f"wrote {out}")
+    click.echo(f"wrote {out} and {pages} method pages in {methods_dir}")
+
+
+def write_method_pages(folder: Path, results_root: Path, costs_path: Path) -> int:
+    """Write ``index.md`` and one page per method into ``folder`` (a page of a method that no
+    longer exists is removed); returns the number of method pages."""
+    from ..catalogue import load_costs, page_names, render_method_page, render_methods_index
+    from ..run.report.leaderboard import method_results_markdown
+
+    costs = load_costs(costs_path) if costs_path.is_file() else None
+    folder.mkdir(parents=True, exist_ok=True)
+    names = page_names()
+    for stale in set(folder.glob("*.md")) - {folder / f"{n}.md" for n in ["index", *names]}:
+        stale.unlink()
+    (folder / "index.md").write_text(render_methods_index(), encoding="utf-8")
+    for name in names:
+        page = render_method_page(name, costs, method_results_markdown(results_root, name))
+        (folder / f"{name}.md").write_text(page, encoding="utf-8")
+    return len(names)
