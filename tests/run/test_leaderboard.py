@@ -130,10 +130,12 @@ def test_a_methods_rows_across_the_tables(cells) -> None:
 def test_the_command_writes_the_page_and_rejects_a_folder_without_tables(cells, tmp_path) -> None:
     root, costs = cells
     out = tmp_path / "leaderboard.md"
-    args = ["leaderboard", "--results", str(root), "--costs", str(costs), "--out", str(out)]
+    pages = tmp_path / "methods"
+    args = ["leaderboard", "--results", str(root), "--costs", str(costs), "--out", str(out), "--methods-dir", str(pages)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert out.read_text() == leaderboard_markdown(root, costs)
+    assert "## Results" in (pages / "fedala.md").read_text()
     (tmp_path / "empty").mkdir()
     result = CliRunner().invoke(main, [*args[:2], str(tmp_path / "empty"), *args[3:]])
     assert result.exit_code == 2 and "holds none of the leaderboard's tables" in result.output
