@@ -3,7 +3,9 @@ every reader exactly as the plain folder, never written, and restored byte for b
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from click.testing import CliRunner
 from pflkit.cli import main
 from pflkit.config import load_config
 from pflkit.federation import ResultsFolder
-from pflkit.federation.archive import ARCHIVE, PACKED_SWEEP_RECORD
+from pflkit.federation.archive import ARCHIVE, PACKED_SWEEP_RECORD, write_archive
 from pflkit.federation.packing import PackError, pack_folder, read_sweep_record, unpack_folder
 from pflkit.federation.results import PackedFolderError
 from pflkit.run.experiment import resume_experiment, run_experiment
@@ -55,7 +57,7 @@ def packed(finished, tmp_path) -> tuple[Path, dict[str, bytes]]:
 
 def test_pack_leaves_config_and_one_archive_and_unpack_restores_every_byte(packed) -> None:
     folder, before = packed
-    assert top_files(folder) == ["config.toml", ARCHIVE]
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == ["config.toml", ARCHIVE]  # nor the lock
     assert (folder / "checkpoints").is_dir() and (folder / "plots").is_dir()  # left as they were
     assert "already packed" in CliRunner().invoke(main, ["pack", str(folder)]).output
     mtimes = {p.name: int(p.stat().st_mtime) for p in folder.iterdir()}
@@ -117,8 +119,6 @@ def test_pack_refuses_an_unfinished_run_and_a_packed_unfinished_run_is_not_resum
         pack_folder(out)
     # packed by hand all the same: a resume refuses, naming pflkit unpack, and writes nothing
     run = ResultsFolder(out)
-    from pflkit.federation.archive import write_archive
-
     names = ["run.json", "metrics.jsonl", "partition-seed0.json"]
     write_archive(run.archive_path, {n: ((out / n).read_bytes(), 0) for n in names})
     for name in names:
@@ -165,3 +165,17 @@ def test_a_sweep_skips_a_packed_complete_cell_and_reports_from_packed_files(tmp_
     assert not (parent / PACKED_SWEEP_RECORD).exists()  # the new sweep.json replaced the packed one
     assert CliRunner().invoke(main, ["unpack", str(parent)]).exit_code == 0
     assert not list(parent.rglob(ARCHIVE))
+
+
+def test_pack_refuses_a_folder_a_run_is_writing(finished, tmp_path) -> None:
+    folder = tmp_path / "busy"
+    subprocess.run(["cp", "-a", str(finished), str(folder)], check=True)
+    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.pwrite(fd, b"pflkit pid 1234 on host h", 0)
+        result = CliRunner().invoke(main, ["pack", str(folder)])
+        assert result.exit_code == 2 and "in use by pflkit pid 1234" in result.output
+        assert not (folder / ARCHIVE).exists() and (folder / "metrics.jsonl").is_file()
+    finally:
+        os.close(fd)

@@ -85,16 +85,14 @@ def _fsynced(path: Path) -> None:
 
 @contextmanager
 def _held(folder: Path) -> Iterator[None]:
-    """Hold the folder's lock (a folder a run writes is refused, one line); a lock file created
-    for this is removed again (it is no record), while still held."""
-    existed = (folder / LOCK_FILE).exists()
+    """Hold the folder's lock (a folder a run writes is refused, one line), then remove the lock
+    file while still holding it: it is no record (a run creates it again when it needs it)."""
     try:
         with folder_lock(folder):
             try:
                 yield
             finally:
-                if not existed:
-                    (folder / LOCK_FILE).unlink(missing_ok=True)
+                (folder / LOCK_FILE).unlink(missing_ok=True)
     except FolderBusyError as exc:
         raise PackError(str(exc)) from None
 
