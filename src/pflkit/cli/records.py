@@ -39,7 +39,10 @@ def _each(folders: tuple[Path, ...], packed: bool, act: Callable[[Path], str]) -
         sys.exit(2)
 
 
-@main.command()
+@main.command(
+    epilog="\b\nExamples:\n  pflkit pack docs/results                 # every complete cell below it\n"
+    "  pflkit pack results/quick results/sweep"
+)
 @FOLDERS
 def pack(folders: tuple[Path, ...]) -> None:
     """Pack every complete results folder at or below FOLDERS: config.toml stays, every other file
@@ -51,7 +54,10 @@ def pack(folders: tuple[Path, ...]) -> None:
     _each(folders, False, pack_folder)
 
 
-@main.command()
+@main.command(
+    epilog="\b\nExample:\n  pflkit unpack results/quick\n"
+    "  pflkit run --resume results/quick        # continue it, now that it is plain"
+)
 @FOLDERS
 def unpack(folders: tuple[Path, ...]) -> None:
     """Restore the plain files of every packed results folder at or below FOLDERS, byte for byte
