@@ -94,9 +94,9 @@ def _config_file(text: str) -> Callable[[Path], list[str]]:
     return make
 
 
-def _resume_other_version(tmp: Path) -> list[str]:
+def _resume_other_records_format(tmp: Path) -> list[str]:
     out = interrupted_run(tmp)
-    (out / "run.json").write_text(json.dumps({"status": "failed", "pflkit_version": "0.0.1"}))
+    (out / "run.json").write_text(json.dumps({"status": "failed", "pflkit_version": "9.0.0", "records_format": 99}))
     return ["run", "--resume", str(out)]
 
 
@@ -420,7 +420,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("NaN loss", run_args(*FAST, "lr=1e12"), "training loss became nan (algorithm fedavg, client"),
     ("existing results folder", _existing_out, "already exists and is not empty"),
     ("resume of a folder that is no run", lambda tmp: ["run", "--resume", str(tmp)], "is not a pflkit results folder"),
-    ("resume of another version", _resume_other_version, "was written by pflkit 0.0.1, this is pflkit"),
+    ("resume of another records format", _resume_other_records_format, "holds records of format 99"),
     ("resume with a broken run.json", _resume_broken_run_json, "run.json is not valid JSON"),
     ("resume with a broken config", _resume_broken_config, "its config.toml does not load"),
     ("resume with a corrupt checkpoint", _resume_corrupt_checkpoint, "fedavg-seed0.pt is unreadable"),

@@ -31,7 +31,7 @@ def plot_ala_command(run: Path, seed: int | None, client: int | None) -> None:
 
     try:
         results = ResultsFolder(run)
-        if not results.metrics_path.is_file():
+        if not results.has(results.metrics_path.name):
             raise ValueError(f"{run} is not a results folder (no metrics.jsonl)")
         records = results.records()
         seeds = sorted({int(r["seed"]) for r in records})

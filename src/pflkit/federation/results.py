@@ -12,6 +12,10 @@ checkpoints/      <algorithm>-seed<k>.pt, the latest state of each run (for --re
 tensorboard/      <algorithm>-seed<k>/, one TensorBoard run per method and seed (tracker = "tensorboard")
 flower.log        Flower's full log of a run on its Simulation Engine
 .lock             held (``flock``) by the process that writes the folder: a second one is refused
+
+A packed folder (``pflkit pack``) keeps config.toml and holds every other file of its top level,
+byte for byte, in records.tar.xz (``archive``); it is read exactly as the plain one and never
+written (``pflkit unpack`` restores the plain files).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ except ImportError:  # Windows: no advisory locks; folders are not guarded there
 import tomli_w
 
 from .. import __version__
+from .archive import ARCHIVE, read_archive
 from .checkpoint import load_checkpoint
 from .driver import RunState
 
@@ -162,16 +167,32 @@ def machine() -> str:
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file pflkit wrote as an object (summary.json, sweep.json): the object, or an error
     naming the file."""
+    return parse_json_object(path.read_bytes(), str(path))
+
+
+def parse_json_object(content: bytes, where: str) -> dict[str, Any]:
+    """The object of a JSON file's ``content``, or an error naming the file (``where``)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(content.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+        raise ValueError(f"{where} is not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(
-            f"{path} holds a JSON {type(data).__name__}, not the object pflkit writes: "
+            f"{where} holds a JSON {type(data).__name__}, not the object pflkit writes: "
             "the folder is damaged or was not written by pflkit"
         )
     return data
+
+
+#: what the records of a folder mean (the fields of metrics.jsonl, summary.json and partition
+#: files, and what checkpoints hold): a run resumes only in the format it started in. A folder
+#: written before run.json named its format is format 1.
+RECORDS_FORMAT = 1
+RUN_FILE = "run.json"
+
+
+class PackedFolderError(RuntimeError):
+    """A write into a packed results folder."""
 
 
 class ResultsFolder:
@@ -181,6 +202,52 @@ class ResultsFolder:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        self._members: tuple[tuple[int, int], dict[str, tuple[bytes, int]]] | None = None
+
+    @property
+    def archive_path(self) -> Path:
+        return self.root / ARCHIVE
+
+    @property
+    def packed(self) -> bool:
+        """Whether the folder's records are in its archive (``pflkit pack``)."""
+        return self.archive_path.is_file()
+
+    def archived(self) -> dict[str, tuple[bytes, int]]:
+        """The archive's members (name -> (content, modification time)); none in a plain folder."""
+        if not self.packed:
+            return {}
+        st = self.archive_path.stat()
+        key = (st.st_mtime_ns, st.st_size)
+        if self._members is None or self._members[0] != key:
+            self._members = (key, read_archive(self.archive_path))
+        return self._members[1]
+
+    def has(self, name: str) -> bool:
+        """Whether the folder holds file ``name`` (plain, or in its archive)."""
+        return (self.root / name).is_file() or name in self.archived()
+
+    def read_bytes(self, name: str) -> bytes:
+        """File ``name`` of the folder, plain or from its archive."""
+        if (self.root / name).is_file():
+            return (self.root / name).read_bytes()
+        members = self.archived()
+        if name not in members:
+            raise FileNotFoundError(f"{self.root} holds no {name}")
+        return members[name][0]
+
+    def where(self, name: str) -> str:
+        """File ``name`` as messages name it: its path, or the archive that holds it."""
+        plain = self.root / name
+        return str(plain) if plain.is_file() or not self.packed else f"{self.archive_path} ({name})"
+
+    def check_writable(self) -> None:
+        """Refuse to write into a packed folder."""
+        if self.packed:
+            raise PackedFolderError(
+                f"{self.root} is packed (its records are in {ARCHIVE}) and is not written; "
+                f"to continue or change it, restore its files first: pflkit unpack {self.root}"
+            )
 
     def locked(self) -> Any:
         """Context manager: this process alone writes the folder (see :func:`folder_lock`)."""
@@ -232,7 +299,7 @@ class ResultsFolder:
         """Create the folder for ``config``; or, when it holds an unfinished run of the same
         config on the same ``backend``, return True: the caller continues that run. ``resolve`` maps
         the saved table to the form of ``config`` (an older pflkit wrote its keys flat)."""
-        if not (self.root / "run.json").is_file():
+        if not self.has(RUN_FILE):
             self.create(config, backend)
             return False
         if self.status()["status"] == "complete":
@@ -249,6 +316,7 @@ class ResultsFolder:
 
     def set_status(self, status: str, **extra: Any) -> None:
         """Rewrite run.json (the digest of the config the run started with is kept)."""
+        self.check_writable()
         kept: dict[str, Any] = {}
         if "config_sha256" not in extra and (self.root / "run.json").is_file():
             try:
@@ -263,6 +331,7 @@ class ResultsFolder:
         info = {
             "status": status,
             "pflkit_version": __version__,
+            "records_format": RECORDS_FORMAT,
             "host": socket.gethostname(),
             "machine": machine(),
             "pid": os.getpid(),
@@ -273,11 +342,11 @@ class ResultsFolder:
         atomic_write_text(self.root / "run.json", json.dumps(info, indent=2) + "\n")
 
     def status(self) -> dict[str, Any]:
-        path = self.root / "run.json"
-        if not path.is_file():
+        if not self.has(RUN_FILE):
             raise FileNotFoundError(f"{self.root} is not a pflkit results folder (no run.json)")
+        path = self.where(RUN_FILE)
         try:
-            status = json.loads(path.read_text())
+            status = json.loads(self.read_bytes(RUN_FILE).decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise RuntimeError(f"{path} is not valid JSON ({exc}): {self.root} is no readable pflkit run") from None
         if not isinstance(status, dict) or "status" not in status:
@@ -285,21 +354,30 @@ class ResultsFolder:
         return status
 
     def check_resumable(self, backend: str = "simulator") -> None:
-        """Refuse folders that are no pflkit run, were written by another pflkit version
-        (checkpoints and metrics may not mean the same there) or ran on another backend than
-        ``backend`` (the simulator and Flower keep client states in different places)."""
+        """Refuse folders that are no pflkit run, hold records of another format
+        (``RECORDS_FORMAT``: checkpoints and metrics would not mean the same), ran on another
+        backend than ``backend`` (the simulator and Flower keep client states in different places)
+        or are packed and unfinished (a packed folder is never written). Any pflkit version that
+        writes the same records format continues a run."""
         status = self.status()
+        if self.packed and status["status"] != "complete":
+            raise PackedFolderError(
+                f"{self.root} is packed but its run is not complete ({status['status']}): restore its "
+                f"files first (pflkit unpack {self.root}), then continue it"
+            )
         ran_on = status.get("backend", "simulator")
         if ran_on != backend:
             raise RuntimeError(
                 f"{self.root} was run {BACKENDS.get(ran_on, ran_on)}; it continues only there "
                 f"({RESUME_COMMANDS.get(ran_on, 'the same way')}), not {BACKENDS.get(backend, backend)}"
             )
-        version = status.get("pflkit_version")
-        if version != __version__:
+        written = status.get("records_format", 1)
+        if written != RECORDS_FORMAT:
+            by = status.get("pflkit_version", "an unknown version")
             raise RuntimeError(
-                f"{self.root} was written by pflkit {version}, this is pflkit {__version__}: "
-                "resume it with that version, or start a new run"
+                f"{self.root} holds records of format {written!r} (written by pflkit {by}); this pflkit "
+                f"({__version__}) writes format {RECORDS_FORMAT}: resume it with a pflkit that writes "
+                f"format {written!r}, or start a new run"
             )
         if not self.config_path.is_file():
             raise FileNotFoundError(f"{self.root} has no config.toml: it cannot be resumed")
@@ -322,9 +400,9 @@ class ResultsFolder:
 
     def records(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl in the order written; none where the file does not exist."""
-        if not self.metrics_path.is_file():
+        if not self.has(self.metrics_path.name):
             return []
-        return [json.loads(line) for line in self.metrics_path.read_text().splitlines()]
+        return [json.loads(line) for line in self.read_bytes(self.metrics_path.name).decode("utf-8").splitlines()]
 
     def histories(self) -> dict[tuple[str, int], list[dict[str, Any]]]:
         """metrics.jsonl's records by run: (algorithm, seed) -> that run's records in order."""
@@ -335,14 +413,23 @@ class ResultsFolder:
 
     def summary(self) -> dict[str, Any]:
         """summary.json (written once every run finished), or an error naming the file."""
-        return read_json_object(self.summary_path)
+        name = self.summary_path.name
+        if not self.has(name):
+            raise FileNotFoundError(f"{self.summary_path} does not exist: the run has not finished")
+        return parse_json_object(self.read_bytes(name), self.where(name))
+
+    def has_summary(self) -> bool:
+        """Whether summary.json exists (every run finished), plain or packed."""
+        return self.has(self.summary_path.name)
 
     def append_record(self, record: Mapping[str, Any]) -> None:
+        self.check_writable()
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def rewrite_metrics(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Make metrics.jsonl match the checkpoints exactly (drops rows after the last checkpoint)."""
+        self.check_writable()
         atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in records))
 
     def config_sha256(self) -> str | None:
@@ -397,11 +484,21 @@ class ResultsFolder:
     def partition_path(self, partition_seed: int) -> Path:
         return self.root / f"partition-seed{partition_seed}.json"
 
+    def partition(self, partition_seed: int) -> dict[str, Any]:
+        """partition-seed<k>.json: how the partition of ``partition_seed`` was drawn and each
+        client's class counts, or an error naming the file."""
+        name = self.partition_path(partition_seed).name
+        if not self.has(name):
+            raise FileNotFoundError(f"{self.root} holds no partition of partition seed {partition_seed} ({name})")
+        return parse_json_object(self.read_bytes(name), self.where(name))
+
     def write_partition(self, partition_seed: int, record: Mapping[str, Any]) -> None:
         """The partition a run used: how it was drawn and every client's class counts."""
+        self.check_writable()
         atomic_write_text(self.partition_path(partition_seed), json.dumps(record) + "\n")
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
+        self.check_writable()
         atomic_write_text(self.summary_path, json.dumps(summary, indent=2) + "\n")
 
 

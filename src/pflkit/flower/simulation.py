@@ -40,7 +40,7 @@ def run_on_flower_simulation(
     results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
     check_flower_config(config, simulation=True)
     folder = ResultsFolder(out)
-    if (folder.root / "run.json").is_file() and folder.status().get("status") != "complete":
+    if folder.has("run.json") and folder.status().get("status") != "complete":
         check_simulation_resumable(config, folder)  # before Ray starts
     try:
         import ray  # noqa: F401  (flwr's Ray backend)

@@ -129,7 +129,7 @@ def run_experiment(
     with results.locked():
         if resume:
             results.check_resumable()
-            if results.status()["status"] == "complete" and results.summary_path.is_file():
+            if results.status()["status"] == "complete" and results.has_summary():
                 summary = results.summary()  # nothing left to run: the records stay as they are
                 echo(f"{results.root} holds a complete run: nothing to resume")
                 echo(format_table(summary))

@@ -35,6 +35,7 @@ from ..config import (
 )
 from ..data import load_dataset
 from ..federation import ResultsFolder, build_partitions, folder_lock, partition_dataset, partition_seed
+from ..federation.archive import PACKED_SWEEP_RECORD, SWEEP_RECORD
 from ..federation.driver import Callback
 from ..federation.results import EXECUTION_KEYS, atomic_write_text, differences
 from ..reporting import plot_sweep
@@ -200,7 +201,7 @@ def finished_summary(results: ResultsFolder) -> dict[str, Any] | None:
     """The summary of a cell's finished run, or None: no run, an unfinished one, or damaged files
     (running the cell then names the damaged file in its error; the sweep goes on)."""
     try:
-        if results.summary_path.is_file() and results.status().get("status") == "complete":
+        if results.has_summary() and results.status().get("status") == "complete":
             return results.summary()
     except (OSError, ValueError, RuntimeError):
         pass
@@ -246,7 +247,7 @@ def run_sweep(
     check_metric(metric)
     check_cells(cells)
     parent = Path(parent)
-    if (parent / "run.json").is_file():
+    if ResultsFolder(parent).has("run.json"):
         raise ConfigError(
             f"{parent} is the results folder of a run (it holds run.json): a sweep writes its cells "
             "and tables into a folder of its own; choose another --out"
@@ -302,7 +303,8 @@ def run_sweep(
             "metric": metric,
             "cells": summaries,
         }
-        atomic_write_text(parent / "sweep.json", json.dumps(record, indent=2) + "\n")
+        atomic_write_text(parent / SWEEP_RECORD, json.dumps(record, indent=2) + "\n")
+        (parent / PACKED_SWEEP_RECORD).unlink(missing_ok=True)  # a packed record of an earlier sweep
         atomic_write_text(parent / "sweep.md", table + "\n")
         finished = [c for c in summaries if "summary" in c]
         if finished:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ...federation import ResultsFolder
+from ...federation.packing import has_sweep_record
 from .folders import cell_folders, one_setting
 from .render import to_html, to_markdown
 from .sections import run_section, sweep_section, table_section
@@ -36,7 +37,7 @@ def build_report(
         cells = cell_folders(path) if not ResultsFolder(path).config_path.is_file() else []
         if cells and one_setting(cells):
             sections.append(table_section(path, cells))
-        elif (path / "sweep.json").is_file():
+        elif has_sweep_record(path):
             sections.append(sweep_section(path))
         elif path.is_dir():
             sections.append(run_section(path))

@@ -13,7 +13,7 @@ from typing import Any
 from ...config import load_config
 from ...data.partition import PartitionSpec
 from ...federation import ResultsFolder
-from ...federation.results import read_json_object
+from ...federation.packing import read_sweep_record
 from ...federation.runner import tta_bases
 from ...reporting import summarize
 from ...reporting.paper import paper_cell
@@ -48,7 +48,7 @@ def run_section(folder: Path) -> Section:
         raise ValueError(f"{folder} is not a results folder (no config.toml)")
     config = load_config(results.config_path)
     section = Section(f"{config.name} ({folder.name})")
-    if results.summary_path.is_file():
+    if results.has_summary():
         summary: dict[str, Any] = results.summary()
     else:
         summary = finished_part(results, config.train.rounds)
@@ -111,7 +111,7 @@ def portable(word: str) -> str:
 def sweep_section(folder: Path) -> Section:
     """The section of one sweep folder: its command, failed cells, table and figure, and the
     paper's numbers for the swept metric where its cells' config names a paper table."""
-    record = read_json_object(folder / "sweep.json")
+    record = read_sweep_record(folder)
     fixed = [portable(w) for w in record["fixed"]]
     section = Section(f"sweep {folder.name}: {', '.join(a['key'] for a in record['axes'])}")
     section.text.append(

@@ -1,0 +1,92 @@
+"""The result cells committed under docs/results/: every file SHA256SUMS lists is there, byte for
+byte (plain, in its cell's records.tar.xz, or a sweep's sweep.json.xz), and each cell's summary
+holds the numbers pflkit's summarizer computes from the cell's records."""
+
+from __future__ import annotations
+
+import hashlib
+import lzma
+import math
+from pathlib import Path
+from typing import Any
+
+from pflkit.federation import ResultsFolder
+from pflkit.federation.archive import ARCHIVE, PACKED_SWEEP_RECORD
+from pflkit.federation.packing import results_folders
+from pflkit.reporting import summarize
+from tests.support.paths import REPO
+
+ROOT = REPO / "docs" / "results"
+
+
+def listed() -> dict[str, str]:
+    """SHA256SUMS: path relative to docs/results -> sha256, as ``sha256sum`` prints them."""
+    out = {}
+    for line in (ROOT / "SHA256SUMS").read_text().splitlines():
+        digest, path = line.split("  ", 1)
+        out[path] = digest
+    return out
+
+
+def present() -> dict[str, bytes]:
+    """Every file under docs/results as it was before packing: plain files, archive members, and
+    packed sweep records, by path relative to docs/results."""
+    out: dict[str, bytes] = {}
+    for path in sorted(ROOT.rglob("*")):
+        if not path.is_file() or path.name == "SHA256SUMS":
+            continue
+        rel = path.relative_to(ROOT)
+        if path.name == ARCHIVE:
+            for name, (data, _) in ResultsFolder(path.parent).archived().items():
+                out[str(rel.parent / name)] = data
+        elif path.name == PACKED_SWEEP_RECORD:
+            out[str(rel.parent / "sweep.json")] = lzma.decompress(path.read_bytes())
+        else:
+            out[str(rel)] = path.read_bytes()
+    return out
+
+
+def test_every_committed_result_file_is_there_byte_for_byte() -> None:
+    sums, files = listed(), present()
+    missing = sorted(set(sums) - set(files))
+    assert not missing, f"files listed in SHA256SUMS but lost: {missing[:5]}"
+    changed = sorted(p for p in sums if hashlib.sha256(files[p]).hexdigest() != sums[p])
+    assert not changed, f"files that differ from SHA256SUMS: {changed[:5]}"
+    unlisted = sorted(set(files) - set(sums))
+    assert not unlisted, f"result files that SHA256SUMS does not list (add their lines): {unlisted[:5]}"
+
+
+def committed_cells() -> list[Path]:
+    """The results folders under docs/results (not the sweep folders above them)."""
+    found = results_folders(ROOT)
+    return [c for c in found if (c / ARCHIVE).is_file() or (c / "run.json").is_file()]
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal numbers and tables; floats to 12 digits (seconds summed in another order differ in
+    the last bit)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-12)
+    return bool(a == b)
+
+
+def test_each_cells_summary_is_what_its_records_give() -> None:
+    cells = committed_cells()
+    assert len(cells) > 250
+    for cell in cells:
+        results = ResultsFolder(cell)
+        assert results.status()["status"] == "complete", cell
+        summary, histories = results.summary(), results.histories()
+        for method, entry in summary.items():
+            seeds = sorted(int(s) for s in entry["seeds"])
+            recomputed = summarize(histories, [method], seeds)[method]
+            differing = [k for k, v in recomputed.items() if not same(v, entry.get(k))]
+            assert not differing, f"{cell}: summary.json's {differing[:3]} of {method} differ from its records"
+
+
+def test_every_cell_keeps_its_config_plain() -> None:
+    """``pflkit run <cell>/config.toml`` reruns a committed cell."""
+    cells = committed_cells()
+    assert all((cell / "config.toml").is_file() for cell in cells)
