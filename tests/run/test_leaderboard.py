@@ -131,7 +131,17 @@ def test_the_command_writes_the_page_and_rejects_a_folder_without_tables(cells, 
     root, costs = cells
     out = tmp_path / "leaderboard.md"
     pages = tmp_path / "methods"
-    args = ["leaderboard", "--results", str(root), "--costs", str(costs), "--out", str(out), "--methods-dir", str(pages)]
+    args = [
+        "leaderboard",
+        "--results",
+        str(root),
+        "--costs",
+        str(costs),
+        "--out",
+        str(out),
+        "--methods-dir",
+        str(pages),
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert out.read_text() == leaderboard_markdown(root, costs)
