@@ -10,7 +10,10 @@ from .app import main
 from .common import USER_ERRORS, check_writable_file, fail
 
 
-@main.command()
+@main.command(
+    epilog="\b\nExamples:\n  pflkit leaderboard                     # at the repository root: docs/results -> docs/\n"
+    "  pflkit leaderboard --results results/t7 --out t7.md --methods-dir t7-methods"
+)
 @click.option(
     "--results",
     "results_root",
