@@ -1,5 +1,5 @@
 """APPLE (Luo & Wu, IJCAI 2022): personalised models as learned mixtures of all clients' core
-models (spec §2.11).
+models.
 
 Client i keeps its core model w_i^c and a directed-relationship vector p_i (initialised to the
 clients' data shares p^0). Each round it downloads every other client's core and, on every
@@ -76,7 +76,7 @@ def mixture(p: torch.Tensor, stacked: Params, own: Params, own_onehot: torch.Ten
 
 
 def apple_loss(scale_p: float) -> LossFn:
-    """CE of the personalised mixture + lambda(r) mu ||p - p0||^2 (spec §2.11)."""
+    """CE of the personalised mixture + lambda(r) mu ||p - p0||^2."""
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         p = params[P]

@@ -204,7 +204,7 @@ class Algorithm:
         return {"global": {k: server["global"][k] for k in names}}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        """Sample-weighted average of the uploaded ``params`` (spec §0.2), folded in ``upload_order``.
+        """Sample-weighted average of the uploaded ``params``, folded in ``upload_order``.
 
         A method may put a dict of JSON values under ``ROUND_INFO`` in the returned state (e.g. its
         aggregation weights): the round driver moves it into the round's record."""
@@ -260,7 +260,7 @@ class Algorithm:
         return state, {**received, **prepared}
 
     def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
-        """Overwrite the local model with the downloaded one: the step ALA replaces (spec §1.8)."""
+        """Overwrite the local model with the downloaded one: the step ALA replaces."""
         return {**state, "model": {**state["model"], **clone(payload["global"])}}, {}
 
     def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
@@ -297,7 +297,7 @@ class Algorithm:
         return ctx.fit(params, loss, aux=aux, data=data, **kwargs)
 
     def eval_params(self, state: State) -> Params | Ensemble:
-        """The model scored on the client's test split right after ``local_init`` (spec §5.7)."""
+        """The model scored on the client's test split right after ``local_init``."""
         return state["model"]
 
     def local_model(self, state: State) -> Params | Ensemble:

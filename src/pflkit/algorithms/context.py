@@ -34,7 +34,7 @@ PER_CLIENT = "per_client"  # client code reads values into Python (loops over mo
 
 
 class TrainSettings(BaseModel):
-    """Local-training settings shared by every algorithm (spec §0.2): the ``[train]`` section of
+    """Local-training settings shared by every algorithm: the ``[train]`` section of
     the experiment config (its flat keys ``lr``, ``batch_size``, ``rounds``, ... are aliases)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)

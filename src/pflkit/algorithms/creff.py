@@ -1,5 +1,5 @@
 """CReFF (Shang et al., IJCAI 2022): classifier re-training with federated features for
-heterogeneous and long-tailed data (spec §3.14), as the authors' code runs it
+heterogeneous and long-tailed data, as the authors' code runs it
 (shangxinyi/CReFF-FL, commit fbec98f, ``main.py`` and ``Dataset/Gradient_matching_loss.py``).
 
 The server keeps, beside the FedAvg model, ``features`` learnable federated features per class

@@ -1,6 +1,6 @@
 """Ditto (Li et al., ICML 2021): a global model plus a proximally regularised personal model.
 
-Per round (reference order, spec §2.7): (a) ``personal_epochs`` epochs of SGD on
+Per round (reference order): (a) ``personal_epochs`` epochs of SGD on
 F_i(v) + lambda/2 ||v - w_global||^2 for the personal model v (anchor = received global);
 (b) E epochs of plain SGD from the received global -> upload. Evaluated model: v.
 """

@@ -1,9 +1,9 @@
 """FedACD (Zhou et al. 2025): a better global model through local models that are adaptable
-across client distributions (spec §3; every equation of the paper was lost in extraction, so
+across client distributions (every equation of the paper was lost in extraction, so
 this follows the spec's reconstruction, each [RECON]/[UNCERTAIN] choice a setting).
 
 Client m keeps a probability matrix P^m, P_ij = mean predicted probability of class j over its
-samples of class i (rows = true classes, spec §3.3). It starts each round from one no-grad pass
+samples of class i (rows = true classes). It starts each round from one no-grad pass
 of the received global model over the local data and is re-estimated after every epoch from the
 training batches' detached outputs (mixup samples count for both labels). Local objective
 (Eq. 9): L_LA + lam * L_KL, where

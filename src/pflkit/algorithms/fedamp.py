@@ -1,4 +1,4 @@
-"""FedAMP (Huang et al., AAAI 2021): attentive message passing between similar clients (spec §2.8).
+"""FedAMP (Huang et al., AAAI 2021): attentive message passing between similar clients.
 
 The server keeps every client's latest model w_j and sends client i its personalised cloud model
 u_i = sum_j xi_ij w_j with xi_ij = alpha_k * A'(||w_i - w_j||^2) (j != i), A'(x) = exp(-x/sigma)/sigma,
@@ -70,7 +70,7 @@ class FedAMP(Algorithm):
         return {**server, "models": {c.client_id: server["global"] for c in clients}}
 
     def coefficients(self, server: State, client_id: int) -> dict[int, float]:
-        """xi_{i, .} (spec §2.8); warns when xi_ii < 0 (alpha_k too large for these distances)."""
+        """xi_{i, .}; warns when xi_ii < 0 (alpha_k too large for these distances)."""
         cfg, models = self.settings, server["models"]
         own = models[client_id]
         xi = {

@@ -2,7 +2,7 @@
 
 Everything is the ``Algorithm`` default: ``receive`` overwrites the local model with the global,
 ``local_train`` minimises cross-entropy, ``aggregate`` averages by sample counts. Evaluated
-model: the downloaded global model (spec §2.1), which is the local model right after
+model: the downloaded global model, which is the local model right after
 ``local_init``.
 """
 

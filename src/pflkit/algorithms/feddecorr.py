@@ -1,5 +1,5 @@
 """FedDecorr (Shi et al., ICLR 2023): decorrelate the representations to fight dimensional
-collapse (spec §3.14).
+collapse.
 
 Local objective: CE + beta * L_decorr of the batch's representations h [N, d] (the body's output,
 the head's input). Server: FedAvg.

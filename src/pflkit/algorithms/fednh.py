@@ -1,5 +1,5 @@
 """FedNH (Dai et al., AAAI 2023): a classifier of fixed-norm class prototypes, uniformly spread at
-the start and smoothly filled with class semantics (spec §3.14).
+the start and smoothly filled with class semantics.
 
 The head's weight rows are the prototypes (unit norm; its bias stays 0). Clients train the body
 and the scale s on the scaled cosine logits s * <h/|h|, w_c> (the prototypes are frozen on the

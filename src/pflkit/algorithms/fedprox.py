@@ -1,4 +1,4 @@
-"""FedProx (Li et al., MLSys 2020): local objective F_i(w) + mu/2 ||w - w_global||^2 (spec §2.2).
+"""FedProx (Li et al., MLSys 2020): local objective F_i(w) + mu/2 ||w - w_global||^2.
 
 The method is its loss: cross-entropy plus the proximal term toward the received global model.
 """

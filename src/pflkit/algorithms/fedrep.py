@@ -1,4 +1,4 @@
-"""FedRep (Collins et al., ICML 2021): shared body, per-client head (spec §2.5).
+"""FedRep (Collins et al., ICML 2021): shared body, per-client head.
 
 Round: take the global body; train the head alone for ``head_epochs`` epochs, then the body
 alone for E epochs; upload the body only. Evaluated model: (latest global body, local head).

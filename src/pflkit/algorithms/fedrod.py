@@ -1,5 +1,5 @@
 """FedROD (Chen & Chao, ICLR 2022): a generic model for the federation and a personal head per
-client (spec §3.14).
+client.
 
 Local objective per batch: the balanced-softmax loss of the generic model (logits z_g + log n_j,
 n_j the client's samples of class j; classes it lacks drop out), which trains the body and the

@@ -1,4 +1,4 @@
-"""Per-FedAvg (Fallah et al., NeurIPS 2020): a MAML-style global initialisation (spec §2.4).
+"""Per-FedAvg (Fallah et al., NeurIPS 2020): a MAML-style global initialisation.
 
 Per local step, with batches B, B' (and B'' for the Hessian-free variant):
 

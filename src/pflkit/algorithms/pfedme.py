@@ -101,7 +101,7 @@ class PFedMe(Algorithm):
         avg = weighted_average([u["params"] for u in uploads], weights)
         beta, old = self.settings.beta, server["global"]
         trainable = set(self.parameter_names)
-        if beta != 1.0:  # buffers (batch-norm statistics) take the plain average (spec §0.2)
+        if beta != 1.0:  # buffers (batch-norm statistics) take the plain average
             avg = {k: (old[k] * (1.0 - beta) + v * beta if k in trainable else v) for k, v in avg.items()}
         return {**server, "global": {**old, **avg}}
 

@@ -2,7 +2,7 @@
 points on the simplex Δ^M (LDA), the points are clustered (L1 or Hilbert metric), and every
 cluster gets a subregion (an L1 ball of radius eta = rho * mean distance to the simplex, cut to
 the simplex) with an exact uniform sampler; and the simplex parametrisation W(alpha) = sum_m
-alpha_m W_m of the model's endpoint tensors (spec §4.2).
+alpha_m W_m of the model's endpoint tensors.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def endpoint_name(name: str, m: int) -> str:
 
 def make_endpoints(params: Mapping[str, torch.Tensor], names: list[str], num_endpoints: int) -> dict[str, torch.Tensor]:
     """``params`` with each of ``names`` replaced by ``num_endpoints`` independently initialised
-    endpoint tensors (spec §4.2), all drawn the same way as FLOCO's code does (every endpoint an
+    endpoint tensors, all drawn the same way as FLOCO's code does (every endpoint an
     independent Xavier-normal draw): a weight's endpoint m is Xavier-normal from a generator keyed
     by the initial tensor's bytes and m; a 1-d tensor (``simplex_bias``) keeps its initial value
     as endpoint 0 and adds N(0, 0.1^2) noise for the others. Every engine, Flower node and resumed
@@ -64,7 +64,7 @@ def realise(
     """The ordinary parameter dict at simplex point ``alpha``: W = sum_m alpha_m W_m for each of
     ``names``, other entries as they are. ``alpha`` [M+1], or [K, M+1] with every tensor carrying
     a leading client dimension (batched contexts). Differentiable: the gradient reaching W_m is
-    alpha_m times the realised weights' gradient (spec §4.6)."""
+    alpha_m times the realised weights' gradient."""
     out = {k: v for k, v in params.items() if ENDPOINT not in k}
     lead = alpha.dim() - 1
     for name in names:
@@ -81,7 +81,7 @@ def realise(
 # ---- stage 1: LDA points ------------------------------------------------------------------
 def lda_points(counts: np.ndarray, num_endpoints: int, seed: int) -> np.ndarray:
     """Each client's point on Δ^M from its label counts [K, L]: scikit-learn's online variational
-    Bayes LDA with M + 1 topics (spec §4.3; library defaults otherwise)."""
+    Bayes LDA with M + 1 topics (library defaults otherwise)."""
     from sklearn.decomposition import LatentDirichletAllocation
 
     counts = np.asarray(counts, dtype=np.float64)
@@ -106,7 +106,7 @@ def smooth(p: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
 def distances(a: np.ndarray, b: np.ndarray, metric: Metric, eps: float = 1e-6) -> np.ndarray:
     """Pairwise distances [len(a), len(b)]: L1, or the Hilbert simplex metric
-    log(max_i p_i/q_i / min_j p_j/q_j) on smoothed points (spec §4.4)."""
+    log(max_i p_i/q_i / min_j p_j/q_j) on smoothed points."""
     a, b = np.atleast_2d(a), np.atleast_2d(b)
     if metric == "l1":
         return np.abs(a[:, None, :] - b[None, :, :]).sum(-1)
@@ -142,7 +142,7 @@ def cluster(
     seed: int = 0,
     eps: float = 1e-6,
 ) -> Clustering:
-    """Center-based clustering of simplex points (spec §4.4): k-means++ or k-center
+    """Center-based clustering of simplex points: k-means++ or k-center
     (farthest-first) seeding, Lloyd iterations with the metric's center, ``n_init`` restarts,
     the lowest cost kept. Fewer distinct points than ``num_clusters`` reduce it (warned).
     ``eps``: the Hilbert metric's boundary smoothing."""
@@ -213,7 +213,7 @@ def mean_distance_to_simplex(centers: np.ndarray, draws: int = 100_000, seed: in
 def sample_region(
     center: np.ndarray, eta: float, n: int, rng: np.random.Generator, max_proposals: int = 100_000_000
 ) -> np.ndarray:
-    """``n`` points uniform on {a in Δ^M : ||a - center||_1 <= eta} (spec §4.5): uniform proposals
+    """``n`` points uniform on {a in Δ^M : ||a - center||_1 <= eta}: uniform proposals
     on the scaled simplex {a_i >= max(0, mu_i - eta/2)}, which contains the region, accepted
     when inside the ball (exact)."""
     if not eta > 0:

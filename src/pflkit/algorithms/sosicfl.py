@@ -1,4 +1,4 @@
-"""SosicFL (solution simplex clustered FL, spec §4), SosicFL-All and SosicFL+.
+"""SosicFL (solution simplex clustered FL), SosicFL-All and SosicFL+.
 
 The model's head (``sosicfl``) or every parametrised layer (``sosicfl_all``) is a simplex of
 M + 1 endpoint tensors; a point alpha of the simplex realises W(alpha) = sum_m alpha_m W_m
@@ -287,7 +287,7 @@ class SosicFL(Algorithm):
 
     def personalise(self, payload: Payload, state: State, ctx: ClientContext) -> tuple[State, Any]:
         """E epochs of the personal endpoints on CE at the personal alphas + lambda/2 ||theta^ - theta||^2
-        toward the endpoints received this round (spec §4.10)."""
+        toward the endpoints received this round."""
         anchor = {k: v for k, v in payload["global"].items() if k in set(self.trainable)}
         loss = simplex_loss(self.simplex, self.M1, self.settings.plus_lam)
         personal, personal_loss = self.fit_simplex(
@@ -356,7 +356,7 @@ class SosicFLAll(SosicFL):
 
 @register
 class SosicFLPlus(SosicFL):
-    """SosicFL with Ditto-style personal endpoints (spec §4.10)."""
+    """SosicFL with Ditto-style personal endpoints."""
 
     name = "sosicfl_plus"
     personal = True

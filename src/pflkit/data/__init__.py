@@ -1,4 +1,4 @@
-"""Datasets, IDX file I/O and federated partitions (spec §5)."""
+"""Datasets, IDX file I/O and federated partitions."""
 
 from pflkit.data.agnews import basic_english, build_vocab, load_agnews
 from pflkit.data.cifar import load_cifar

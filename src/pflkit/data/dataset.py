@@ -1,4 +1,4 @@
-"""The pool of labelled samples that every dataset reader returns (spec §5.1): images or token ids,
+"""The pool of labelled samples that every dataset reader returns: images or token ids,
 and the official train/test boundary where the dataset has one.
 
 The readers (cifar, tiny_imagenet, agnews and sources' own MNIST, digits and synthetic) import it

@@ -99,7 +99,7 @@ class FederatedData:
         cls, data: Dataset, spec: PartitionSpec, seed: int, *, batch_size: int = 10, device: torch.device | str = "cpu"
     ) -> FederatedData:
         """Partition ``data`` over clients by ``spec`` with partition seed ``seed``, split each
-        client into training and test data (spec §5.5), move tensors to ``device``;
+        client into training and test data, move tensors to ``device``;
         ``batch_size`` (the run's training batch) sizes PFLlib's default minimum client size.
 
         Problems name the dataset and its size next to the config keys to change.

@@ -170,7 +170,7 @@ def data_folder(data_dir: str | Path) -> Path:
 
 
 def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test: bool = False) -> Dataset:
-    """Load a dataset by name (see :data:`DATASETS`) as one pool (train and test merged, spec §5.1).
+    """Load a dataset by name (see :data:`DATASETS`) as one pool (train and test merged).
 
     ``data_dir`` is needed only for file-based datasets (:data:`FILE_DATASETS`).
     ``official_test`` asks for the official test split too where a loader leaves it out by

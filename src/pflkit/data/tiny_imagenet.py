@@ -1,6 +1,6 @@
 """Tiny-ImageNet-200 from its standard ``tiny-imagenet-200`` folder tree.
 
-FedALA partitions only the 100k training images (spec §5.1); ``include_val``
+FedALA partitions only the 100k training images; ``include_val``
 appends the 10k labelled validation images. Labels follow torchvision's
 ImageFolder (as PFLlib): the index of the wnid in the *sorted* wnid list, and
 within a class the images are in sorted file-name order. Images are converted

@@ -83,7 +83,7 @@ class RoundPlan:
 
 
 def sample_clients(seed: int, round: int, num_clients: int, join_ratio: float) -> list[int]:
-    """floor(join_ratio * N) clients (at least one), uniform without replacement (spec §0.1)."""
+    """floor(join_ratio * N) clients (at least one), uniform without replacement."""
     k = max(1, int(join_ratio * num_clients))
     if k >= num_clients:
         return list(range(num_clients))

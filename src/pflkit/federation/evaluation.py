@@ -105,7 +105,7 @@ class AdaptabilityMetrics:
     """A trained local model's per-class correct predictions on the global test set (the driver
     turns them into its risk over the clients' distributions, FedACD Table 3) and KL(P^m || T) of
     its probability matrix over the client's training data against the template with ``gamma``
-    (FedACD Table 9, spec §3.9): a ``LocalModelMetric`` of the engines."""
+    (FedACD Table 9): a ``LocalModelMetric`` of the engines."""
 
     def __init__(self, gamma: float) -> None:
         self.gamma = gamma

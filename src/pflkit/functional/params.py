@@ -50,7 +50,7 @@ class WeightedSum:
 
 
 def weighted_average(models: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]) -> Params:
-    """Sum_i w_i * model_i / Sum_i w_i over the keys of the first model (FedAvg, spec §0.2), folded
+    """Sum_i w_i * model_i / Sum_i w_i over the keys of the first model (FedAvg), folded
     in list order."""
     if not models:
         raise ValueError("cannot average an empty list of models")

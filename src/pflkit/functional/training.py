@@ -334,7 +334,7 @@ def probability_sums(
 
 def probability_matrix(sums: Tensor, counts: Tensor, floor: float = 1e-8) -> Tensor:
     """P: the mean predicted probabilities per true class (rows of absent classes are uniform),
-    floored at ``floor`` (FedACD's P^m, spec §3.3). Works with a leading client dimension."""
+    floored at ``floor`` (FedACD's P^m). Works with a leading client dimension."""
     uniform = torch.full_like(sums, 1.0 / sums.shape[-1])
     present = (counts > 0)[..., None]
     return torch.where(present, sums / counts.clamp(min=1)[..., None], uniform).clamp(min=floor)
@@ -342,7 +342,7 @@ def probability_matrix(sums: Tensor, counts: Tensor, floor: float = 1e-8) -> Ten
 
 def template_kl(P: Tensor, counts: Tensor, gamma: float, rows: str = "mean") -> Tensor:
     """s = mean over the classes present (counts > 0) of KL(P_i || T_i), with the template
-    T_ii = gamma, T_ij = (1 - gamma) / (C - 1) (FedACD Eq. 10 [RECON], spec §3.9);
+    T_ii = gamma, T_ij = (1 - gamma) / (C - 1) (FedACD Eq. 10 [RECON]);
     ``rows = "samples"`` weights each class's row by its sample count instead."""
     C = P.shape[-1]
     eye = torch.eye(C, dtype=P.dtype, device=P.device)

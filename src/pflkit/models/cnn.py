@@ -30,7 +30,7 @@ def _four_unit_forward(
 
 
 class FedAvgCNN(UnitModel):
-    """The 4-layer CNN of McMahan et al. (2017) as used by FedALA/PFLlib (spec §7.1).
+    """The 4-layer CNN of McMahan et al. (2017) as used by FedALA/PFLlib.
 
     conv1(5x5, 32) -> pool -> conv2(5x5, 64) -> pool -> fc1(512) -> fc(C).
     Units: conv1, conv2, fc1, fc.
@@ -77,7 +77,7 @@ class DigitsCNN(UnitModel):
 
 
 class CifarCNN(UnitModel):
-    """The simple CIFAR CNN of FedROD/FedNH ("Conv2Cifar", spec §7.6), FedACD's CIFAR model:
+    """The simple CIFAR CNN of FedROD/FedNH ("Conv2Cifar"), FedACD's CIFAR model:
     conv(5x5, 64) -> pool -> conv(5x5, 64) -> pool -> fc1(384) -> fc2(192) -> fc(C).
     Units: conv1, conv2, fc1, fc2, fc. ``head_bias=False`` (registered as ``conv2cifar``) drops
     the classifier's bias, as FedNH's code (Yutong-Dai/FedNH ``models/CNN.py``, Conv2Cifar) does."""

@@ -1,5 +1,5 @@
 """MobileNetV2 and SqueezeNet 1.1 with torchvision's architectures, parameter names and default
-initialisation (SosicFL, spec §7.5), written from the papers (Sandler et al. 2018; Iandola et al.
+initialisation (SosicFL), written from the papers (Sandler et al. 2018; Iandola et al.
 2016, v1.1 of the reference implementation) and torchvision's public layout, so that ImageNet
 state dicts in torchvision's key layout load with ``load_pretrained``.
 """

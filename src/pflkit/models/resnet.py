@@ -1,4 +1,4 @@
-"""ResNet-18 with torchvision's architecture, parameter names and default initialisation (spec §7.2).
+"""ResNet-18 with torchvision's architecture, parameter names and default initialisation.
 
 Written from the ResNet paper's description (He et al., 2016) and torchvision's public layout:
 7x7/2 stem convolution (no bias) + batch norm + ReLU + 3x3/2 max pooling, four stages of two
@@ -105,7 +105,7 @@ def stage_forward(
 
 
 class ResNet18(UnitModel):
-    """torchvision's ``resnet18(weights=None, num_classes=C)`` at native resolution (spec §7.2).
+    """torchvision's ``resnet18(weights=None, num_classes=C)`` at native resolution.
 
     Units: conv1 (= conv1 + bn1, with ReLU and max pooling), layer1, layer2, layer3, layer4 (with
     the global average pooling, so the head sees 512-d features), fc. Batch norm makes the

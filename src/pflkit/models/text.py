@@ -12,7 +12,7 @@ from .base import UnitModel
 
 
 class FastText(UnitModel):
-    """fastText for AG News as in FedALA/PFLlib (spec §7.3).
+    """fastText for AG News as in FedALA/PFLlib.
 
     embedding (vocab x 32, padding_idx 0) -> mean over all token positions (padding included;
     the padding row is zero-initialised and gets no gradient) -> fc1 Linear(32, 32) without

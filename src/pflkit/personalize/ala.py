@@ -177,7 +177,7 @@ class AdaptiveLocalAggregation:
         self.train = train
 
     def init_state(self, downloaded: Params) -> ALAState:
-        """Weights W initialised to ones over the top p of the downloaded units (spec §1.7)."""
+        """Weights W initialised to ones over the top p of the downloaded units."""
         _, top = self.top_units(downloaded)
         # stored as a Python flag (a batched context stacks the flags, and every context splits them back)
         return ALAState(weights={k: torch.ones_like(downloaded[k]) for k in top}, started=False)
@@ -212,7 +212,7 @@ class AdaptiveLocalAggregation:
         return lowest_top
 
     def converged(self, losses: list[float], client_id: int) -> bool:
-        """The start-phase stopping rule (spec §1.6), with the hard cap."""
+        """The start-phase stopping rule, with the hard cap."""
         cfg = self.settings
         window = losses[-cfg.num_pre_loss :]
         if len(losses) > cfg.num_pre_loss and np.std(window) < cfg.threshold:

@@ -4,7 +4,7 @@ them. A config names its cell with ``paper_table = "<table>/<column>"``.
 
 Sources: FedALA (AAAI 2023) Tables 1 and 6 (s and p sweeps), 2, 3 (cost), 4 and 7 (spec §1.11
 and the paper text); SosicFL
-(arXiv 2403.03333) Tables 2, 3 (spec §4.14; the Ditto/SosicFL+ column reading is the spec's) and
+(arXiv 2403.03333) Tables 2, 3 (the Ditto/SosicFL+ column reading is the spec's) and
 Table 5 (time-to-accuracy improvements, global then local, same column reading).
 """
 

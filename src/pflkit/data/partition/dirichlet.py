@@ -1,4 +1,4 @@
-"""Class-wise Dirichlet label skew, PFLlib's ``'dir'`` rule (spec §5.4).
+"""Class-wise Dirichlet label skew, PFLlib's ``'dir'`` rule.
 
 Each class's samples are cut among the clients by proportions drawn from Dir(alpha), with PFLlib's
 balance cap; whole draws are repeated until the smallest client reaches the minimum (PFLlib's
@@ -103,7 +103,7 @@ def partition_dirichlet(
     batch_size: int = 10,
     train_fraction: float = 0.75,
 ) -> list[np.ndarray]:
-    """Class-wise Dirichlet split (PFLlib ``'dir'``, spec §5.4); see :func:`_dirichlet`."""
+    """Class-wise Dirichlet split (PFLlib ``'dir'``); see :func:`_dirichlet`."""
     return _sorted(
         _dirichlet(
             labels,

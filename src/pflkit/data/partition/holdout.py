@@ -1,4 +1,4 @@
-"""Clients' test data: the per-client train/test split of the client-split protocol (spec §5.5),
+"""Clients' test data: the per-client train/test split of the client-split protocol,
 the local test sets of the official-test-set protocol (spec §5.6, docs/explanations/metrics.md), and the fixed
 stratified split that stands in for an official split where a dataset ships none.
 """

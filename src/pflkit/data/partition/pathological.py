@@ -1,4 +1,4 @@
-"""Pathological label skew, PFLlib's ``'pat'`` rule (spec §5.2): every client holds
+"""Pathological label skew, PFLlib's ``'pat'`` rule: every client holds
 ``classes_per_client`` classes, dealt in order, each class cut into chunks of equal or random size.
 
 Also PFLlib's IID split (``rng = "pfllib"``): this rule with every class.
@@ -34,7 +34,7 @@ def partition_pathological(
     train_fraction: float = 0.75,
     convention: Literal["pflkit", "pfllib"] = "pflkit",
 ) -> list[np.ndarray]:
-    """Pathological label skew (PFLlib ``'pat'``, spec §5.2); see :func:`_pathological`."""
+    """Pathological label skew (PFLlib ``'pat'``); see :func:`_pathological`."""
     return _sorted(
         _pathological(
             labels,

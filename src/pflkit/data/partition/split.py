@@ -101,10 +101,10 @@ def split_clients(
     reads (``min_samples_per_client`` unset).
 
     ``client_split``: the whole pool is partitioned and every client's samples are split into
-    training and test data (spec §5.5). ``official``: ``pools`` = (official training rows,
+    training and test data. ``official``: ``pools`` = (official training rows,
     official test rows); only the training rows are partitioned (each client trains on its whole
     part) and each client's test data is a local test set drawn from the official test rows with
-    its training label proportions (:func:`local_test_sets`, spec §5.6).
+    its training label proportions (:func:`local_test_sets`).
     """
     rng = spec.generator(seed)
     if spec.official:
