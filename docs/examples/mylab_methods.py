@@ -1,6 +1,7 @@
-"""FedPer (Arivazhagan et al., 2019), written outside pflkit: the body is federated, the head stays
-on each client. Run it with ``algorithms = ["mylab_methods:FedPer"]`` (this file on PYTHONPATH),
-or ``"mylab_methods:FedPer+ala"`` for FedPer + ALA.
+"""FedPer (Arivazhagan et al., 2019) with a chosen number of personal units, written outside
+pflkit: the body is federated, the top ``head_units`` units stay on each client (pflkit's own
+``fedper`` keeps the last one). Run it with ``algorithms = ["mylab_methods:FedPer"]`` (this file on
+PYTHONPATH), or ``"mylab_methods:FedPer+ala"`` for FedPer + ALA.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from pflkit.algorithms import Algorithm, ClientContext, Payload, Settings, State
 
 
 class FedPerSettings(Settings):
-    """The ``[fedper]`` section of a config."""
+    """The ``[myfedper]`` section of a config."""
 
     head_units: int = Field(1, ge=1, description="top units of the model that stay personal")
 
 
 class FedPer(Algorithm):
-    name = "fedper"
+    name = "myfedper"  # its config section: pflkit's methods own theirs (``fedper`` among them)
     settings_class = FedPerSettings
     has_global_model = False  # the server never trains a head: its model is no model to score
 

@@ -49,7 +49,7 @@ def test_an_outside_method_runs_on_every_engine_and_under_ala(mylab, tmp_path):
     runs = {}
     for engine in ("loop", "parallel", "vmap"):
         config = load_config(
-            None, FAST + [f"algorithms={json.dumps(METHODS)}", f"engine={engine}", "fedper.head_units=1"]
+            None, FAST + [f"algorithms={json.dumps(METHODS)}", f"engine={engine}", "myfedper.head_units=1"]
         )
         run_experiment(config, tmp_path / engine, progress=False, echo=lambda s: None)
         runs[engine] = records(tmp_path / engine)
@@ -74,12 +74,12 @@ def test_an_outside_method_runs_in_a_sweep(mylab, tmp_path):
 
     record = run_sweep(
         None,
-        FAST + ['algorithms=["mylab_methods:FedPer"]', "fedper.head_units=[1,2]"],
+        FAST + ['algorithms=["mylab_methods:FedPer"]', "myfedper.head_units=[1,2]"],
         tmp_path / "sweep",
         progress=False,
         echo=lambda s: None,
     )
-    assert sorted(c["folder"] for c in record["cells"]) == ["fedper.head_units=1", "fedper.head_units=2"]
+    assert sorted(c["folder"] for c in record["cells"]) == ["myfedper.head_units=1", "myfedper.head_units=2"]
     best = [c["summary"]["mylab_methods:FedPer"]["best_accuracy"] for c in record["cells"]]
     assert best[0] != best[1]  # the section's setting reached the method
 
@@ -104,8 +104,8 @@ def test_an_installed_entry_point_names_a_method(mylab, monkeypatch):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mylab\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text("[pflkit.methods]\nfedper_ep = mylab_methods:FedPer\n")
-    config = load_config(None, FAST + ['algorithms=["fedper_ep", "fedper_ep+ala"]', "fedper.head_units=2"])
-    assert config.fedper.head_units == 2
+    config = load_config(None, FAST + ['algorithms=["fedper_ep", "fedper_ep+ala"]', "myfedper.head_units=2"])
+    assert config.myfedper.head_units == 2
     assert "fedper_ep" in REGISTRY.available()
     alg = build_algorithm(
         "fedper_ep+ala", config.algorithm_sections(), config.train, [("body", ["w"]), ("head", ["h"])]

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..functional import Params, WeightedSum, clone, weighted_average
 from ..functional.training import Ensemble, LossFn, classification_loss
-from ..models import Units, parameter_names
+from ..models import Units, head_names, parameter_names
 from .card import MethodCard
 from .context import ClientContext, Fit, Metrics, PerClient, TrainBatches, TrainSettings
 
@@ -138,6 +138,11 @@ class Algorithm:
         learning): engines may batch that step across clients even where training runs per client.
       has_global_model: False when ``global_params`` is no model worth scoring (FedRep's server
         never trains a head; local training has none); global-test metrics skip such methods.
+      personal_part: the part of the model that stays on each client, by the model's split into a
+        body and a head (its last unit): ``"head"`` (FedRep, FedPer), ``"body"`` (LG-FedAvg), or
+        None (every parameter travels). The downlink leaves it out (``downloaded_names``), so
+        ``receive`` and ALA initialise only the shared part; ``shared`` picks what to upload, so
+        ``aggregate`` averages only the shared part. A model of one unit is refused.
       tta_base: the method whose best accuracy sets this one's time-to-accuracy target when both
         run together (SosicFL: FedAvg; SosicFL+: Ditto).
       metric_reductions: how a round's record reduces a client metric over the clients, where
@@ -155,6 +160,7 @@ class Algorithm:
     requires_full_participation: ClassVar[bool] = False
     trains_on_receive: ClassVar[bool] = False
     has_global_model: ClassVar[bool] = True
+    personal_part: ClassVar[Literal["head", "body"] | None] = None
     tta_base: ClassVar[str | None] = None  # the method its time-to-accuracy is measured against
     #: how a round's record reduces each of the method's numeric client metrics over the clients
     #: (default: the mean, NaN values left out)
@@ -165,6 +171,13 @@ class Algorithm:
         self.settings = settings
         self.train = train
         self.units = units
+        if self.personal_part is not None and len(units) < 2:
+            shared = "body" if self.personal_part == "head" else "head"
+            raise ValueError(
+                f"{self.name} keeps the model's {self.personal_part} on each client and shares its {shared}: "
+                f"it needs a model of at least two units (a body and a head), and this model has one, "
+                f"{units[0][0]!r} ({', '.join(units[0][1])})"
+            )
 
     @property
     def ala_target(self) -> str:
@@ -180,6 +193,27 @@ class Algorithm:
         names = set(self.parameter_names)
         return {k: v for k, v in params.items() if k in names}
 
+    @property
+    def personal_names(self) -> frozenset[str]:
+        """The parameters that stay on the client (``personal_part``); none by default."""
+        if self.personal_part is None:
+            return frozenset()
+        head = head_names(self.units)
+        return frozenset(head if self.personal_part == "head" else [n for n in self.parameter_names if n not in head])
+
+    def is_shared(self, name: str) -> bool:
+        """Whether entry ``name`` of a client's model travels (the batch-norm statistics belong to the
+        body, so they stay with a personal body)."""
+        if self.personal_part == "body":
+            return name in head_names(self.units)
+        return name not in self.personal_names
+
+    def shared(self, params: Mapping[str, torch.Tensor]) -> Params:
+        """The entries of ``params`` a client uploads: all but its ``personal_part``."""
+        if self.personal_part is None:
+            return dict(params)
+        return {k: v for k, v in params.items() if self.is_shared(k)}
+
     # ---- server side -------------------------------------------------------------------
     def init_server(self, init_params: Params) -> State:
         return {"global": clone(init_params)}
@@ -191,11 +225,13 @@ class Algorithm:
 
     def downloaded_names(self, names: list[str]) -> list[str]:
         """Which entries of the global model the downlink carries: all parameters, and the
-        batch-norm buffers only with ``bn_buffers = "global"`` (FedRep: the body only)."""
-        if self.train.bn_buffers == "global":
+        batch-norm buffers only with ``bn_buffers = "global"``; none of the ``personal_part``."""
+        if self.train.bn_buffers != "global":
+            parameters = set(self.parameter_names)
+            names = [n for n in names if n in parameters]
+        if self.personal_part is None:
             return names
-        parameters = set(self.parameter_names)
-        return [n for n in names if n in parameters]
+        return [n for n in names if self.is_shared(n)]
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         names = self.downloaded_names(list(server["global"]))
@@ -269,9 +305,9 @@ class Algorithm:
         return state, {}
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
-        """E epochs of the local objective (``loss``) from the local model; upload it."""
+        """E epochs of the local objective (``loss``) from the local model; upload its shared part."""
         fit = self.train_model(state["model"], ctx, self.loss(), aux=self.loss_aux(payload, state, ctx))
-        return {**state, "model": fit.params}, self.upload(fit.params, ctx), {"train_loss": fit.loss}
+        return {**state, "model": fit.params}, self.upload(self.shared(fit.params), ctx), {"train_loss": fit.loss}
 
     def loss(self) -> LossFn:
         """The local objective of ``local_train`` (default: cross-entropy)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..functional import subset
 from ..functional.training import classification_loss
 from ..models import head_names
 from .base import Algorithm, ClientContext, Payload, Settings, State, Trained
@@ -39,13 +38,9 @@ class FedRepSettings(Settings):
 class FedRep(Algorithm):
     name = "fedrep"
     has_global_model = False  # the server never trains a head
+    personal_part = "head"  # only the body travels; heads stay on the clients
     settings_class = FedRepSettings
     settings: FedRepSettings
-
-    def downloaded_names(self, names: list[str]) -> list[str]:
-        """Only the body travels; heads stay on the clients."""
-        head = set(head_names(self.units))
-        return [n for n in super().downloaded_names(names) if n not in head]
 
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         head = head_names(self.units)
@@ -67,7 +62,7 @@ class FedRep(Algorithm):
         )
         return (
             {**state, "model": fit.params},
-            self.upload(subset(fit.params, body), ctx),
+            self.upload(self.shared(fit.params), ctx),
             {"train_loss": fit.loss, "head_loss": head_fit.loss},
         )
 

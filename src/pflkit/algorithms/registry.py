@@ -6,7 +6,7 @@ A name in ``algorithms = [...]`` is one of
 * a registered method (``"fedavg"``) or alias (``"fedala"``);
 * a class in any importable module, by dotted path: ``"mylab.methods:FedPer"``;
 * the name of an entry point in the group ``pflkit.methods`` that an installed package declares
-  (``[project.entry-points."pflkit.methods"] fedper = "mylab.methods:FedPer"``);
+  (``[project.entry-points."pflkit.methods"] myfedper = "mylab.methods:FedPer"``);
 
 each optionally followed by modifiers (``"mylab.methods:FedPer+ala"``). A method is a subclass
 of :class:`~pflkit.algorithms.base.Algorithm` with a ``name`` (its config section unless it sets

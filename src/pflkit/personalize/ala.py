@@ -389,6 +389,7 @@ CLASS_SETTINGS = (
     "needs",
     "requires_full_participation",
     "has_global_model",
+    "personal_part",
     "tta_base",
     "metric_reductions",
 )

@@ -39,6 +39,8 @@ METHODS: tuple[str, ...] = (
     "sosicfl",
     "sosicfl_all",
     "sosicfl_plus",
+    "fedper",
+    "lgfedavg",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
