@@ -7,6 +7,7 @@ from . import apple, ditto, fedamp, fedavg, fedavgc, fedfomo, fedprox, fedproxc,
 from . import fedphp, partialfed, perfedavg, pfedme  # noqa: F401  (registration side effects)
 from . import creff, fedacd, feddecorr, fedlc, fednh, fednova, fedntd, fedrod  # noqa: F401
 from . import sosicfl  # noqa: F401
+from . import fedavgm, fedadagrad, fedadam, fedyogi  # noqa: F401
 
 # isort: on
 from .base import Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained, Upload
