@@ -189,7 +189,12 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
 
 @pytest.mark.parametrize(
     "algorithms",
-    [["fedala"], ["fedavg", "ditto+ala", "fedrep"], ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"]],
+    [
+        ["fedala"],
+        ["fedavg", "ditto+ala", "fedrep"],
+        ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"],
+        ["fedavgm", "fedadagrad", "fedadam+ala", "fedyogi"],
+    ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
     config = load_config(None, OVERRIDES + [f"algorithms={json.dumps(algorithms)}"])
