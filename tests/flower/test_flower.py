@@ -194,6 +194,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["fedavg", "ditto+ala", "fedrep"],
         ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"],
         ["fedper", "lgfedavg+ala"],
+        ["fedavgm", "fedadagrad", "fedadam+ala", "fedyogi"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -219,3 +220,180 @@ def floco_optimizer(model: FlocoModel, ctx) -> torch.optim.SGD:
         momentum=ctx.train.momentum,
         weight_decay=ctx.train.weight_decay,
     )
+
+
+# ---- Flower's server strategies and Reddi et al.'s Algorithm 2 ----------------------------------------------
+def flower_average(replies: list[tuple[dict, int]]) -> dict[str, np.ndarray]:
+    """strategy_utils.aggregate_arrayrecords (flwr 1.41): each reply's arrays times n_i / sum n, summed
+    in reply order, in NumPy."""
+    total = sum(n for _, n in replies)
+    out: dict[str, np.ndarray] = {}
+    for arrays, n in replies:
+        for k, x in arrays.items():
+            out[k] = x.numpy() * (n / total) if k not in out else out[k] + x.numpy() * (n / total)
+    return out
+
+
+class FlowerFedAvgM:
+    """My transcription of flwr 1.41 serverapp/strategy/fedavgm.py (``aggregate_train``): the FedAvg
+    average, the pseudo-gradient old − new, the momentum vector set to it in the first round and
+    momentum * vector + gradient afterwards, then old − server_learning_rate * vector; the server
+    optimiser runs only when the momentum is not 0 or the rate not 1."""
+
+    def __init__(self, initial: dict, server_learning_rate: float = 1.0, server_momentum: float = 0.0) -> None:
+        self.current = {k: v.numpy().copy() for k, v in initial.items()}
+        self.lr, self.momentum = server_learning_rate, server_momentum
+        self.vector: dict[str, np.ndarray] | None = None
+
+    def configure_train(self, arrays: dict) -> None:
+        """FedAvgM keeps the arrays it is given only in the first round: its own result afterwards."""
+
+    def round(self, server_round: int, replies: list[tuple[dict, int]]) -> dict[str, torch.Tensor]:
+        new = flower_average(replies)
+        if self.momentum != 0.0 or self.lr != 1.0:
+            gradient = {k: self.current[k] - new[k] for k in new}
+            if self.momentum > 0.0:
+                if self.vector is None:
+                    self.vector = gradient
+                else:
+                    self.vector = {k: self.momentum * self.vector[k] + gradient[k] for k in gradient}
+                gradient = self.vector
+            new = {k: self.current[k] - self.lr * gradient[k] for k in gradient}
+        self.current = new
+        return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in new.items()}
+
+
+class FlowerFedOpt:
+    """My transcription of flwr 1.41 serverapp/strategy/fedopt.py (``_compute_deltat_and_mt``) and the
+    ``aggregate_train`` of fedadagrad.py, fedadam.py and fedyogi.py (``kind``): delta = average −
+    current arrays; m_t and v_t start at zeros; m_t = beta_1 m_t + (1 − beta_1) delta (FedAdagrad
+    passes beta_1 = 0); v_t: Adagrad v + delta², Adam beta_2 v + (1 − beta_2) delta², Yogi
+    v − (1 − beta_2) delta² sign(v − delta²); new = current + eta m_t / (sqrt(v_t) + tau), where Adam's
+    eta is eta sqrt(1 − beta_2^(round + 1)) / (1 − beta_1^(round + 1)). ``configure_train`` takes
+    the arrays the round sends (pflkit's global model, which Flower's own run would have computed):
+    each round is one of Flower's steps from pflkit's model, with Flower's m_t and v_t carried over,
+    so that float rounding is not amplified across rounds where v_t is tiny."""
+
+    def __init__(self, kind: str, initial: dict, eta: float, beta_1: float, beta_2: float, tau: float) -> None:
+        assert kind in ("adagrad", "adam", "yogi")
+        self.kind, self.eta, self.tau = kind, eta, tau
+        self.beta_1, self.beta_2 = (0.0, 0.0) if kind == "adagrad" else (beta_1, beta_2)
+        self.current = {k: v.numpy().copy() for k, v in initial.items()}
+        self.m_t: dict[str, np.ndarray] | None = None
+        self.v_t: dict[str, np.ndarray] | None = None
+
+    def configure_train(self, arrays: dict) -> None:
+        """FedOpt's ``configure_train``: the current arrays are those sent for this round's training."""
+        self.current = {k: v.numpy().copy() for k, v in arrays.items()}
+
+    def round(self, server_round: int, replies: list[tuple[dict, int]]) -> dict[str, torch.Tensor]:
+        average = flower_average(replies)
+        delta = {k: x - self.current[k] for k, x in average.items()}
+        if not self.m_t:
+            self.m_t = {k: np.zeros_like(v) for k, v in average.items()}
+        self.m_t = {k: self.beta_1 * v + (1 - self.beta_1) * delta[k] for k, v in self.m_t.items()}
+        if not self.v_t:
+            self.v_t = {k: np.zeros_like(v) for k, v in average.items()}
+        if self.kind == "adagrad":
+            self.v_t = {k: v + delta[k] * delta[k] for k, v in self.v_t.items()}
+        elif self.kind == "adam":
+            self.v_t = {k: self.beta_2 * v + (1 - self.beta_2) * delta[k] ** 2 for k, v in self.v_t.items()}
+        else:
+            self.v_t = {
+                k: v - (1.0 - self.beta_2) * delta[k] ** 2 * np.sign(v - delta[k] ** 2) for k, v in self.v_t.items()
+            }
+        eta = self.eta
+        if self.kind == "adam":
+            eta = (
+                self.eta * np.sqrt(1 - self.beta_2 ** (server_round + 1.0)) / (1 - self.beta_1 ** (server_round + 1.0))
+            )
+        self.current = {k: x + eta * self.m_t[k] / (np.sqrt(self.v_t[k]) + self.tau) for k, x in self.current.items()}
+        return {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in self.current.items()}
+
+
+class Algorithm2:
+    """Reddi et al., Algorithm 2 by hand (``kind``: adagrad, adam, yogi), with v starting at τ² (its
+    v_{-1} ≥ τ²) and the client updates weighted by training-set size (Algorithm 2's 1/|S| when the
+    clients hold as many samples): Δ = Σ p_i (x_i − x), m = β1 m + (1 − β1) Δ, v by ``kind``,
+    x ← x + η m / (√v + τ); no bias correction."""
+
+    def __init__(self, kind: str, initial: dict, eta: float, beta1: float, beta2: float, tau: float) -> None:
+        self.kind, self.eta, self.beta1, self.beta2, self.tau = kind, eta, beta1, beta2, tau
+        self.x = {k: v.double() for k, v in initial.items()}
+        self.m = {k: torch.zeros_like(v) for k, v in self.x.items()}
+        self.v = {k: torch.full_like(v, tau**2) for k, v in self.x.items()}
+
+    def round(self, replies: list[tuple[dict, int]]) -> dict[str, torch.Tensor]:
+        total = sum(n for _, n in replies)
+        for k, x in self.x.items():
+            delta = sum((n / total) * (p[k].double() - x) for p, n in replies)
+            self.m[k] = self.beta1 * self.m[k] + (1 - self.beta1) * delta
+            if self.kind == "adagrad":
+                self.v[k] = self.v[k] + delta**2
+            elif self.kind == "adam":
+                self.v[k] = self.beta2 * self.v[k] + (1 - self.beta2) * delta**2
+            else:
+                self.v[k] = self.v[k] - (1 - self.beta2) * delta**2 * torch.sign(self.v[k] - delta**2)
+            self.x[k] = x + self.eta * self.m[k] / (self.v[k].sqrt() + self.tau)
+        return {k: v.float() for k, v in self.x.items()}
+
+
+def server_rounds(name: str, make_reference, *overrides: str, rounds: int = 4, seed: int = 0) -> None:
+    """``rounds`` rounds of ``name``'s server rule (configured by ``overrides``) and of the reference
+    that ``make_reference(initial global)`` starts (``round(t, replies)``, or ``round(replies)`` for
+    ``Algorithm2``) on the same uploads: 2 to 4 clients a round with random training-set sizes and
+    parameters near the current global model; the global models must agree after every round."""
+    from pflkit.algorithms.base import upload_order
+    from tests.support.builders import build, params_of, perturbed, tiny_context
+    from tests.support.checks import assert_expected_close
+
+    ctx = tiny_context()
+    alg = build(name, ctx, *overrides)
+    server = alg.init_server(params_of(ctx, seed))
+    reference = make_reference(server["global"])
+    rng = np.random.default_rng(seed)
+    for t in range(1, rounds + 1):
+        clients = sorted(rng.choice(6, size=int(rng.integers(2, 5)), replace=False).tolist())
+        uploads = [
+            {
+                "params": perturbed(server["global"], 100 * t + c, 0.05),
+                "num_samples": int(rng.integers(5, 60)),
+                "client_id": c,
+            }
+            for c in clients
+        ]
+        replies = [(u["params"], u["num_samples"]) for u in sorted(uploads, key=upload_order)]
+        if isinstance(reference, Algorithm2):
+            expected = reference.round(replies)
+        else:
+            reference.configure_train(server["global"])
+            expected = reference.round(t, replies)
+        server = alg.aggregate(server, uploads, t)
+        assert_expected_close(server["global"], expected)
+
+
+def trained_rounds(name: str, make_reference, *overrides: str, rounds: int = 3) -> None:
+    """``rounds`` whole rounds of ``name`` on two training clients (30 and 50 samples): each trains
+    from the downloaded global model and uploads; ``name``'s server rule and the reference that
+    ``make_reference(initial global)`` starts (``round(t, replies)``) take the same uploads, and the
+    global models must agree after every round."""
+    from pflkit.algorithms.base import upload_order
+    from tests.support.builders import build, params_of, seeded_client
+    from tests.support.checks import assert_expected_close
+
+    ctxs = [seeded_client(30, seed=0, client_id=0, lr=0.05), seeded_client(50, seed=1, client_id=1, lr=0.05)]
+    alg = build(name, ctxs[0], *overrides)
+    server = alg.init_server(params_of(ctxs[0], 0))
+    reference = make_reference(server["global"])
+    states = [alg.init_client(server["global"], c.client_id) for c in ctxs]
+    for t in range(1, rounds + 1):
+        uploads = []
+        for i, ctx in enumerate(ctxs):
+            payload = alg.downlink(server, ctx.client_id, t)
+            state, _ = alg.local_init(payload, states[i], ctx)
+            states[i], upload, _ = alg.local_train(payload, state, ctx)
+            uploads.append({**upload, "num_samples": int(upload["num_samples"]), "client_id": ctx.client_id})
+        reference.configure_train(server["global"])
+        expected = reference.round(t, [(u["params"], u["num_samples"]) for u in sorted(uploads, key=upload_order)])
+        server = alg.aggregate(server, uploads, t)
+        assert_expected_close(server["global"], expected)

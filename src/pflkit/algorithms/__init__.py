@@ -8,6 +8,7 @@ from . import fedphp, partialfed, perfedavg, pfedme  # noqa: F401  (registration
 from . import creff, fedacd, feddecorr, fedlc, fednh, fednova, fedntd, fedrod  # noqa: F401
 from . import sosicfl  # noqa: F401
 from . import fedper, lgfedavg  # noqa: F401
+from . import fedavgm, fedadagrad, fedadam, fedyogi  # noqa: F401
 
 # isort: on
 from .base import Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained, Upload

@@ -41,11 +41,16 @@ METHODS: tuple[str, ...] = (
     "sosicfl_plus",
     "fedper",
     "lgfedavg",
+    "fedavgm",
+    "fedadagrad",
+    "fedadam",
+    "fedyogi",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
 
-#: tab10, Dark2, then the dark and the middle shades of tab20b: 28 colours, none of them light
+#: tab10, Dark2, the dark and the middle shades of tab20b, then the dark shades of tab20c: 33
+#: colours, none of them light
 PALETTE: tuple[str, ...] = tuple(
     to_hex(c)
     for c in (
@@ -53,6 +58,7 @@ PALETTE: tuple[str, ...] = tuple(
         *colormaps["Dark2"].colors,  # type: ignore[attr-defined]
         *colormaps["tab20b"].colors[::4],  # type: ignore[attr-defined]
         *colormaps["tab20b"].colors[1::4],  # type: ignore[attr-defined]
+        *colormaps["tab20c"].colors[::4],  # type: ignore[attr-defined]
     )
 )
 
