@@ -431,7 +431,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("AG News row with two fields", _agnews_bad_row, "train.csv, row 1: expected 3 fields"),
     ("download of an unknown dataset", lambda tmp: ["download", "imagenet", str(tmp / "d")], "no download for dataset"),
     ("bench with bad client counts", lambda tmp: ["bench", "--clients", "ten"], "expected comma-separated integers"),
-    # results folders, sweeps, reports and plots (issue 19)
+    # results folders, sweeps, reports and plots
     ("config file not UTF-8", _config_not_utf8, "is not UTF-8 text (byte 9): TOML files are UTF-8"),
     ("config file that is a folder", _config_is_a_folder, "folder.toml is not a file"),
     ("config name with a path", run_args("name='../../x'"), "name: must be a plain folder name"),

@@ -1,4 +1,4 @@
-"""Every engine runs the same algorithm code to the same numbers (issue: fast engines)."""
+"""Every engine runs the same algorithm code to the same numbers."""
 
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def test_a_batched_context_gathers_client_states_onto_its_device():
     assert all(isinstance(t, torch.Tensor) and t.device.type == "meta" and t.shape[0] == 2 for t in leaves(gathered))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run it where the device tool lends one)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ALL_ALGORITHMS)
 def test_every_algorithm_runs_on_cuda_with_the_default_engine_as_on_the_cpu(name):
     """CUDA's default engine (vmap; client by client for per-client code) runs three rounds, the ALA

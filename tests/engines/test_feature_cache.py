@@ -1,4 +1,4 @@
-"""fit(start=...): frozen lower units computed once per fit (FedRep's head epochs, issue 23 §2)
+"""fit(start=...): frozen lower units computed once per fit (FedRep's head epochs)
 give the numbers of running the whole model at every step."""
 
 from __future__ import annotations

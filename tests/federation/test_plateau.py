@@ -1,4 +1,4 @@
-"""The convergence rule of issue 23: a run stops once its best accuracy has not improved by more
+"""The convergence rule (plateau): a run stops once its best accuracy has not improved by more
 than plateau_points over the last plateau_evaluations evaluations (rounds is then the cap)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Streaming aggregation (issue 22 §3): a weighted-sum server rule folds each upload in as it
+"""Streaming aggregation: a weighted-sum server rule folds each upload in as it
 arrives, to the same bits as the list form, and a round on the disk store does not hold its
 clients' parameters (WeightedSum itself is tested in tests/functional/)."""
 

@@ -1,6 +1,6 @@
 """Frozen golden numbers: FedAvg and FedALA, two rounds on the synthetic problem, loop engine.
 
-Recorded before the round-driver refactor (issue 10) and checked identical after it. The
+Recorded before the round-driver refactor and checked identical after it. The
 tolerances sit between the last-bit spread of CPU kernels and small changes of the maths (measured with
 ``python benchmarks/golden_spread.py``, relative deviations from these numbers):
 
