@@ -1,0 +1,173 @@
+"""FedDyn (Acar et al., ICLR 2021): federated learning with a dynamic regulariser.
+
+Client i minimises L_i(θ) − ⟨g_i, θ⟩ + α/2 ‖θ − θ^{t−1}‖² from the received server model θ^{t−1},
+where g_i (its "∇L_i", zero before its first round) is kept on the client and then updated as
+g_i ← g_i − α (θ_i^t − θ^{t−1}). The server keeps h: h ← h − α/m Σ_{i∈P} (θ_i^t − θ^{t−1}) over
+the round's participants P (m: every client of the federation), and sets
+θ^t = (1/|P|) Σ_{i∈P} θ_i^t − h/α (an unweighted mean, as the paper and the authors' code).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from ..functional import Params, clone
+from ..functional.training import Batch, LossFn, Net, cross_entropy, squared_distance
+from .base import Algorithm, ClientContext, ClientSummary, Payload, SentUpload, Settings, State, Trained, upload_order
+from .card import Choice, MethodCard, Paper, Reference
+from .registry import register
+
+#: server-state keys: the state h, and m (the federation's number of clients, set by ``prepare``)
+H, NUM_CLIENTS = "feddyn_h", "feddyn_num_clients"
+
+
+class FedDynSettings(Settings):
+    alpha: float = Field(0.01, gt=0, description="α, the weight of the dynamic regulariser (the authors' code: 0.01)")
+
+
+def feddyn_loss(alpha: float) -> LossFn:
+    """CE − ⟨g, θ⟩ + α/2 ‖θ − anchor‖² over the parameters of ``aux["anchor"]`` (``aux["grad"]``: g)."""
+
+    def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
+        anchor, grad = aux["anchor"], aux["grad"]
+        trained = {k: params[k] for k in anchor}
+        linear = sum((grad[k] * p).sum() for k, p in trained.items())
+        return cross_entropy(net(params, batch.x), batch) - linear + alpha / 2 * squared_distance(trained, anchor)
+
+    return loss
+
+
+class FedDynStep:
+    """The server rule as an ``Aggregator``: the uploads' plain sum, folded in ``upload_order``, then
+    the mean of the participants, the update of h and θ^t = mean − h/α."""
+
+    def __init__(self, method: FedDyn, server: State) -> None:
+        self.method, self.server = method, server
+        self.sum: Params | None = None
+        self.count = 0
+
+    def add(self, upload: SentUpload) -> None:
+        if self.sum is None:
+            self.sum = {k: torch.zeros_like(v) for k, v in upload["params"].items()}
+        for k, acc in self.sum.items():
+            acc.add_(upload["params"][k])
+        self.count += 1
+
+    def result(self) -> State:
+        if self.sum is None:
+            raise ValueError("feddyn: cannot aggregate a round without uploads")
+        server, alpha = self.server, self.method.settings.alpha
+        if NUM_CLIENTS not in server or H not in server:
+            raise ValueError(
+                "feddyn: the server state has no h or number of clients; start it with init_server and prepare "
+                "(a checkpoint written by another method cannot continue this one)"
+            )
+        old, m = server["global"], server[NUM_CLIENTS]
+        mean = {k: v / self.count for k, v in self.sum.items()}
+        names = [k for k in self.method.parameter_names if k in mean]
+        h = {**server[H], **{k: server[H][k] - alpha / m * (self.sum[k] - self.count * old[k]) for k in names}}
+        new = {**old, **mean, **{k: mean[k] - h[k] / alpha for k in names}}
+        return {**server, "global": new, H: h}
+
+
+@register
+class FedDyn(Algorithm):
+    name = "feddyn"
+    settings_class = FedDynSettings
+    settings: FedDynSettings
+
+    def init_server(self, init_params: Params) -> State:
+        server = super().init_server(init_params)
+        return {**server, H: {k: torch.zeros_like(v) for k, v in self.parameters_of(init_params).items()}}
+
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
+        if not clients:
+            raise ValueError("feddyn needs at least one client")
+        return {**server, NUM_CLIENTS: len(clients)}
+
+    def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
+        step = FedDynStep(self, server)
+        for upload in sorted(uploads, key=upload_order):
+            step.add(upload)
+        return step.result()
+
+    def aggregator(self, server: State, round: int, total: float) -> FedDynStep:
+        return FedDynStep(self, server)
+
+    def init_client(self, init_params: Params, client_id: int) -> State:
+        grad = {k: torch.zeros_like(v) for k, v in self.parameters_of(init_params).items()}
+        return {"model": clone(init_params), "grad": grad}
+
+    def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
+        anchor = self.parameters_of(payload["global"])
+        fit = self.train_model(
+            state["model"], ctx, feddyn_loss(self.settings.alpha), aux={"anchor": anchor, "grad": state["grad"]}
+        )
+        alpha = self.settings.alpha
+        grad = {**state["grad"], **{k: state["grad"][k] - alpha * (fit.params[k] - a) for k, a in anchor.items()}}
+        return (
+            {**state, "model": fit.params, "grad": grad},
+            self.upload(self.shared(fit.params), ctx),
+            {"train_loss": fit.loss},
+        )
+
+
+FedDyn.card = MethodCard(
+    full_name="FedDyn",
+    paper=Paper(
+        "Federated Learning Based on Dynamic Regularization",
+        "Acar et al.",
+        2021,
+        "ICLR",
+        "https://arxiv.org/abs/2111.04263",
+    ),
+    personalised=False,
+    shares="The whole model. The server averages the participants' models with equal weights and "
+    "corrects the average by its state h.",
+    keeps="The client keeps its linear-term state ∇L_i (zero before its first round). The server keeps h "
+    "and the number of clients m.",
+    scored="the received global",
+    client_round="Overwrite the local model with the received server model θ. Train E epochs of SGD on "
+    "CE − ⟨∇L_i, w⟩ + α/2‖w − θ‖² (α = 0.01). Update ∇L_i ← ∇L_i − α(w − θ). Upload the model. "
+    "The server sets h ← h − α/m Σ(w_i − θ) over the participants and θ ← mean(w_i) − h/α.",
+    references=(
+        Reference(
+            "alpemreacar/FedDyn",
+            "48a19fa",
+            ("utils_methods.py (train_FedDyn)", "utils_general.py (train_feddyn_mdl)", "example_cifar_10.py"),
+        ),
+        Reference(
+            "TsingZ0/PFLlib", "f1e313a", ("system/flcore/clients/clientdyn.py", "system/flcore/servers/serverdyn.py")
+        ),
+    ),
+    tests=(
+        "tests/methods/test_feddyn.py::test_feddyn_rounds_match_the_authors_train_feddyn",
+        "tests/methods/test_feddyn.py::test_feddyn_server_is_algorithm_1",
+        "tests/methods/test_feddyn.py::test_feddyn_matches_pfllib_with_a_squared_regulariser",
+    ),
+    pinned=("tests/methods/test_feddyn.py::test_pfllib_feddyn_differs_by_its_unsquared_regulariser",),
+    differences=(
+        "The paper's Algorithm 1 prints h ← h − α/m (Σ_{i∈P} θ_i − θ^{t−1}), which reads as subtracting θ^{t−1} once. "
+        "The authors' code and PFLlib subtract it once per participant, Σ_{i∈P}(θ_i − θ^{t−1}), and PFLlib's "
+        "maintainer gives that reading. pflkit follows the authors' code: with the printed form, h grows with the "
+        "number of participants.",
+        "PFLlib's client adds α/2 ‖θ − θ^{t−1}‖ (the norm, not its square). pflkit follows the paper and the "
+        "authors' code: the squared norm.",
+        "The authors scale α per client by its share of the data (α_i = α N / (m n_i), the same α when every "
+        "client holds as many samples). pflkit uses one α for every client, as the paper.",
+        "The authors clip the gradient norm at 10 and add weight decay 1e-3. pflkit uses the run's optimiser "
+        "settings (`weight_decay` there) and no clipping.",
+        "The authors train on every batch, the last partial one too. pflkit trains on full batches.",
+        "Batch-norm statistics: pflkit takes their unweighted mean without correction. PFLlib takes them from the "
+        "first upload.",
+    ),
+    choices=(Choice("α, the regulariser's weight (the paper: 0.1, 0.01 or 0.001; PFLlib: 1)", "0.01", "feddyn.alpha"),),
+    notes=(
+        "`train_loss` includes the linear and quadratic terms.",
+        "∇L_i is client state and h server state: checkpoints carry them and a resumed run continues them.",
+    ),
+    ala_initialises="the local model; the regulariser's anchor stays the received server model",
+)
