@@ -45,6 +45,8 @@ METHODS: tuple[str, ...] = (
     "fedadagrad",
     "fedadam",
     "fedyogi",
+    "apfl",
+    "fedbabu",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
