@@ -71,6 +71,15 @@ def test_apfl_options_fix_alpha_and_add_the_references_alpha_term():
     assert_params_close(new["personal"], ref_v)
     _, _, plain_alpha = paper_apfl_client(ctx, glob, v, 0.3, lr=0.1, alpha_lr=0.5)
     assert abs(plain_alpha - ref_alpha) > 1e-4  # the term matters
+    steep = build("apfl", ctx, "apfl.alpha_lr=50.0")
+    ends = []
+    for start in (0.02, 0.5, 0.98):  # a large alpha lr drives alpha to a bound: the projection
+        _, new, _, _ = client_round(steep, ctx, glob, v, start)
+        _, ref_v, ref_alpha = paper_apfl_client(ctx, glob, v, start, lr=0.1, alpha_lr=50.0)
+        torch.testing.assert_close(float(new["alpha"]), ref_alpha, rtol=1e-4, atol=1e-6)
+        assert_params_close(new["personal"], ref_v)
+        ends.append(ref_alpha)
+    assert {0.0, 1.0} & set(ends)
 
 
 def pfllib_apfl_client(ctx, glob, v, alpha, lr):
