@@ -67,9 +67,15 @@ class FineTuning(Algorithm):
         """The fine-tuning objective: cross-entropy (FedProx-C may add its proximal term)."""
         return classification_loss
 
+    def finetune_options(self, ctx: ClientContext) -> dict[str, Any]:
+        """More arguments of the fine-tuning ``ctx.fit`` (FedBABU: its optimiser, what it trains);
+        default: none (all parameters, the run's SGD)."""
+        return {}
+
     def after_receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         cfg = self.settings
         aux = self.loss_aux(payload, state, ctx)
+        options = self.finetune_options(ctx)
         if not cfg.ft_until_converged:
             fit = ctx.fit(
                 state["model"],
@@ -77,6 +83,7 @@ class FineTuning(Algorithm):
                 aux=aux,
                 data=TrainBatches("finetune", cfg.ft_epochs),
                 stage="fine-tuning",
+                **options,
             )
             return {**state, "model": fit.params}, {"ft_loss": fit.loss}
 
@@ -91,6 +98,7 @@ class FineTuning(Algorithm):
             until=settled,
             max_epochs=cfg.ft_max_epochs,
             stage="fine-tuning",
+            **options,
         )
         return {**state, "model": fit.params}, {"ft_loss": fit.loss, "ft_epochs": fit.epochs}
 

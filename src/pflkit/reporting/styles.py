@@ -47,12 +47,14 @@ METHODS: tuple[str, ...] = (
     "fedyogi",
     "feddyn",
     "moon",
+    "apfl",
+    "fedbabu",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
 
-#: tab10, Dark2, the dark and the middle shades of tab20b, then the dark shades of tab20c: 33
-#: colours, none of them light
+#: tab10, Dark2, the dark and the middle shades of tab20b and of tab20c, then Set1: 47 colours,
+#: none of them light
 PALETTE: tuple[str, ...] = tuple(
     to_hex(c)
     for c in (
@@ -61,6 +63,8 @@ PALETTE: tuple[str, ...] = tuple(
         *colormaps["tab20b"].colors[::4],  # type: ignore[attr-defined]
         *colormaps["tab20b"].colors[1::4],  # type: ignore[attr-defined]
         *colormaps["tab20c"].colors[::4],  # type: ignore[attr-defined]
+        *colormaps["tab20c"].colors[1::4],  # type: ignore[attr-defined]
+        *colormaps["Set1"].colors,  # type: ignore[attr-defined]
     )
 )
 
