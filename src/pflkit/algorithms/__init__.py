@@ -9,6 +9,7 @@ from . import creff, fedacd, feddecorr, fedlc, fednh, fednova, fedntd, fedrod  #
 from . import sosicfl  # noqa: F401
 from . import fedper, lgfedavg  # noqa: F401
 from . import fedavgm, fedadagrad, fedadam, fedyogi  # noqa: F401
+from . import scaffold  # noqa: F401
 
 # isort: on
 from .base import Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained, Upload

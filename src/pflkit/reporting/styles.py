@@ -45,6 +45,7 @@ METHODS: tuple[str, ...] = (
     "fedadagrad",
     "fedadam",
     "fedyogi",
+    "scaffold",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
