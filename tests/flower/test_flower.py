@@ -195,6 +195,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["fedfomo", "apple", "fedamp+ala", "pfedme", "partialfed"],
         ["fedper", "lgfedavg+ala"],
         ["fedavgm", "fedadagrad", "fedadam+ala", "fedyogi"],
+        ["scaffold", "scaffold+ala"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
