@@ -197,6 +197,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["fedavgm", "fedadagrad", "fedadam+ala", "fedyogi"],
         ["feddyn", "moon+ala"],
         ["apfl+ala", "fedbabu"],
+        ["scaffold", "scaffold+ala"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):

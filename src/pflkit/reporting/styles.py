@@ -49,6 +49,7 @@ METHODS: tuple[str, ...] = (
     "moon",
     "apfl",
     "fedbabu",
+    "scaffold",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
