@@ -140,8 +140,9 @@ def test_the_leaderboard_command_writes_the_index_and_a_page_per_name(tmp_path):
 
     folder = tmp_path / "methods"
     folder.mkdir()
-    (folder / "gone.md").write_text("a method that no longer exists")
+    (folder / "gone.md").write_text("# Gone (`gone`)\n\na method that no longer exists\n")
+    (folder / "notes.md").write_text("# My notes\n")
     count = write_method_pages(folder, REPO / "docs" / "results", REPO / "docs" / "method-costs-after.json")
     written = {p.stem for p in folder.glob("*.md")}
-    assert written == {"index", *PAGES} and count == len(PAGES)
+    assert written == {"index", "notes", *PAGES} and count == len(PAGES)
     assert "Round cost" in (folder / "fedrep.md").read_text()

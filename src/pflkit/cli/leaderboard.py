@@ -61,8 +61,9 @@ def leaderboard(results_root: Path, costs: Path, out: Path, methods_dir: Path) -
 
 
 def write_method_pages(folder: Path, results_root: Path, costs_path: Path) -> int:
-    """Write ``index.md`` and one page per method into ``folder`` (a page of a method that no
-    longer exists is removed); returns the number of method pages."""
+    """Write ``index.md`` and one page per method into ``folder`` (a method page this command wrote
+    for a method that no longer exists is removed; other files are left alone); returns the number
+    of method pages."""
     from ..catalogue import load_costs, page_names, render_method_page, render_methods_index
     from ..run.report.leaderboard import method_results_markdown
 
@@ -70,7 +71,9 @@ def write_method_pages(folder: Path, results_root: Path, costs_path: Path) -> in
     folder.mkdir(parents=True, exist_ok=True)
     names = page_names()
     for stale in set(folder.glob("*.md")) - {folder / f"{n}.md" for n in ["index", *names]}:
-        stale.unlink()
+        first = stale.read_text(encoding="utf-8", errors="replace").partition("\n")[0]
+        if first.startswith("# ") and first.endswith(f"(`{stale.stem}`)"):  # a page render_method_page wrote
+            stale.unlink()
     (folder / "index.md").write_text(render_methods_index(), encoding="utf-8")
     for name in names:
         page = render_method_page(name, costs, method_results_markdown(results_root, name))
