@@ -210,6 +210,13 @@ def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
     assert (tmp_path / "flower" / "plots" / "accuracy.png").is_file()
 
 
+def test_flower_runs_fedbn_with_its_batch_norm_model_as_the_simulator(tmp_path):
+    config = load_config(None, OVERRIDES + ['algorithms=["fedbn", "fedbn+ala"]', 'model="fedbn_cnn"', "rounds=2"])
+    flower_records, sim_records = run_both(tmp_path, config)
+    assert len(flower_records) == len(sim_records) == 6
+    assert_same_records(flower_records, sim_records)
+
+
 def test_missing_partition_is_reported(tmp_path):
     config = load_config(None, OVERRIDES)
     grid = LocalGrid(client_app, [{"partition-id": 0}, {"partition-id": 1}, {"partition-id": 1}])

@@ -377,8 +377,15 @@ def test_resnet18_end_to_end_loop_vmap_fallback_and_parallel(name, caplog):
     assert not torch.equal(server["bn1.running_var"], torch.ones(64))  # averaged client statistics
     with caplog.at_level(logging.INFO, logger="pflkit.engines"):
         batched = run(name, VmapEngine(), data, "resnet18", rounds=2, batch_size=4, lr=0.05)
-    assert "one by one" in caplog.text
-    compare(reference, batched, atol=0.0)  # the fallback runs exactly the loop engine's code
+    if name == "fedala":  # ALA's samples would pad batch-norm batches: client by client
+        assert "one by one" in caplog.text
+        compare(reference, batched, atol=0.0)  # the fallback runs exactly the loop engine's code
+    else:  # batched, each client's statistics updated from its own batches (checked against the
+        # client alone in tests/methods/test_fedbn.py): here batch norm over 4 samples is chaotic (a
+        # 1e-7 change of the initial model moves the loop engine's round by 0.05, measured)
+        assert "one by one" not in caplog.text
+        assert all(torch.isfinite(torch.tensor(r["test_loss"])) for r in batched.history if "test_loss" in r)
+        assert set(batched.server["global"]) == set(server)
     if name == "fedala":
         engine = ParallelEngine(2)
         try:

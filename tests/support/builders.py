@@ -247,13 +247,23 @@ def make_data(sizes: list[int], seed: int = 0, test: int = 4, device: str = "cpu
     return FederatedData.from_clients(clients, 10, "toy")
 
 
-def setup_for(name: str, data, seed: int = 3, overrides=(), device: str = "cpu"):
-    """The engine tests' run of ``name`` on ``data`` (ENGINE_OVERRIDES, then ``overrides``): its
-    setup and initial model."""
+def model_for_method(name: str) -> str:
+    """The engine tests' model of method ``name``: the digits CNN, or FedBN's digit CNN for a method
+    that keeps the batch-norm layers on its clients."""
+    from pflkit.methods import method_class
+
+    return "fedbn_cnn" if getattr(method_class(name), "personal_part", None) == "norm" else "digits_cnn"
+
+
+def setup_for(name: str, data, seed: int = 3, overrides=(), device: str = "cpu", model_name: str | None = None):
+    """The engine tests' run of ``name`` on ``data`` (ENGINE_OVERRIDES, then ``overrides``) with
+    ``model_name`` (default ``model_for_method(name)``): its setup and initial model (parameters and
+    batch-norm statistics)."""
     cfg = load_config(None, [*ENGINE_OVERRIDES, *overrides])
     torch.manual_seed(0)
-    model = build_model("digits_cnn", (1, 8, 8), 10).to(device)
+    model = build_model(model_name or model_for_method(name), (1, 8, 8), 10).to(device)
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    init.update({k: b.detach().clone() for k, b in model.named_buffers() if b.is_floating_point()})
     train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
     alg = build_algorithm(name, cfg.algorithm_sections(), train, model.units())
     return RoundSetup(alg, data, model, model.units(), train, seed), init
@@ -278,9 +288,11 @@ def simulate_rounds(setup, engine, init: dict, rounds: int, join_ratio: float = 
     return RunSession.open(driver, init, summaries).run(lambda jobs, round: engine.run(setup, jobs, round))
 
 
-def run_rounds(name: str, engine, data: FederatedData, rounds: int = 2, overrides=(), device: str = "cpu"):
+def run_rounds(
+    name: str, engine, data: FederatedData, rounds: int = 2, overrides=(), device: str = "cpu", model_name=None
+):
     """``rounds`` rounds of the engine tests' run of ``name`` on ``engine``: the final run state."""
-    setup, init = setup_for(name, data, overrides=overrides, device=device)
+    setup, init = setup_for(name, data, overrides=overrides, device=device, model_name=model_name)
     return simulate_rounds(setup, engine, init, rounds)
 
 

@@ -19,17 +19,18 @@ metrics; values are numbers (one client) or [K] tensors (batched).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypedDict
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
+from torch import nn
 
 from ..functional import Params, WeightedSum, clone, weighted_average
 from ..functional.training import Ensemble, LossFn, classification_loss
-from ..models import Units, head_names, parameter_names
+from ..models import Units, buffer_names, head_names, norm_layers, parameter_names
 from .card import MethodCard
 from .context import ClientContext, Fit, Metrics, PerClient, TrainBatches, TrainSettings
 
@@ -138,11 +139,13 @@ class Algorithm:
         learning): engines may batch that step across clients even where training runs per client.
       has_global_model: False when ``global_params`` is no model worth scoring (FedRep's server
         never trains a head; local training has none); global-test metrics skip such methods.
-      personal_part: the part of the model that stays on each client, by the model's split into a
-        body and a head (its last unit): ``"head"`` (FedRep, FedPer), ``"body"`` (LG-FedAvg), or
-        None (every parameter travels). The downlink leaves it out (``downloaded_names``), so
+      personal_part: the part of the model that stays on each client: by the model's split into a
+        body and a head (its last unit), ``"head"`` (FedRep, FedPer) or ``"body"`` (LG-FedAvg);
+        ``"norm"``, its batch-norm layers, affine weights and running statistics (FedBN); or None
+        (every parameter travels). The downlink leaves it out (``downloaded_names``), so
         ``receive`` and ALA initialise only the shared part; ``shared`` picks what to upload, so
-        ``aggregate`` averages only the shared part. A model of one unit is refused.
+        ``aggregate`` averages only the shared part. A model of one unit is refused for a head or a
+        body, a model without batch norm for ``"norm"`` (``check_model``).
       tta_base: the method whose best accuracy sets this one's time-to-accuracy target when both
         run together (SosicFL: FedAvg; SosicFL+: Ditto).
       metric_reductions: how a round's record reduces a client metric over the clients, where
@@ -160,7 +163,7 @@ class Algorithm:
     requires_full_participation: ClassVar[bool] = False
     trains_on_receive: ClassVar[bool] = False
     has_global_model: ClassVar[bool] = True
-    personal_part: ClassVar[Literal["head", "body"] | None] = None
+    personal_part: ClassVar[Literal["head", "body", "norm"] | None] = None
     tta_base: ClassVar[str | None] = None  # the method its time-to-accuracy is measured against
     #: how a round's record reduces each of the method's numeric client metrics over the clients
     #: (default: the mean, NaN values left out)
@@ -171,7 +174,7 @@ class Algorithm:
         self.settings = settings
         self.train = train
         self.units = units
-        if self.personal_part is not None and len(units) < 2:
+        if self.personal_part in ("head", "body") and len(units) < 2:
             shared = "body" if self.personal_part == "head" else "head"
             raise ValueError(
                 f"{self.name} keeps the model's {self.personal_part} on each client and shares its {shared}: "
@@ -195,24 +198,40 @@ class Algorithm:
 
     @property
     def personal_names(self) -> frozenset[str]:
-        """The parameters that stay on the client (``personal_part``); none by default."""
+        """The parameters that stay on the client (``personal_part``); none by default. A personal
+        ``"norm"`` depends on the model's buffers: ``personal_entries`` names it."""
+        return self.personal_entries(self.parameter_names) if self.personal_part != "norm" else frozenset()
+
+    def personal_entries(self, names: Iterable[str]) -> frozenset[str]:
+        """The entries among ``names`` (a client's model: parameters and batch-norm statistics) that
+        stay on the client. The statistics belong to the body, so they stay with a personal body;
+        a batch-norm layer is known by its ``running_mean`` among ``names``."""
+        names = list(names)
         if self.personal_part is None:
             return frozenset()
-        head = head_names(self.units)
-        return frozenset(head if self.personal_part == "head" else [n for n in self.parameter_names if n not in head])
+        if self.personal_part == "norm":
+            return frozenset(n for n in names if n.rsplit(".", 1)[0] in norm_layers(names))
+        head = set(head_names(self.units))
+        return frozenset(n for n in names if (n in head) == (self.personal_part == "head"))
 
-    def is_shared(self, name: str) -> bool:
-        """Whether entry ``name`` of a client's model travels (the batch-norm statistics belong to the
-        body, so they stay with a personal body)."""
-        if self.personal_part == "body":
-            return name in head_names(self.units)
-        return name not in self.personal_names
+    def is_shared(self, name: str, names: Iterable[str] | None = None) -> bool:
+        """Whether entry ``name`` of a client's model travels (``names``: the model's entries, which
+        a personal ``"norm"`` needs; default: the parameters)."""
+        return name not in self.personal_entries(self.parameter_names if names is None else names)
 
     def shared(self, params: Mapping[str, torch.Tensor]) -> Params:
         """The entries of ``params`` a client uploads: all but its ``personal_part``."""
-        if self.personal_part is None:
-            return dict(params)
-        return {k: v for k, v in params.items() if self.is_shared(k)}
+        personal = self.personal_entries(params)
+        return {k: v for k, v in params.items() if k not in personal}
+
+    def check_model(self, model: nn.Module) -> None:
+        """Refuse, in one line naming the method and the model, a model without the layers the
+        method keeps on its clients (batch norm for a personal ``"norm"``)."""
+        if self.personal_part == "norm" and not norm_layers(buffer_names(model)):
+            raise ValueError(
+                f"{self.name} keeps the model's batch-norm layers on each client, and "
+                f"{type(model).__name__} has none: choose a model with batch norm (fedbn_cnn, resnet18, mobilenet_v2)"
+            )
 
     # ---- server side -------------------------------------------------------------------
     def init_server(self, init_params: Params) -> State:
@@ -226,12 +245,11 @@ class Algorithm:
     def downloaded_names(self, names: list[str]) -> list[str]:
         """Which entries of the global model the downlink carries: all parameters, and the
         batch-norm buffers only with ``bn_buffers = "global"``; none of the ``personal_part``."""
+        personal = self.personal_entries(names)
         if self.train.bn_buffers != "global":
             parameters = set(self.parameter_names)
             names = [n for n in names if n in parameters]
-        if self.personal_part is None:
-            return names
-        return [n for n in names if self.is_shared(n)]
+        return [n for n in names if n not in personal]
 
     def downlink(self, server: State, client_id: int, round: int) -> Payload:
         names = self.downloaded_names(list(server["global"]))

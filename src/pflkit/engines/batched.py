@@ -324,15 +324,23 @@ class BatchedClientContext:
     ) -> Fit:
         check_fit_arguments(loss, step, carry, epoch_end)
         start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
-        if [k for k in buffer_names(self.model) if k in params]:
+        # batch norm's training-mode forwards update the running statistics in place, client by
+        # client under vmap (each client's rows of the stacked statistics): the caller's stay untouched
+        buffers = [k for k in buffer_names(self.model) if k in params]
+        if buffers and vectorized:
             raise NotImplementedError(
-                f"batched training does not support models with buffers (batch norm: "
-                f"{type(self.model).__name__}); engines run them client by client"
+                f"a vectorized step cannot train {type(self.model).__name__}: its batch norm needs each "
+                "client's forward under vmap"
             )
-        names = [k for k in (list(params) if trainable is None else list(trainable)) if k not in set(carry)]
+        skip = set(carry) | set(buffers)
+        names = [k for k in (list(params) if trainable is None else list(trainable)) if k not in skip]
         train = {k: params[k].detach().clone() for k in names}
         carried = {k: params[k].detach().clone() for k in carry}
-        frozen = {k: v.detach() for k, v in params.items() if k not in train and k not in carried}
+        frozen = {
+            k: v.detach().clone() if k in buffers else v.detach()
+            for k, v in params.items()
+            if k not in train and k not in carried
+        }
         net = self._net if not start else from_unit(self._net, start)
         opt = optimizer or self.train.optimizer()
         opt_state = opt.init(train) if step is None else {}
@@ -361,6 +369,8 @@ class BatchedClientContext:
                 if isinstance(data, SampleBatches):
                     fixed_table.append(table)
             steps = table.steps
+            if buffers:
+                check_full_batches(table, self.model)
             running = sorted(running, key=lambda k: -int(steps[k]))  # steps decrease: each step runs a prefix
             whole = running == list(range(K))
             idx = torch.tensor(running, device=self.device)
@@ -411,6 +421,8 @@ class BatchedClientContext:
                 if not whole:
                     for k in train:
                         train[k][idx] = sub_train[k]
+                    for k in buffers:
+                        frozen[k][idx] = sub_frozen[k]
                     for k in opt_state:
                         opt_state[k][idx] = sub_state[k]
             return ran
@@ -427,6 +439,19 @@ class BatchedClientContext:
         )
         out = {**frozen, **carried, **train}
         return totals.fit({k: out[k] for k in params}, self.client_shape, until is not None)
+
+
+def check_full_batches(table: EpochTable, model: UnitModel) -> None:
+    """Refuse an epoch in which a client's batch is padded: batch norm would count the padding rows
+    in its statistics (the engines run such clients one at a time, ``batching_blocker``)."""
+    for part in table.tables:
+        S = part.mask.shape[1]
+        taken = torch.arange(S, device=part.mask.device) < table.steps.to(part.mask.device)[:, None]
+        if bool(((part.mask.sum(-1) < part.mask.shape[-1]) & taken).any()):
+            raise NotImplementedError(
+                f"{type(model).__name__} has batch norm and a client's batch here is smaller than the others' "
+                "(padded): batched training would count the padding in the batch statistics"
+            )
 
 
 def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:

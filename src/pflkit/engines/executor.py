@@ -55,10 +55,19 @@ def batching_blocker(algorithm: Any, model: UnitModel, data: FederatedData) -> s
     if missing:
         return f"{algorithm.name} needs {', '.join(sorted(missing))} client code"
     if buffer_names(model):
-        return (
-            f"{type(model).__name__} has buffers (batch-norm running statistics, updated in place by "
-            "training-mode forwards, which vmap does not support)"
-        )
+        batch = algorithm.train.batch_size
+        small = [i for i in range(data.num_clients) if data.client(i).num_train < batch]
+        if getattr(algorithm, "trains_on_receive", False):
+            return (
+                f"{type(model).__name__} has batch norm and {algorithm.name} trains on samples whose last "
+                "batches differ in size across clients: batched, their padding would enter the batch statistics"
+            )
+        if small:
+            return (
+                f"{type(model).__name__} has batch norm and client {small[0]} holds fewer training samples "
+                f"({data.client(small[0]).num_train}) than one batch ({batch}): batched, its padded batch "
+                "would enter the batch statistics"
+            )
     if data.x is None:
         return "the data holds no dataset tensors to gather batches from"
     return None

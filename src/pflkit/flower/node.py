@@ -60,7 +60,9 @@ class NodeSetup:
         return self.data.client(self.client_id)
 
     def algorithm(self, config: BaseConfig, name: str) -> Algorithm:
-        return build_algorithm(name, config.algorithm_sections(), self.train, self.model.units())
+        algorithm = build_algorithm(name, config.algorithm_sections(), self.train, self.model.units())
+        algorithm.check_model(self.model)
+        return algorithm
 
 
 def _own_data(folder: Path, client_id: int, num_classes: int, device: torch.device) -> FederatedData:

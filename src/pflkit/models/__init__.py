@@ -11,12 +11,13 @@ from .base import (
     check_buffers,
     count_parameters,
     head_names,
+    norm_layers,
     num_outputs,
     parameter_names,
     reference_layer_idx,
     top_unit_names,
 )
-from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, SimpleCNN
+from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, FedBNCNN, SimpleCNN
 from .mobile import MobileNetV2, SqueezeNet, load_pretrained
 from .resnet import ResNet18, ResNet18GN
 from .text import FastText
@@ -27,6 +28,7 @@ MODELS: dict[str, Callable[..., UnitModel]] = {
     "cifar_cnn": CifarCNN,
     "conv2cifar": Conv2Cifar,
     "simple_cnn": SimpleCNN,
+    "fedbn_cnn": FedBNCNN,
     "resnet18": ResNet18,
     "resnet18_gn": ResNet18GN,
     "mobilenet_v2": MobileNetV2,
@@ -87,6 +89,7 @@ __all__ = [
     "CifarCNN",
     "Conv2Cifar",
     "SimpleCNN",
+    "FedBNCNN",
     "ResNet18",
     "ResNet18GN",
     "MobileNetV2",
@@ -94,6 +97,7 @@ __all__ = [
     "load_pretrained",
     "FastText",
     "buffer_names",
+    "norm_layers",
     "num_outputs",
     "parameter_names",
     "top_unit_names",

@@ -12,7 +12,7 @@ Integer ``num_batches_tracked`` counters are not kept (pflkit's batch norm uses 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -137,6 +137,12 @@ def buffer_names(model: nn.Module) -> list[str]:
     counters do not.
     """
     return [n for n, b in model.named_buffers() if b.is_floating_point()]
+
+
+def norm_layers(names: Iterable[str]) -> set[str]:
+    """The batch-norm layers among a model's entry ``names``: each known by its ``running_mean``."""
+    suffix = ".running_mean"
+    return {n[: -len(suffix)] for n in names if n.endswith(suffix)}
 
 
 def check_buffers(model: nn.Module) -> None:

@@ -10,6 +10,7 @@ from torch.nn import functional as F
 
 from .base import UnitModel
 from .pooling import max_pool_2x2
+from .resnet import batch_norm, batch_norm_module
 
 
 def _four_unit_forward(
@@ -154,3 +155,50 @@ class SimpleCNN(UnitModel):
         if index == 3:
             return F.relu(F.linear(x, p["fc2.weight"]))
         return F.linear(x, p["classifier.weight"])
+
+
+class FedBNCNN(UnitModel):
+    """FedBN's digit CNN (Li et al., ICLR 2021; med-air/FedBN ``nets/models.py`` ``DigitModel``):
+    batch norm after every layer but the classifier.
+
+    conv1(5x5, 64, pad 2) + bn1 -> pool, conv2(5x5, 64, pad 2) + bn2 -> pool, conv3(5x5, 128, pad 2)
+    + bn3, fc1(2048) + bn4, fc2(512) + bn5, fc3(C); ReLU after each batch norm. The authors' input is
+    3 x 28 x 28 (fc1 sees 6,272 features); here the channels and the side follow the data (side // 4
+    after the two poolings). Units: (conv1, bn1), (conv2, bn2), (conv3, bn3), (fc1, bn4), (fc2, bn5),
+    fc3. Batch norm uses a fixed momentum of 0.1 (PyTorch's default, the authors' setting).
+    """
+
+    unit_modules = (("conv1", "bn1"), ("conv2", "bn2"), ("conv3", "bn3"), ("fc1", "bn4"), ("fc2", "bn5"), "fc3")
+    prefix_is_deterministic = False
+    linear_head = True
+    train_mode_aware = True
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 28) -> None:
+        super().__init__()
+        side = image_size // 4
+        if side < 1:
+            raise ValueError(f"FedBNCNN needs images of at least 4x4 pixels, got {image_size}")
+        self.conv1 = nn.Conv2d(in_channels, 64, 5, 1, 2)
+        self.bn1 = batch_norm_module(64)
+        self.conv2 = nn.Conv2d(64, 64, 5, 1, 2)
+        self.bn2 = batch_norm_module(64)
+        self.conv3 = nn.Conv2d(64, 128, 5, 1, 2)
+        self.bn3 = batch_norm_module(128)
+        self.fc1 = nn.Linear(128 * side * side, 2048)
+        self.bn4 = batch_norm_module(2048, dims=1)
+        self.fc2 = nn.Linear(2048, 512)
+        self.bn5 = batch_norm_module(512, dims=1)
+        self.fc3 = nn.Linear(512, num_classes)
+
+    def unit_forward(
+        self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor, *, train: bool = False
+    ) -> torch.Tensor:
+        if index < 3:
+            conv, bn = f"conv{index + 1}", f"bn{index + 1}"
+            x = F.conv2d(x, params[f"{conv}.weight"], params[f"{conv}.bias"], padding=2)
+            x = F.relu(batch_norm(params, bn, x, train))
+            return F.max_pool2d(x, 2) if index < 2 else torch.flatten(x, -3)
+        if index < 5:
+            fc, bn = f"fc{index - 2}", f"bn{index + 1}"
+            return F.relu(batch_norm(params, bn, F.linear(x, params[f"{fc}.weight"], params[f"{fc}.bias"]), train))
+        return F.linear(x, params["fc3.weight"], params["fc3.bias"])

@@ -26,9 +26,11 @@ BN_EPS = 1e-5
 STAGES = ((64, 1), (128, 2), (256, 2), (512, 2))  # (channels, stride of the first block)
 
 
-def batch_norm_module(channels: int) -> nn.BatchNorm2d:
-    """``nn.BatchNorm2d`` without the integer ``num_batches_tracked`` buffer (fixed momentum)."""
-    bn = nn.BatchNorm2d(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+def batch_norm_module(channels: int, dims: int = 2) -> nn.BatchNorm1d | nn.BatchNorm2d:
+    """``nn.BatchNorm2d`` (``dims=1``: ``nn.BatchNorm1d``) without the integer ``num_batches_tracked``
+    buffer (fixed momentum)."""
+    kind = nn.BatchNorm2d if dims == 2 else nn.BatchNorm1d
+    bn = kind(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
     bn.register_buffer("num_batches_tracked", None)
     return bn
 

@@ -50,6 +50,7 @@ METHODS: tuple[str, ...] = (
     "apfl",
     "fedbabu",
     "scaffold",
+    "fedbn",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}

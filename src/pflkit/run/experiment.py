@@ -171,9 +171,9 @@ def check_fits(config: BaseConfig, data: FederatedData) -> None:
             f"batch_size = {config.train.batch_size} exceeds every client's training set (the largest "
             f"holds {largest} samples); for full-batch steps set batch_size = {largest}"
         )
-    units = initial_params(config, data, config.seeds[0], torch.device("cpu"))[0].units()
+    model = initial_params(config, data, config.seeds[0], torch.device("cpu"))[0]
     for name in config.algorithms:
-        build_algorithm(name, config.algorithm_sections(), config.train, units)
+        build_algorithm(name, config.algorithm_sections(), config.train, model.units()).check_model(model)
 
 
 def new_results_folder(name: str, parent: Path = Path("results")) -> Path:
