@@ -391,3 +391,26 @@ def test_a_failing_client_is_named_in_one_line(tmp_path):
         run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)
     message = str(failed.value)
     assert message == "fedavg seed 0 round 1: client 1 failed: CUDA out of memory on client 1"
+
+
+def test_feature_shift_on_flower_matches_the_simulator_with_the_domains_on_the_global_test_set(tmp_path):
+    """The nodes shift their clients' images, the ServerApp its global test set, as the simulator does."""
+    config = load_config(
+        None,
+        [
+            "dataset=synthetic",
+            "num_clients=3",
+            "alpha=0.5",
+            "rounds=2",
+            "engine=loop",
+            "test_set=official",
+            'feature_shift.transforms=["rotate","invert","noise"]',
+            "feature_shift.rotations=3",
+            'feature_shift.global_test="domains"',
+            'algorithms=["fedavg"]',
+        ],
+    )
+    flower_records, sim_records = run_both(tmp_path, config)
+    assert len(flower_records) == len(sim_records) == 3
+    assert "global_accuracy" in flower_records[-1]
+    assert_same_records(flower_records, sim_records)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model,
 
 from ..algorithms import Settings, TrainSettings
 from ..data import FILE_DATASETS, PartitionSpec
+from ..data.domains import FeatureShift
 from ..data.sources import DatasetName
 from ..methods import REGISTRY, config_sections, parse_name
 from ..models import DEFAULT_MODEL, MODELS
@@ -62,6 +63,11 @@ class BaseConfig(BaseModel):
     )
     partition: PartitionSpec = Field(
         default_factory=lambda: PartitionSpec(), description="how the data is split over clients"
+    )
+    feature_shift: FeatureShift = Field(
+        default_factory=lambda: FeatureShift(),
+        description="feature shift: each client's train and test images transformed into its own domain "
+        "(rotation, inversion, tint, noise), on top of any partition",
     )
     train: TrainSettings = Field(default_factory=lambda: TrainSettings(), description="local training")
     run: RunSettings = Field(default_factory=lambda: RunSettings(), description="how the rounds execute")
@@ -186,6 +192,18 @@ class BaseConfig(BaseModel):
                 f'{key} = "official" needs the dataset\'s official test split, and a PFLlib '
                 f'folder holds only per-client splits: use {key} = "client_split" or a dataset'
             )
+        return self
+
+    @model_validator(mode="after")
+    def _feature_shift_fits(self, info: ValidationInfo) -> BaseConfig:
+        shift = self.feature_shift
+        if shift.active and self.dataset == "agnews":
+            raise ValueError(
+                f"feature_shift.transforms = {shift.transforms} changes images, but dataset 'agnews' holds "
+                "token ids: drop feature_shift.transforms"
+            )
+        if shift.active and self.dataset != "pfllib":  # a PFLlib folder's client count is checked when read
+            shift.check_clients(self.partition.num_clients, _named(info, "partition", "num_clients"))
         return self
 
     @model_validator(mode="after")

@@ -10,6 +10,7 @@ import torch
 
 from ..config import BaseConfig
 from ..data import Dataset, load_dataset, load_pfllib
+from ..data.domains import apply_feature_shift
 from ..data.federated import FederatedData
 from ..functional import stream_seed
 from ..models import UnitModel, buffer_names, build_model, head_names, load_pretrained
@@ -75,9 +76,11 @@ def partition_seed(config: BaseConfig, seed: int) -> int:
 
 
 def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: torch.device | str) -> FederatedData:
-    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes);
-    the training batch size sizes PFLlib's default minimum client size."""
-    return FederatedData.build(dataset, config.partition, seed, batch_size=config.train.batch_size, device=device)
+    """The config's partition of ``dataset`` for one partition seed (simulator and Flower nodes),
+    its clients' images in their domains (``[feature_shift]``); the training batch size sizes
+    PFLlib's default minimum client size."""
+    data = FederatedData.build(dataset, config.partition, seed, batch_size=config.train.batch_size, device=device)
+    return apply_feature_shift(data, config.feature_shift, seed)
 
 
 def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConfig, dict[int, FederatedData]]:
@@ -103,6 +106,6 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
             config = config.model_copy(
                 update={"partition": config.partition.model_copy(update={"num_clients": data.num_clients})}
             )
-        return config, {s: data for s in seeds}
+        return config, {s: apply_feature_shift(data, config.feature_shift, s) for s in seeds}
     dataset = load_dataset(config.dataset, config.data_dir, official_test=config.partition.official)
     return config, {s: partition_dataset(config, dataset, s, device) for s in sorted(seeds)}

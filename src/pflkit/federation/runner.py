@@ -181,7 +181,8 @@ def outputs(
 class Summarizer(Protocol):
     """The figures and the summary of a run (``reporting.RunSummarizer``; federation draws nothing)."""
 
-    def partition(self, counts: np.ndarray, path: Path, title: str) -> None: ...
+    def partition(self, counts: np.ndarray, path: Path, title: str, domains: Sequence[str] = ()) -> None:
+        """The clients' label counts (``domains``: each client's domain label, under feature shift)."""
 
     def server_state(self, name: str, seed: int, server: Mapping[str, Any], plots: Path) -> None:
         """Figures of a finished run's server state (drawn for the first seed)."""
@@ -221,7 +222,10 @@ def run_all(
                 plotted.add(setup.partition_seed)
                 results.write_partition(setup.partition_seed, setup.partition)
                 summarizer.partition(
-                    setup.counts, results.plots / f"partition-seed{setup.partition_seed}.png", setup.partition_title
+                    setup.counts,
+                    results.plots / f"partition-seed{setup.partition_seed}.png",
+                    setup.partition_title,
+                    [d["label"] for d in setup.partition.get("domains", [])],
                 )
             for name in config.algorithms:
                 algorithm = build_algorithm(name, config.algorithm_sections(), config.train, setup.units)

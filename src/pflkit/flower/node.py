@@ -16,6 +16,7 @@ import torch
 from ..algorithms import Algorithm, TrainSettings
 from ..config import BaseConfig, build_config
 from ..data import DataError, load_dataset, load_pfllib
+from ..data.domains import apply_feature_shift
 from ..data.federated import ClientData, FederatedData
 from ..engines.base import RoundSetup
 from ..federation.evaluation import local_model_metrics
@@ -92,7 +93,7 @@ def _shared_partition(config_text: str, data_dir: str | None, seed: int, device:
     if config.dataset == "pfllib":
         folder = data_dir or config.data_dir
         assert folder is not None  # (the config requires data_dir for pfllib)
-        return load_pfllib(folder, device=device)
+        return apply_feature_shift(load_pfllib(folder, device=device), config.feature_shift, pseed)
     dataset = load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.partition.official)
     return partition_dataset(config, dataset, pseed, device)
 

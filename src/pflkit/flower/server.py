@@ -17,6 +17,7 @@ from flwr.serverapp import Grid
 from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, resolved, to_dict
 from ..data import load_dataset
+from ..data.domains import shift_test_set
 from ..data.federated import official_split
 from ..federation import (
     GlobalEvaluation,
@@ -157,11 +158,14 @@ class FlowerBackend:
             partition_seed(self.config, seed),
             record,
             f"{self.config.dataset}: training labels per client on Flower (seed {seed})",
-            self._global_evaluation(model, summaries, info["num_classes"]),
+            self._global_evaluation(model, summaries, info["num_classes"], partition_seed(self.config, seed)),
         )
 
-    def _global_evaluation(self, model: Any, summaries: list[Any], num_classes: int) -> GlobalEvaluation | None:
-        """The official protocol's global test set, read on the ServerApp's host (its data_dir)."""
+    def _global_evaluation(
+        self, model: Any, summaries: list[Any], num_classes: int, pseed: int
+    ) -> GlobalEvaluation | None:
+        """The official protocol's global test set, read on the ServerApp's host (its data_dir), in
+        the clients' domains where ``feature_shift.global_test = "domains"``."""
         if not self.config.partition.official:
             return None
         dataset = load_dataset(self.config.dataset, self.config.data_dir, official_test=True)
@@ -169,6 +173,10 @@ class FlowerBackend:
         counts = np.stack([s.label_counts for s in summaries]).astype(np.float64)
         priors = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
         x, y = dataset.x[torch.as_tensor(test)].to(self.device), dataset.y[torch.as_tensor(test)].to(self.device)
+        shift = self.config.feature_shift
+        if shift.active and shift.global_test == "domains":
+            value_range = (float(dataset.x.min()), float(dataset.x.max()))
+            x = shift_test_set(x, shift, len(summaries), pseed, value_range)
         return GlobalEvaluation(model, x, y, num_classes, priors, self.config.train.eval_batch_size)
 
     def run(self, session: RunSession) -> None:

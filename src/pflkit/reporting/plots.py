@@ -56,10 +56,11 @@ def plot_accuracy(
     _save(fig, path)
 
 
-def plot_partition(counts: np.ndarray, path: Path, title: str = "") -> None:
-    """Clients x classes bubble chart; bubble area ~ sample count (FedALA Figs. 6-9). Above 100
-    clients, a heat map of fixed size instead (a bubble per client would need a canvas of
-    hundreds of megabytes at 10,000 clients)."""
+def plot_partition(counts: np.ndarray, path: Path, title: str = "", domains: Sequence[str] = ()) -> None:
+    """Clients x classes bubble chart; bubble area ~ sample count (FedALA Figs. 6-9); ``domains``:
+    each client's domain (feature shift), written above its column. Above 100 clients, a heat map
+    of fixed size instead, without domains (a bubble per client would need a canvas of hundreds
+    of megabytes at 10,000 clients)."""
     counts = np.asarray(counts)
     if counts.shape[0] > 100:
         fig, ax = plt.subplots(figsize=(12, max(3.5, 0.35 * counts.shape[1])))
@@ -82,6 +83,10 @@ def plot_partition(counts: np.ndarray, path: Path, title: str = "") -> None:
     ax.set_ylim(-1, counts.shape[1])
     ax.set_title(title or "data distribution")
     ax.grid(alpha=0.3)
+    if len(domains) == counts.shape[0]:
+        top = ax.secondary_xaxis("top")
+        top.set_xticks(range(counts.shape[0]), list(domains), rotation=90, fontsize=7)
+        top.set_xlabel("client domain")
     _save(fig, path)
 
 

@@ -17,10 +17,11 @@ from .summary import summarize, time_to_accuracy
 class RunSummarizer:
     """The figures and summary of one run (the simulator's and Flower's alike)."""
 
-    def partition(self, counts: np.ndarray, path: Path, title: str) -> None:
-        """The clients' label counts (drawn once: a resumed run keeps the first picture)."""
+    def partition(self, counts: np.ndarray, path: Path, title: str, domains: Sequence[str] = ()) -> None:
+        """The clients' label counts and, under feature shift, their domains (drawn once: a resumed
+        run keeps the first picture)."""
         if not path.exists():
-            plot_partition(counts, path, title)
+            plot_partition(counts, path, title, domains)
 
     def server_state(self, name: str, seed: int, server: Mapping[str, Any], plots: Path) -> None:
         """Figures of a finished run's server state: SosicFL's clients on the simplex (LDA points,
