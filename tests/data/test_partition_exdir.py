@@ -115,3 +115,25 @@ def test_the_case_where_every_holder_is_capped_follows_pfllib():
     finally:
         exdir._cuts = original
     assert any(hit), "the case is no longer exercised: pick another seed"
+
+
+def test_exdir_promises_on_the_parts():
+    """Each client holds at most its drawn classes, every sample goes to one client, PFLlib's 10 samples
+    at least, the same seed gives the same split; impossible settings are refused."""
+    labels = np.repeat(np.arange(10), 300)
+    parts = partition_exdir(labels, 15, 3, 1.0, np.random.default_rng(0))
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(3000))
+    assert all(len(np.unique(labels[p])) <= 3 and len(p) >= 10 for p in parts)
+    again = partition_exdir(labels, 15, 3, 1.0, np.random.default_rng(0))
+    other = partition_exdir(labels, 15, 3, 1.0, np.random.default_rng(1))
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
+    rng = np.random.default_rng(0)
+    with pytest.raises(PartitionError, match="num_clients=3 x classes_per_client=2 < 10 classes"):
+        partition_exdir(labels, 3, 2, 1.0, rng)
+    with pytest.raises(PartitionError, match="classes_per_client=11 must be in 1..10"):
+        partition_exdir(labels, 15, 11, 1.0, rng)
+    with pytest.raises(PartitionError, match="min_samples_per_client=300 exceeds"):
+        partition_exdir(labels, 15, 3, 1.0, rng, min_samples_per_client=300)
+    with pytest.raises(PartitionError, match="num_clients=20 needs at least 40 samples"):
+        split_clients(labels[:30], PartitionSpec(method="exdir", num_clients=20), 0)
