@@ -204,3 +204,31 @@ def test_the_record_names_the_axes():
     split = split_clients(LABELS, PartitionSpec(num_clients=20, quantity="linear", iid_share=0.2), 0)
     assert split.info["quantity"] == "linear" and split.info["iid_share"] == 0.2
     assert "quantity" not in split_clients(LABELS, PartitionSpec(num_clients=20), 0).info
+
+
+# ---------------------------------------------------------------- words, plot, config
+
+
+def test_the_plot_title_and_the_partition_plot_show_the_new_partitions(tmp_path):
+    from pflkit.data.partition.words import partition_words
+    from pflkit.reporting import plot_partition
+
+    spec = PartitionSpec(method="shards", quantity="lognormal", quantity_sigma=0.5, iid_share=0.25)
+    assert partition_words(spec) == "shards (2 per client), lognormal sizes (sigma 0.5), 25% iid"
+    assert partition_words(PartitionSpec(method="exdir", classes_per_client=3, alpha=100.0)) == (
+        "exdir (3 classes per client, alpha 100.0)"
+    )
+    counts = counts_of(parts_of(0, method="exdir", alpha=100.0, quantity="linear"))
+    plot_partition(counts, tmp_path / "partition.png", partition_words(spec))
+    assert (tmp_path / "partition.png").stat().st_size > 1000
+
+
+def test_keys_another_partition_reads_are_named_unused(caplog):
+    from pflkit.config import load_config
+
+    load_config(overrides=["partition.shards_per_client=4", "partition.quantity_sigma=2.0"])
+    assert "shards_per_client = 4 is not used: only partition = shards reads it" in caplog.text
+    assert 'quantity_sigma = 2.0 is not used: only quantity = "lognormal" reads it' in caplog.text
+    caplog.clear()
+    config = load_config(overrides=["partition=exdir", "partition.classes_per_client=3", "partition.alpha=100.0"])
+    assert config.partition.method == "exdir" and "not used" not in caplog.text
