@@ -194,7 +194,7 @@ def test_keys_the_chosen_setting_never_reads_are_named_in_a_warning(caplog):
             ],
         )
     text = caplog.text
-    assert "classes_per_client = 3 is not used: only partition = pathological reads it" in text
+    assert "classes_per_client = 3 is not used: only partition = pathological or exdir reads it" in text
     assert "num_folds = 3 is not used: only partition = kfold reads it" in text
     assert "[fedala] is not used: no method of algorithms = ['fedavg'] reads it" in text
     assert "train_fraction" not in text  # client_split reads it
@@ -378,7 +378,7 @@ def test_errors_name_the_key_as_written(tmp_path, overrides, file, line):
 def test_unused_partition_keys_are_named_as_written(caplog):
     with caplog.at_level("WARNING", logger="pflkit.config"):
         load_config(None, ["partition=iid", "classes_per_client=3", "partition.num_folds=3"])
-    assert "classes_per_client = 3 is not used: only partition = pathological reads it" in caplog.text
+    assert "classes_per_client = 3 is not used: only partition = pathological or exdir reads it" in caplog.text
     assert "partition.num_folds = 3 is not used: only partition = kfold reads it" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="pflkit.config"):

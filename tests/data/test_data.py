@@ -497,11 +497,15 @@ def _top_share(counts: np.ndarray) -> float:
     return float((counts.max(1) / counts.sum(1)).mean())
 
 
+#: The keys a method cannot do without.
+NEEDS: dict[str, dict[str, object]] = {"matrix": {"class_matrix": [[35] * 10] * 20}}
+
+
 @pytest.mark.parametrize("method", PARTITION_METHODS)
 def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
     """``split_clients`` gives what each method promises, checked on the clients' samples themselves
     (10 classes x 700 samples, 20 clients), and passes the spec's keys on to the method."""
-    parts, counts = _dispatched(mnist_like, method)
+    parts, counts = _dispatched(mnist_like, method, **NEEDS.get(method, {}))
     sizes = counts.sum(1)
     # every method covers the pool here: 7000 = 20 x 350, and pathological's 20 x 2 slots cover 10 classes
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(7000))
@@ -551,12 +555,33 @@ def test_partition_dispatch(mnist_like: np.ndarray, method: str) -> None:
         assert _top_share(counts) > 0.5 and (counts > 0).sum(1).mean() < 6  # alpha=0.1: label skew
         _, spread = _dispatched(mnist_like, method, alpha=1000.0)
         assert _top_share(spread) < 0.2 and np.all(spread > 0)
+    elif method == "shards":  # 40 shards of 175 samples, each inside one class
+        assert np.all(sizes == 350) and np.all((counts > 0).sum(1) <= 2)
+        assert np.all(counts[counts > 0] % 175 == 0)
+        _, five = _dispatched(mnist_like, method, shards_per_client=5)
+        assert np.all(five[five > 0] % 70 == 0) and np.all((five > 0).sum(1) <= 5)
+        with pytest.raises(PartitionError, match="shards_per_client=400"):
+            _split(mnist_like, method, 0, shards_per_client=400)
+    elif method == "exdir":  # 2 classes per client, Dir(0.1) among each class's holders
+        assert np.all((counts > 0).sum(1) <= 2) and _top_share(counts) > 0.8
+        spread = _dispatched(mnist_like, method, alpha=100.0)[1].sum(1)
+        assert spread.min() >= 10  # PFLlib's min_require_size (alpha 0.1 keeps the best of 1000 draws)
+        _, three = _dispatched(mnist_like, method, classes_per_client=3, alpha=100.0)
+        assert np.all((three > 0).sum(1) <= 3) and (three > 0).sum(1).mean() > 2.5
+        with pytest.raises(PartitionError, match="classes_per_client=11"):
+            _split(mnist_like, method, 0, classes_per_client=11)
+    elif method == "matrix":
+        assert np.all(counts == 35)
+        _, given = _dispatched(
+            mnist_like, method, class_matrix=[[70 * (k == i % 10) for k in range(10)] for i in range(20)]
+        )
+        assert np.all(given.sum(1) == 70) and np.all((given > 0).sum(1) == 1)
     else:
         pytest.fail(f"no expectations written for partition method {method!r}")
 
 
 def test_partition_dispatch_unknown_method(mnist_like: np.ndarray) -> None:
-    with pytest.raises(ValidationError, match="'iid', 'dirichlet', 'pathological', 'kfold' or 'label_dirichlet'"):
+    with pytest.raises(ValidationError, match="'kfold', 'label_dirichlet', 'shards', 'exdir' or 'matrix'"):
         _split(mnist_like, "kmeans", 0)
 
 

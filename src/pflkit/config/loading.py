@@ -29,16 +29,22 @@ def _pathological_rule(spec: PartitionSpec) -> bool:
 
 # [partition] fields that only one kind of partition or test set reads: field -> (what reads it, is it read?)
 _PARTITION_KEYS: dict[str, tuple[str, Any]] = {
-    "alpha": ("partition = dirichlet or label_dirichlet", lambda p: p.method in ("dirichlet", "label_dirichlet")),
-    "balance_cap": ("partition = dirichlet", lambda p: p.method == "dirichlet"),
+    "alpha": (
+        "partition = dirichlet, label_dirichlet or exdir",
+        lambda p: p.method in ("dirichlet", "label_dirichlet", "exdir"),
+    ),
+    "balance_cap": ("partition = dirichlet or exdir", lambda p: p.method in ("dirichlet", "exdir")),
     "num_folds": ("partition = kfold", lambda p: p.method == "kfold"),
     "primary_fraction": ("partition = kfold", lambda p: p.method == "kfold"),
-    "classes_per_client": ("partition = pathological", lambda p: p.method == "pathological"),
+    "classes_per_client": ("partition = pathological or exdir", lambda p: p.method in ("pathological", "exdir")),
+    "shards_per_client": ("partition = shards", lambda p: p.method == "shards"),
+    "quantity_sigma": ('quantity = "lognormal"', lambda p: p.quantity == "lognormal"),
     # PFLlib's iid is its pathological rule with every class
     "balanced": ("partition = pathological (or iid with partition_rng = pfllib)", _pathological_rule),
     "min_samples_per_client": (
-        "partition = dirichlet or pathological (or iid with partition_rng = pfllib)",
-        lambda p: p.method == "dirichlet" or _pathological_rule(p),
+        "partition = dirichlet, exdir or pathological (or iid with partition_rng = pfllib), or quantity = "
+        '"lognormal" or "linear"',
+        lambda p: p.method in ("dirichlet", "exdir") or _pathological_rule(p) or p.quantity in ("lognormal", "linear"),
     ),
     # the official split still sizes PFLlib's default minimum with it
     "train_fraction": (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,7 @@ def plot_partition(counts: np.ndarray, path: Path, title: str = "", domains: Seq
     of fixed size instead, without domains (a bubble per client would need a canvas of hundreds
     of megabytes at 10,000 clients)."""
     counts = np.asarray(counts)
+    title = textwrap.fill(title, 70)  # a long title (method, sizes, IID share) wraps instead of being cut
     if counts.shape[0] > 100:
         fig, ax = plt.subplots(figsize=(12, max(3.5, 0.35 * counts.shape[1])))
         image = ax.imshow(counts.T, aspect="auto", interpolation="nearest", cmap="Reds", origin="lower")

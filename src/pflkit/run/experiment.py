@@ -20,6 +20,7 @@ import torch
 from ..algorithms import ClientSummary
 from ..config import BaseConfig, ConfigError, load_config, to_dict
 from ..data.federated import FederatedData
+from ..data.partition.words import partition_words
 from ..engines import Engine, RoundSetup, build_engine
 from ..federation import (
     Callback,
@@ -66,7 +67,7 @@ class Simulator:
         summaries = [
             ClientSummary(i, data.clients[i].num_train, data.train_label_counts(i)) for i in range(data.num_clients)
         ]
-        kind = "PFLlib's own" if self.config.dataset == "pfllib" else self.config.partition.method
+        kind = "PFLlib's own" if self.config.dataset == "pfllib" else partition_words(self.config.partition)
         test = data.global_test
         evaluation = (
             None

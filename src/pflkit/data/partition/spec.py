@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pflkit.data.errors import PartitionError
 
@@ -42,8 +42,9 @@ __all__ = [
     "smallest_client",
 ]
 
-PartitionMethod = Literal["iid", "dirichlet", "pathological", "kfold", "label_dirichlet"]
+PartitionMethod = Literal["iid", "dirichlet", "pathological", "kfold", "label_dirichlet", "shards", "exdir", "matrix"]
 PartitionRng = Literal["pflkit", "pfllib"]
+Quantity = Literal["partition", "lognormal", "linear", "given"]
 TestSet = Literal["client_split", "official"]
 PARTITION_METHODS: tuple[str, ...] = get_args(PartitionMethod)
 PARTITION_RNGS: tuple[str, ...] = get_args(PartitionRng)
@@ -139,22 +140,25 @@ class PartitionSpec(BaseModel):
         "dirichlet",
         description="iid; dirichlet (class-wise, PFLlib); pathological; "
         "kfold (SosicFL's k-Fold groups); label_dirichlet (client-wise Dir over label "
-        "distributions with equal client sizes, SosicFL)",
+        "distributions with equal client sizes, SosicFL); shards (FedAvg's label-sorted shards); "
+        "exdir (PFLlib's: classes_per_client classes per client, then Dirichlet among each class's "
+        "holders); matrix (the client x class counts of class_matrix)",
     )
     num_clients: int = Field(20, ge=1, description="clients the data is split over")
     alpha: float = Field(0.1, gt=0, description="Dirichlet concentration")
-    classes_per_client: int = Field(2, ge=1, description="pathological: classes per client")
+    classes_per_client: int = Field(2, ge=1, description="pathological and exdir: classes per client")
     balanced: bool = Field(False, description="pathological: equal shares instead of PFLlib's random sizes")
     min_samples_per_client: int | None = Field(
         None,
         ge=0,
-        description="dirichlet/pathological minimum samples per client; default PFLlib's "
+        description="dirichlet/pathological minimum samples per client (exdir: default PFLlib's 10; "
+        "quantity: the least size it deals); default PFLlib's "
         "int(min(batch_size / (1 - train_fraction), samples / num_clients / 2)), lowered with a logged "
         "warning to one training batch + one test sample where no draw reaches it",
     )
     balance_cap: bool = Field(
         True,
-        description="dirichlet: stop feeding clients that hold the average share "
+        description="dirichlet and exdir: stop feeding clients that hold the average share "
         "(PFLlib; FedACD's paper leaves it open for its splits)",
     )
     train_fraction: float = Field(
@@ -174,7 +178,7 @@ class PartitionSpec(BaseModel):
         1000,
         ge=1,
         le=100_000,
-        description="dirichlet: draws tried for the minimum client "
+        description="dirichlet and exdir: draws tried for the minimum client "
         "size (at most 100000: a minimum that many draws miss is out of reach)",
     )
     num_folds: int = Field(2, ge=1, description="kfold: G groups of clients and of primary classes")
@@ -191,6 +195,39 @@ class PartitionSpec(BaseModel):
         "official: the official training split is partitioned, the official test split is the global test "
         "set and each client gets a local test set with its label proportions",
     )
+    shards_per_client: int = Field(
+        2, ge=1, description="shards: shards per client (the pool sorted by label is cut into num_clients x this many)"
+    )
+    class_matrix: list[list[int]] | list[list[float]] | None = Field(
+        None,
+        description="matrix: one row per client, one column per class; whole numbers are sample counts, "
+        "fractions the share of the class's samples the client gets (a column sums to at most 1)",
+    )
+    quantity: Quantity = Field(
+        "partition",
+        description="client sizes: partition (as the label partition gives them); lognormal (weights "
+        "exp(quantity_sigma x N(0, 1))); linear (client i weighs i + 1); given (client_sizes). Sizes are "
+        "dealt first (at least min_samples_per_client each), then each client is filled to its size with "
+        "its label partition's class mix",
+    )
+    quantity_sigma: float = Field(1.0, gt=0, description="quantity = lognormal: sigma of the log sizes")
+    client_sizes: list[int] | list[float] | None = Field(
+        None,
+        description="quantity = given: one size per client, in samples (whole numbers) or as fractions "
+        "of the partitioned samples (summing to at most 1)",
+    )
+    iid_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of each client's samples drawn IID (the pool's class proportions) instead "
+        "of from its label partition",
+    )
+
+    @model_validator(mode="after")
+    def _axes_are_consistent(self) -> PartitionSpec:
+        _check_axes(self)
+        return self
 
     @property
     def official(self) -> bool:
@@ -207,6 +244,36 @@ class PartitionSpec(BaseModel):
         from pflkit.functional.streams import numpy_generator
 
         return numpy_generator(seed, "partition")
+
+
+def _check_axes(spec: PartitionSpec) -> None:
+    """The matrix and the given sizes: set exactly where read, one entry per client, none negative."""
+    n = spec.num_clients
+    if (spec.method == "matrix") != (spec.class_matrix is not None):
+        raise ValueError('class_matrix is read by partition = "matrix" and needed there: set both or neither')
+    if spec.class_matrix is not None:
+        rows = {len(row) for row in spec.class_matrix}
+        if len(spec.class_matrix) != n or len(rows) != 1 or 0 in rows:
+            raise ValueError(
+                f"class_matrix must have num_clients = {n} rows of one length (one column per class), "
+                f"got {len(spec.class_matrix)} rows of lengths {sorted(rows)}"
+            )
+        if any(v < 0 for row in spec.class_matrix for v in row):
+            raise ValueError("class_matrix holds a negative entry: counts and shares are >= 0")
+    if (spec.quantity == "given") != (spec.client_sizes is not None):
+        raise ValueError('client_sizes is read by quantity = "given" and needed there: set both or neither')
+    if spec.client_sizes is not None:
+        if len(spec.client_sizes) != n:
+            raise ValueError(
+                f"client_sizes has {len(spec.client_sizes)} entries, num_clients = {n}: give one per client"
+            )
+        if min(spec.client_sizes) < 0:
+            raise ValueError(f"client_sizes holds a negative size ({min(spec.client_sizes)})")
+        if isinstance(spec.client_sizes[0], float) and sum(spec.client_sizes) > 1 + 1e-9:
+            raise ValueError(
+                f"client_sizes are fractions summing to {sum(spec.client_sizes):g} > 1; write whole numbers "
+                "for sample counts"
+            )
 
 
 @dataclass

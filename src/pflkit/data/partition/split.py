@@ -13,10 +13,14 @@ from typing import Any
 import numpy as np
 
 from .dirichlet import _dirichlet
+from .exdir import _exdir
 from .holdout import local_test_sets, split_train_test
 from .iid import partition_iid
 from .kfold import partition_kfold, partition_label_dirichlet
+from .matrix import matrix_counts
 from .pathological import _pathological
+from .quantity import reshape
+from .shards import partition_shards
 from .spec import (
     ClientSplit,
     PartitionError,
@@ -35,7 +39,32 @@ __all__ = ["split_clients"]
 
 def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) -> _Draw:
     """The partition of ``spec.method`` (parts in draw order) after checking that the pool can give
-    every client what the test-set protocol needs."""
+    every client what the test-set protocol needs, then its quantity skew and IID share."""
+    labels = _check_labels(labels)
+    if spec.method == "matrix":
+        _check_pool(labels, spec)
+        assert spec.class_matrix is not None  # the spec's validator
+        counts = matrix_counts(spec.class_matrix, labels)
+        viable = 1 if spec.official else smallest_client(spec.train_fraction)
+        if spec.quantity == "partition" and counts.sum(1).min() < viable:
+            i = int(np.argmin(counts.sum(1)))
+            raise PartitionError(
+                f"class_matrix gives client {i} {int(counts[i].sum())} sample(s); every client needs at least "
+                f"{viable} (one to train and one to test at train_fraction={spec.train_fraction})"
+            )
+        draw, own = _Draw([], 1, 0), None
+    else:
+        draw = _label_draw(labels, spec, rng, batch_size)
+        if spec.quantity == "partition" and spec.iid_share == 0:
+            return draw
+        own = [np.asarray(p, dtype=np.int64) for p in draw.parts]
+        counts = class_counts(labels, own, int(labels.max()) + 1)
+    parts = reshape(labels, counts, own, spec, rng, batch_size)
+    return _Draw(parts, draw.tries, min(len(p) for p in parts), draw.note)
+
+
+def _check_pool(labels: np.ndarray, spec: PartitionSpec) -> None:
+    """A clear error where the pool cannot give every client what the test-set protocol needs."""
     labels = _check_labels(labels)
     _check_num_clients(spec.num_clients)
     n = len(labels)
@@ -51,6 +80,11 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) ->
             f"needs {need}), but the {'official training split' if spec.official else 'dataset'} holds {n}; "
             f"lower num_clients to at most {n // viable}"
         )
+
+
+def _label_draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) -> _Draw:
+    """The label partition of ``spec.method``, parts in draw order."""
+    _check_pool(labels, spec)
     if spec.method == "dirichlet":
         return _dirichlet(
             labels,
@@ -82,6 +116,22 @@ def _draw(labels: np.ndarray, spec: PartitionSpec, rng: Rng, batch_size: int) ->
         parts = partition_kfold(labels, spec.num_clients, spec.num_folds, rng, primary_fraction=spec.primary_fraction)
     elif spec.method == "label_dirichlet":
         parts = partition_label_dirichlet(labels, spec.num_clients, spec.alpha, rng)
+    elif spec.method == "shards":
+        parts = partition_shards(labels, spec.num_clients, spec.shards_per_client, rng)
+    elif spec.method == "exdir":
+        return _exdir(
+            labels,
+            spec.num_clients,
+            spec.classes_per_client,
+            spec.alpha,
+            rng,
+            min_samples_per_client=spec.min_samples_per_client,
+            balance_cap=spec.balance_cap,
+            max_retries=spec.max_retries,
+            train_fraction=spec.train_fraction,
+            official=spec.official,
+            convention=spec.rng,
+        )
     else:
         raise AssertionError(f"unreachable: PartitionSpec admits no method {spec.method!r}")
     return _Draw(parts, 1, min(len(p) for p in parts))
@@ -123,7 +173,7 @@ def split_clients(
         counts = class_counts(labels, train, num_classes)
         size = len(test_pool) // spec.num_clients
         test = [test_pool[t] for t in local_test_sets(counts, labels[test_pool], size, rng)]
-        info = {
+        info: dict[str, Any] = {
             "method": spec.method,
             "rng": spec.rng,
             "partition_seed": seed,
@@ -147,6 +197,10 @@ def split_clients(
             "min_samples_per_client": draw.minimum,
             "test_set": "client_split",
         }
+    if spec.quantity != "partition":
+        info["quantity"] = spec.quantity
+    if spec.iid_share > 0:
+        info["iid_share"] = spec.iid_share
     if draw.note:
         info["fallback"] = draw.note
     return ClientSplit(train, test, info)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...config import load_config
-from ...data.partition import PartitionSpec
+from ...data.partition.words import partition_words
 from ...federation import ResultsFolder
 from ...federation.packing import read_sweep_record
 from ...federation.runner import tta_bases
@@ -140,17 +140,6 @@ def sweep_section(folder: Path) -> Section:
         if config.paper_table and paper_cell(config.paper_table).get("sweep"):
             section.tables.append(sweep_paper_table(record, paper_cell(config.paper_table)))
     return section
-
-
-def partition_words(spec: PartitionSpec) -> str:
-    """The partition with the parameter that tells its tables apart (Dir(0.1) from Dir(0.05), ...)."""
-    detail = {
-        "dirichlet": f"alpha {spec.alpha}",
-        "label_dirichlet": f"alpha {spec.alpha}",
-        "pathological": f"{spec.classes_per_client} classes per client",
-        "kfold": f"{spec.num_folds} folds",
-    }.get(spec.method)
-    return f"{spec.method} ({detail})" if detail else spec.method
 
 
 def table_section(folder: Path, cells: Sequence[Path]) -> Section:
