@@ -37,8 +37,26 @@ FILE_DATASETS: dict[str, str] = {
     "tiny_imagenet": "the tiny-imagenet-200/ tree (wnids.txt, train/, val/)",
     "agnews": "the AG News train.csv and test.csv",
     "pfllib": "a PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz)",
+    "femnist": "LEAF's FEMNIST JSON files (train/*.json, test/*.json)",
+    "shakespeare": "LEAF's Shakespeare JSON files (train/*.json, test/*.json)",
+    "sent140": "LEAF's Sent140 JSON files (train/*.json, test/*.json)",
+    "leaf": "a numeric set in LEAF's JSON format (train/*.json, test/*.json; pFedMe's MNIST or Synthetic)",
 }
-DatasetName = Literal["digits", "mnist", "synthetic", "cifar10", "cifar100", "tiny_imagenet", "agnews", "pfllib"]
+DatasetName = Literal[
+    "digits",
+    "mnist",
+    "synthetic",
+    "cifar10",
+    "cifar100",
+    "tiny_imagenet",
+    "agnews",
+    "pfllib",
+    "femnist",
+    "shakespeare",
+    "sent140",
+    "leaf",
+    "fedprox_synthetic",
+]
 DATASETS: tuple[str, ...] = get_args(DatasetName)
 
 
@@ -169,6 +187,10 @@ def data_folder(data_dir: str | Path) -> Path:
     return Path(text)
 
 
+#: the datasets of pflkit.data.natural (client by client), refused by load_dataset
+_NATURAL = ("pfllib", "femnist", "shakespeare", "sent140", "leaf", "fedprox_synthetic")
+
+
 def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test: bool = False) -> Dataset:
     """Load a dataset by name (see :data:`DATASETS`) as one pool (train and test merged).
 
@@ -191,11 +213,11 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test
         return load_tiny_imagenet(_require_dir(name, data_dir), include_val=official_test)
     if name == "agnews":
         return load_agnews(_require_dir(name, data_dir))
-    if name == "pfllib":
+    if name in _NATURAL:
         raise DataError(
-            "dataset 'pfllib' holds per-client splits, not one pool: "
-            'run it with dataset = "pfllib" (its clients are adopted) or read it with '
-            "pflkit.data.load_pfllib(data_dir)"
+            f"dataset {name!r} holds per-client splits, not one pool: "
+            f'run it with dataset = "{name}" (its clients are adopted) or read it with '
+            "pflkit.data.load_clients (pflkit.data.load_pfllib for PFLlib folders)"
         )
     raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
 
