@@ -30,15 +30,16 @@ def _features(input_shape: tuple[int, ...]) -> int:
 
 class Mclr(UnitModel):
     """Multinomial logistic regression (pFedMe's ``Mclr_Logistic``, FedProx's ``mclr``):
-    flatten -> fc Linear(D, C). One unit: fc."""
+    flatten -> fc Linear(D, C). One unit: fc (exactly ``F.linear``, ``linear_head``, on feature
+    vectors; on images it also flattens)."""
 
     unit_modules = ("fc",)
-    linear_head = True
     input_kind = "features"
 
     def __init__(self, input_shape: tuple[int, ...] = (60,), num_classes: int = 10) -> None:
         super().__init__()
         self.input_dims = len(input_shape)
+        self.linear_head = self.input_dims == 1
         self.fc = nn.Linear(_features(input_shape), num_classes)
 
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
