@@ -83,7 +83,12 @@ def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: t
 def load_pool(config: BaseConfig, data_dir: str | None = None) -> Dataset:
     """The config's dataset as one pool (every dataset but those of ``NATURAL_DATASETS``), read from
     ``data_dir`` (default: the config's)."""
-    return load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.partition.official)
+    return load_dataset(
+        config.dataset,
+        data_dir or config.data_dir,
+        official_test=config.partition.official,
+        emnist_split=config.data.emnist_split,
+    )
 
 
 def natural_clients(

@@ -39,6 +39,10 @@ NUM_CLASSES = {
     "cifar100": 100,
     "tiny_imagenet": 200,
     "agnews": 4,
+    "fashion_mnist": 10,
+    "svhn": 10,
+    "usps": 10,
+    "cinic10": 10,
 }
 
 

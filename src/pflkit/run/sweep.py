@@ -174,7 +174,7 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
                 config, partitions = build_partitions(config, device)
                 data = next(iter(partitions.values()))
             else:
-                key = (config.dataset, config.data_dir, config.partition.test_set)
+                key = (config.dataset, config.data_dir, config.partition.test_set, config.data.emnist_split)
                 if key not in datasets:
                     datasets[key] = load_pool(config)
                 data = partition_dataset(config, datasets[key], partition_seed(config, config.seeds[0]), device)
