@@ -216,7 +216,7 @@ def test_new_pool_datasets_need_data_dir_and_pick_models() -> None:
 
 
 @pytest.mark.integration
-def test_cli_runs_lenet5_on_tiny_usps_like_fashion_mnist(tmp_path: Path) -> None:
+def test_cli_runs_lenet5_on_tiny_fashion_mnist(tmp_path: Path) -> None:
     folder = idx_set(tmp_path / "fashion", FASHION, (0, 9), n=40)
     args = ["run", "dataset=fashion_mnist", f"data_dir={folder}", "model=lenet5", "num_clients=2", "partition=iid"]
     args += [
