@@ -250,3 +250,13 @@ def test_load_clients_names_what_it_reads() -> None:
     with pytest.raises(DataError, match="needs data_dir"):
         load_clients("femnist", None)
     assert load_clients("fedprox_synthetic", None, num_clients=2, seed=0).num_clients == 2
+
+
+def test_data_keys_of_another_dataset_are_named_unused() -> None:
+    from pflkit.config import unused_keys
+
+    table = {"data": {"synthetic_alpha": 0.5, "emnist_split": "balanced"}}
+    assert unused_keys(table, build_config({"dataset": "digits", **table})) == [
+        "data.synthetic_alpha = 0.5 is not used: only dataset = fedprox_synthetic reads it"
+    ]
+    assert unused_keys(table, build_config({"dataset": "fedprox_synthetic", **table})) == []

@@ -114,14 +114,14 @@ class DataSettings(BaseModel):
     synthetic_alpha: float = Field(
         1.0,
         ge=0,
-        description="dataset = fedprox_synthetic: alpha of Synthetic(alpha, beta), how much the clients' "
-        "models differ (FedProx: 0, 0.5, 1)",
+        description="dataset = fedprox_synthetic: alpha of Synthetic(alpha, beta), the spread of the clients' "
+        "model means u_k ~ N(0, alpha) (FedProx: 0, 0.5, 1)",
     )
     synthetic_beta: float = Field(
         1.0,
         ge=0,
-        description="dataset = fedprox_synthetic: beta of Synthetic(alpha, beta), how much the clients' "
-        "inputs differ (FedProx: 0, 0.5, 1)",
+        description="dataset = fedprox_synthetic: beta of Synthetic(alpha, beta), the spread of the clients' "
+        "input means B_k ~ N(0, beta) (FedProx: 0, 0.5, 1)",
     )
     synthetic_iid: bool = Field(
         False,

@@ -8,6 +8,8 @@ Per client k (generate_synthetic.py of the FedProx repository, transcribed):
 * v_k ~ N(B_k, 1) in 60 dimensions; x ~ N(v_k, Sigma) with Sigma diagonal, Sigma_jj = j^-1.2;
 * y = argmax softmax(x W_k + b_k).
 
+As in that code, u_k shifts all ten columns of W_k and b_k alike, which leaves the argmax unchanged:
+each client's labelling model differs from the others' by its own draw of W_k and b_k at any alpha.
 ``iid=True`` is its Synthetic-IID: one W ~ N(0, 1) and b ~ N(0, 1) for all, v_k = 0. Each client's
 samples are shuffled and split 90/10 into train and test (``int(0.9 n_k)`` training samples).
 """
