@@ -260,3 +260,13 @@ def test_data_keys_of_another_dataset_are_named_unused() -> None:
         "data.synthetic_alpha = 0.5 is not used: only dataset = fedprox_synthetic reads it"
     ]
     assert unused_keys(table, build_config({"dataset": "fedprox_synthetic", **table})) == []
+
+
+def test_a_sweep_over_synthetic_alpha_checks_each_cells_clients() -> None:
+    from pflkit.run.sweep import check_cells, plan_sweep
+
+    _, axes, cells = plan_sweep(
+        None, ["dataset=fedprox_synthetic", "num_clients=3", "data.synthetic_alpha=[0.0,0.5]", "model=dnn"]
+    )
+    assert [a.key for a in axes] == ["data.synthetic_alpha"] and len(cells) == 2
+    check_cells(cells)  # builds each cell's clients and checks its model fits them
