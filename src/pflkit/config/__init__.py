@@ -25,7 +25,7 @@ from .errors import ConfigError, format_errors
 from .loading import build_config, describe_keys, load_config, read_toml, resolved, to_dict, unused_keys
 from .overrides import apply_override, merge, parse_override, split_overrides
 from .schema import BaseConfig, config_model
-from .sections import MetricsSettings, RunSettings, TraceSettings
+from .sections import DataSettings, MetricsSettings, RunSettings, TraceSettings
 
 __all__ = [
     "FLAT_KEYS",
@@ -50,6 +50,7 @@ __all__ = [
     "config_model",
     "MetricsSettings",
     "RunSettings",
+    "DataSettings",
     "TraceSettings",
 ]
 

@@ -19,8 +19,17 @@ from .aliases import FLAT_KEYS, Written, nest
 from .errors import ConfigError, format_errors
 from .overrides import apply_override, parse_override
 from .schema import BaseConfig, config_model
+from .sections import DataSettings
 
 log = logging.getLogger(__name__)
+
+#: [data] fields and the dataset that reads each
+_DATA_KEYS = {
+    "emnist_split": "emnist",
+    "synthetic_alpha": "fedprox_synthetic",
+    "synthetic_beta": "fedprox_synthetic",
+    "synthetic_iid": "fedprox_synthetic",
+}
 
 
 def _pathological_rule(spec: PartitionSpec) -> bool:
@@ -134,6 +143,12 @@ def unused_keys(
         f"{written[('partition', key)]} = {table[key]!r} is not used: only {reader} reads it"
         for key, (reader, used) in _PARTITION_KEYS.items()
         if key in table and not used(config.partition) and not _is_default(PartitionSpec, key, table[key])
+    ]
+    settings = data.get("data")
+    lines += [
+        f"data.{key} = {value!r} is not used: only dataset = {_DATA_KEYS[key]} reads it"
+        for key, value in (settings.items() if isinstance(settings, dict) else ())
+        if key in _DATA_KEYS and config.dataset != _DATA_KEYS[key] and not _is_default(DataSettings, key, value)
     ]
     sections = config_sections(config.algorithms)
     read = set()

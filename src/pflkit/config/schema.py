@@ -10,14 +10,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator, model_validator
 
 from ..algorithms import Settings, TrainSettings
-from ..data import FILE_DATASETS, PartitionSpec
+from ..data import FILE_DATASETS, NATURAL_DATASETS, PartitionSpec
 from ..data.domains import FeatureShift
 from ..data.sources import DatasetName
 from ..methods import REGISTRY, config_sections, parse_name
 from ..models import DEFAULT_MODEL, MODELS
 from .aliases import _named, nest
 from .errors import ConfigError
-from .sections import MetricsSettings, RunSettings, TraceSettings
+from .sections import DataSettings, MetricsSettings, RunSettings, TraceSettings
 
 
 class BaseConfig(BaseModel):
@@ -34,7 +34,10 @@ class BaseConfig(BaseModel):
     dataset: DatasetName = Field(
         "digits",
         description="digits (scikit-learn's 8x8 digits, no download), synthetic, mnist, cifar10, cifar100, "
-        "tiny_imagenet, agnews, or pfllib (a folder PFLlib generated, in data_dir)",
+        "tiny_imagenet, agnews; with their own clients (no label partition): pfllib (a folder PFLlib "
+        "generated, in data_dir), LEAF's femnist, shakespeare, sent140, leaf (numeric sets in LEAF's "
+        "format: pFedMe's MNIST and Synthetic), and fedprox_synthetic (Synthetic(alpha, beta), generated: "
+        "[data] keys, num_clients clients, drawn from the partition seed)",
     )
     data_dir: str | None = Field(
         None, description="folder with the dataset's files (every dataset but digits and synthetic)"
@@ -42,7 +45,8 @@ class BaseConfig(BaseModel):
     model: str = Field(
         "auto",
         description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
-        "fasttext for AG News; pfllib: by its data",
+        "fasttext for AG News and Sent140, char_lstm for Shakespeare, mclr for fedprox_synthetic; "
+        "pfllib and leaf: by their data",
     )
     pretrained: str | None = Field(
         None,
@@ -71,6 +75,7 @@ class BaseConfig(BaseModel):
     )
     train: TrainSettings = Field(default_factory=lambda: TrainSettings(), description="local training")
     run: RunSettings = Field(default_factory=lambda: RunSettings(), description="how the rounds execute")
+    data: DataSettings = Field(default_factory=lambda: DataSettings(), description="settings of particular datasets")
 
     @model_validator(mode="before")
     @classmethod
@@ -186,11 +191,12 @@ class BaseConfig(BaseModel):
 
     @model_validator(mode="after")
     def _official_needs_a_pool(self, info: ValidationInfo) -> BaseConfig:
-        if self.partition.official and self.dataset == "pfllib":
+        if self.partition.official and self.dataset in NATURAL_DATASETS:
             key = _named(info, "partition", "test_set")
+            holder = "a PFLlib folder" if self.dataset == "pfllib" else f"dataset {self.dataset!r}"
             raise ValueError(
-                f'{key} = "official" needs the dataset\'s official test split, and a PFLlib '
-                f'folder holds only per-client splits: use {key} = "client_split" or a dataset'
+                f'{key} = "official" needs the dataset\'s official test split, and {holder} '
+                f'holds only per-client splits: use {key} = "client_split" or a dataset'
             )
         return self
 
@@ -211,7 +217,7 @@ class BaseConfig(BaseModel):
         if self.dataset in FILE_DATASETS and not self.data_dir:
             hint = (
                 ""
-                if self.dataset == "pfllib"
+                if self.dataset in NATURAL_DATASETS
                 else f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"
             )
             raise ValueError(
@@ -229,9 +235,12 @@ class BaseConfig(BaseModel):
         return DEFAULT_MODEL[self.dataset]
 
     def model_for(self, input_shape: tuple[int, ...]) -> str:
-        """The model for samples of ``input_shape``: pfllib + auto picks fedavg_cnn (images) or fasttext (ids)."""
-        if self.model == "auto" and self.dataset == "pfllib":
-            return "fedavg_cnn" if len(input_shape) == 3 else "fasttext"
+        """The model for samples of ``input_shape``: pfllib + auto picks fedavg_cnn (images) or fasttext
+        (ids), leaf + auto fedavg_cnn (images) or mclr (feature vectors)."""
+        if self.model == "auto" and self.dataset in ("pfllib", "leaf"):
+            if len(input_shape) == 3:
+                return "fedavg_cnn"
+            return "fasttext" if self.dataset == "pfllib" else "mclr"
         return self.resolved_model
 
     def algorithm_sections(self) -> dict[str, Settings]:

@@ -99,3 +99,32 @@ class RunSettings(BaseModel):
         if device not in ("cpu", "cuda", "auto") and not (device.startswith("cuda:") and device[5:].isdigit()):
             raise ValueError("device must be cpu, cuda, cuda:N or auto")
         return device
+
+
+class DataSettings(BaseModel):
+    """The ``[data]`` section: settings of particular datasets (each read only by its dataset)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    emnist_split: Literal["byclass", "bymerge", "balanced", "letters", "digits", "mnist"] = Field(
+        "balanced",
+        description="dataset = emnist: which EMNIST split to read (byclass 62 classes, bymerge 47, balanced 47, "
+        "letters 26 (labels 1..26 read as 0..25), digits 10, mnist 10)",
+    )
+    synthetic_alpha: float = Field(
+        1.0,
+        ge=0,
+        description="dataset = fedprox_synthetic: alpha of Synthetic(alpha, beta), the spread of the clients' "
+        "model means u_k ~ N(0, alpha) (FedProx: 0, 0.5, 1)",
+    )
+    synthetic_beta: float = Field(
+        1.0,
+        ge=0,
+        description="dataset = fedprox_synthetic: beta of Synthetic(alpha, beta), the spread of the clients' "
+        "input means B_k ~ N(0, beta) (FedProx: 0, 0.5, 1)",
+    )
+    synthetic_iid: bool = Field(
+        False,
+        description="dataset = fedprox_synthetic: FedProx's Synthetic-IID instead (one model for all "
+        "clients, inputs centred at 0; alpha and beta unused)",
+    )

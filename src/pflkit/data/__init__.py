@@ -11,14 +11,20 @@ from pflkit.data.downloads import (
     download_tiny_imagenet,
 )
 from pflkit.data.errors import DataError, PartitionError
+from pflkit.data.fedprox_synthetic import fedprox_synthetic, generate_synthetic
 from pflkit.data.idx import read_idx, write_idx
+from pflkit.data.leaf import LEAF_DATASETS, load_leaf
+from pflkit.data.natural import ADOPTED_CLIENTS, NATURAL_DATASETS, load_clients
 from pflkit.data.partition import PARTITION_METHODS, ClientSplit, PartitionSpec, class_counts, split_clients
 from pflkit.data.pfllib import load_pfllib
 from pflkit.data.sources import DATASETS, FILE_DATASETS, download_mnist, load_dataset
 from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = [
+    "ADOPTED_CLIENTS",
     "DATASETS",
+    "LEAF_DATASETS",
+    "NATURAL_DATASETS",
     "FILE_DATASETS",
     "PARTITION_METHODS",
     "ClientSplit",
@@ -35,9 +41,13 @@ __all__ = [
     "download_cifar100",
     "download_mnist",
     "download_tiny_imagenet",
+    "fedprox_synthetic",
+    "generate_synthetic",
     "load_agnews",
     "load_cifar",
+    "load_clients",
     "load_dataset",
+    "load_leaf",
     "load_pfllib",
     "load_tiny_imagenet",
     "read_idx",

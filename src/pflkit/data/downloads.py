@@ -8,8 +8,10 @@ Files already present are checked the same way, not fetched again.
 from __future__ import annotations
 
 import shutil
+import tarfile
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,7 +26,12 @@ __all__ = [
     "download_agnews",
     "download_cifar10",
     "download_cifar100",
+    "download_cinic10",
+    "download_emnist",
+    "download_fashion_mnist",
+    "download_svhn",
     "download_tiny_imagenet",
+    "download_usps",
 ]
 
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/"
@@ -33,6 +40,27 @@ _TINY_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 _TINY_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
 _AGNEWS_URL = "https://raw.githubusercontent.com/mhjabreel/CharCnn_Keras/master/data/ag_news_csv/"
 _AGNEWS_ROWS = {"train.csv": 120_000, "test.csv": 7_600}
+_FASHION_URLS = (
+    "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+    "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+)
+_FASHION_MD5 = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+_EMNIST_URL = "https://biometrics.nist.gov/cs_links/EMNIST/gzip.zip"
+_EMNIST_MD5 = "58c8d27c78d21e728a6bc7b3cc06412e"
+_SVHN_URL = "http://ufldl.stanford.edu/housenumbers/"
+_SVHN_MD5 = {
+    "train_32x32.mat": "e26dedcc434d2e4c54c9b2d4a06d8373",
+    "test_32x32.mat": "eb5a983be6a315427106f1b164d9cef3",
+}
+_USPS_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/multiclass/"
+_USPS_MD5 = {"usps.bz2": "ec16c51db3855ca6c91edd34d0e9b197", "usps.t.bz2": "8ea070ee2aca1ac39742fdd1ef5ed118"}
+# no checksum is published for CINIC-10: the archive is checked by its layout (train/, valid/, test/)
+_CINIC_URL = "https://datashare.ed.ac.uk/bitstream/handle/10283/3192/CINIC-10.tar.gz"
 
 
 def _download_cifar(name: str, data_dir: str | Path) -> Path:
@@ -110,12 +138,112 @@ def download_agnews(data_dir: str | Path) -> Path:
     return data_dir
 
 
+def _fetch_md5(data_dir: Path, bases: tuple[str, ...], sums: dict[str, str]) -> Path:
+    """Each file of ``sums`` into ``data_dir``: one already there is checked, a missing one fetched."""
+    for filename, md5 in sums.items():
+        if (data_dir / filename).is_file():
+            check_present(data_dir / filename, md5_check(md5))
+        else:
+            fetch([base + filename for base in bases], data_dir / filename, md5_check(md5), timeout=120)
+    return data_dir
+
+
+def download_fashion_mnist(data_dir: str | Path) -> Path:
+    """Fetch Fashion-MNIST's four ``.gz`` IDX files into ``data_dir`` (official md5 sums); return ``data_dir``."""
+    return _fetch_md5(Path(data_dir), _FASHION_URLS, _FASHION_MD5)
+
+
+def download_svhn(data_dir: str | Path) -> Path:
+    """Fetch SVHN's ``train_32x32.mat`` and ``test_32x32.mat`` into ``data_dir``; return ``data_dir``."""
+    return _fetch_md5(Path(data_dir), (_SVHN_URL,), _SVHN_MD5)
+
+
+def download_usps(data_dir: str | Path) -> Path:
+    """Fetch USPS's ``usps.bz2`` and ``usps.t.bz2`` (libsvm) into ``data_dir``; return ``data_dir``."""
+    return _fetch_md5(Path(data_dir), (_USPS_URL,), _USPS_MD5)
+
+
+def _extract(archive: Path, target: Path, opener: Callable[[Path, Path], Path]) -> None:
+    """``opener(archive, tmp)`` extracts into a temporary folder and returns the folder to keep,
+    which is renamed to ``target`` only when complete; the archive is deleted afterwards."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        kept = opener(archive, tmp)
+        if target.exists():  # an incomplete earlier extraction
+            shutil.rmtree(target)
+        kept.rename(target)
+    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as exc:
+        raise DataError(f"cannot extract {archive}: {exc}") from exc
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    archive.unlink()
+
+
+def _emnist_zip(archive: Path, tmp: Path) -> Path:
+    with zipfile.ZipFile(archive) as zf:
+        members = [m for m in zf.namelist() if m.startswith("gzip/emnist-") and m.endswith(".gz")]
+        if not members:
+            raise DataError(f"{archive} holds no gzip/emnist-*.gz files")
+        zf.extractall(tmp, members)
+    return tmp / "gzip"
+
+
+def download_emnist(data_dir: str | Path) -> Path:
+    """Fetch NIST's EMNIST ``gzip.zip`` (official md5) and extract its IDX files into ``data_dir/gzip``."""
+    data_dir = Path(data_dir)
+    if any((data_dir / "gzip").glob("emnist-*-ubyte.gz")):
+        return data_dir
+    archive = data_dir / "gzip.zip"
+    if archive.is_file():
+        check_present(archive, md5_check(_EMNIST_MD5))
+    else:
+        fetch([_EMNIST_URL], archive, md5_check(_EMNIST_MD5), timeout=120)
+    _extract(archive, data_dir / "gzip", _emnist_zip)
+    return data_dir
+
+
+def _cinic_check(path: Path) -> None:
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            names = {n.removeprefix("./").split("/")[0] for n in tar.getnames()}
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        raise DataError(f"{path.name} is not a readable .tar.gz archive: {exc}") from None
+    if not {"train", "valid", "test"} <= names:
+        raise DataError(f"{path.name} lacks train/, valid/ and test/ at its top (found {', '.join(sorted(names))})")
+
+
+def _cinic_tar(archive: Path, tmp: Path) -> Path:
+    with tarfile.open(archive, "r:gz") as tar:
+        tar.extractall(tmp, filter="data")
+    return tmp
+
+
+def download_cinic10(data_dir: str | Path) -> Path:
+    """Fetch ``CINIC-10.tar.gz`` and extract it into ``data_dir/CINIC-10``; return ``data_dir``."""
+    data_dir = Path(data_dir)
+    target = data_dir / "CINIC-10"
+    if all((target / split).is_dir() for split in ("train", "valid", "test")):
+        return data_dir
+    archive = data_dir / "CINIC-10.tar.gz"
+    if archive.is_file():
+        check_present(archive, _cinic_check)
+    else:
+        fetch([_CINIC_URL], archive, _cinic_check, timeout=120)
+    _extract(archive, target, _cinic_tar)
+    return data_dir
+
+
 DOWNLOADS: dict[str, Callable[[str | Path], Path]] = {
     "mnist": download_mnist,
     "cifar10": download_cifar10,
     "cifar100": download_cifar100,
     "tiny_imagenet": download_tiny_imagenet,
     "agnews": download_agnews,
+    "fashion_mnist": download_fashion_mnist,
+    "emnist": download_emnist,
+    "svhn": download_svhn,
+    "usps": download_usps,
+    "cinic10": download_cinic10,
 }
 
 
@@ -127,7 +255,8 @@ def download(name: str, data_dir: str | Path) -> Path:
     if name not in DOWNLOADS:
         raise ValueError(
             f"no download for dataset {name!r}; downloadable: {', '.join(DOWNLOADS)} "
-            "(digits and synthetic are built in; pfllib folders come from PFLlib)"
+            "(digits, synthetic and fedprox_synthetic are built in; pfllib folders come from PFLlib, "
+            "femnist, shakespeare, sent140 and leaf folders from LEAF's or pFedMe's scripts)"
         )
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     return DOWNLOADS[name](data_dir)

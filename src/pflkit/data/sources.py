@@ -21,10 +21,13 @@ import torch
 
 from pflkit.data.agnews import load_agnews
 from pflkit.data.cifar import load_cifar
+from pflkit.data.cinic import load_cinic10
 from pflkit.data.dataset import Dataset
+from pflkit.data.digit_sets import load_svhn, load_usps
 from pflkit.data.errors import DataError
 from pflkit.data.fetch import check_present, fetch, md5_check
 from pflkit.data.idx import read_idx
+from pflkit.data.idx_sets import load_emnist, load_fashion_mnist
 from pflkit.data.tiny_imagenet import load_tiny_imagenet
 
 __all__ = ["DATASETS", "FILE_DATASETS", "DatasetName", "download_mnist", "load_dataset"]
@@ -36,9 +39,37 @@ FILE_DATASETS: dict[str, str] = {
     "cifar100": "cifar-100-python/ or cifar-100-python.tar.gz",
     "tiny_imagenet": "the tiny-imagenet-200/ tree (wnids.txt, train/, val/)",
     "agnews": "the AG News train.csv and test.csv",
+    "fashion_mnist": "the four Fashion-MNIST IDX files (MNIST's names, plain or .gz)",
+    "emnist": "the EMNIST IDX files emnist-<split>-{train,test}-{images,labels}-*-ubyte[.gz] (or gzip/ with them)",
+    "svhn": "SVHN's train_32x32.mat and test_32x32.mat",
+    "usps": "USPS's usps.bz2 and usps.t.bz2 (libsvm format)",
+    "cinic10": "the CINIC-10 tree train/, valid/, test/ of <class>/*.png",
     "pfllib": "a PFLlib dataset folder (config.json, train/<i>.npz, test/<i>.npz)",
+    "femnist": "LEAF's FEMNIST JSON files (train/*.json, test/*.json)",
+    "shakespeare": "LEAF's Shakespeare JSON files (train/*.json, test/*.json)",
+    "sent140": "LEAF's Sent140 JSON files (train/*.json, test/*.json)",
+    "leaf": "a numeric set in LEAF's JSON format (train/*.json, test/*.json; pFedMe's MNIST or Synthetic)",
 }
-DatasetName = Literal["digits", "mnist", "synthetic", "cifar10", "cifar100", "tiny_imagenet", "agnews", "pfllib"]
+DatasetName = Literal[
+    "digits",
+    "mnist",
+    "synthetic",
+    "cifar10",
+    "cifar100",
+    "tiny_imagenet",
+    "agnews",
+    "fashion_mnist",
+    "emnist",
+    "svhn",
+    "usps",
+    "cinic10",
+    "pfllib",
+    "femnist",
+    "shakespeare",
+    "sent140",
+    "leaf",
+    "fedprox_synthetic",
+]
 DATASETS: tuple[str, ...] = get_args(DatasetName)
 
 
@@ -169,13 +200,21 @@ def data_folder(data_dir: str | Path) -> Path:
     return Path(text)
 
 
-def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test: bool = False) -> Dataset:
+#: the datasets of pflkit.data.natural (client by client), refused by load_dataset
+_NATURAL = ("pfllib", "femnist", "shakespeare", "sent140", "leaf", "fedprox_synthetic")
+
+
+def load_dataset(
+    name: str, data_dir: str | Path | None = None, *, official_test: bool = False, emnist_split: str = "balanced"
+) -> Dataset:
     """Load a dataset by name (see :data:`DATASETS`) as one pool (train and test merged).
 
     ``data_dir`` is needed only for file-based datasets (:data:`FILE_DATASETS`).
     ``official_test`` asks for the official test split too where a loader leaves it out by
     default (Tiny-ImageNet's val images, which FedALA does not use).
-    ``"pfllib"`` holds ready-made client splits: load it with :func:`pflkit.data.load_pfllib`.
+    ``emnist_split``: the EMNIST split that ``"emnist"`` reads.
+    The datasets with their own clients (``"pfllib"``, LEAF's, ``"fedprox_synthetic"``) are read
+    with :func:`pflkit.data.load_clients`.
     """
     if data_dir is not None:
         data_dir = data_folder(data_dir)
@@ -191,11 +230,16 @@ def load_dataset(name: str, data_dir: str | Path | None = None, *, official_test
         return load_tiny_imagenet(_require_dir(name, data_dir), include_val=official_test)
     if name == "agnews":
         return load_agnews(_require_dir(name, data_dir))
-    if name == "pfllib":
+    readers = {"fashion_mnist": load_fashion_mnist, "svhn": load_svhn, "usps": load_usps, "cinic10": load_cinic10}
+    if name in readers:
+        return readers[name](_require_dir(name, data_dir))
+    if name == "emnist":
+        return load_emnist(_require_dir(name, data_dir), emnist_split)
+    if name in _NATURAL:
         raise DataError(
-            "dataset 'pfllib' holds per-client splits, not one pool: "
-            'run it with dataset = "pfllib" (its clients are adopted) or read it with '
-            "pflkit.data.load_pfllib(data_dir)"
+            f"dataset {name!r} holds per-client splits, not one pool: "
+            f'run it with dataset = "{name}" (its clients are adopted) or read it with '
+            "pflkit.data.load_clients (pflkit.data.load_pfllib for PFLlib folders)"
         )
     raise ValueError(f"unknown dataset {name!r}; available: {', '.join(DATASETS)}")
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import BaseConfig
-from ..data import Dataset, load_dataset, load_pfllib
+from ..data import ADOPTED_CLIENTS, NATURAL_DATASETS, Dataset, load_clients, load_dataset
 from ..data.domains import apply_feature_shift
 from ..data.federated import FederatedData
 from ..functional import stream_seed
@@ -83,22 +83,56 @@ def partition_dataset(config: BaseConfig, dataset: Dataset, seed: int, device: t
     return apply_feature_shift(data, config.feature_shift, seed)
 
 
+def load_pool(config: BaseConfig, data_dir: str | None = None) -> Dataset:
+    """The config's dataset as one pool (every dataset but those of ``NATURAL_DATASETS``), read from
+    ``data_dir`` (default: the config's)."""
+    return load_dataset(
+        config.dataset,
+        data_dir or config.data_dir,
+        official_test=config.partition.official,
+        emnist_split=config.data.emnist_split,
+    )
+
+
+def natural_clients(
+    config: BaseConfig, seed: int, device: torch.device | str, data_dir: str | None = None
+) -> FederatedData:
+    """The clients of a dataset that arrives with them (``NATURAL_DATASETS``): read from ``data_dir``
+    (default: the config's), or generated from partition seed ``seed`` (fedprox_synthetic)."""
+    settings = config.data
+    return load_clients(
+        config.dataset,
+        data_dir or config.data_dir,
+        num_clients=config.partition.num_clients,
+        seed=seed,
+        alpha=settings.synthetic_alpha,
+        beta=settings.synthetic_beta,
+        iid=settings.synthetic_iid,
+        device=device,
+    )
+
+
 def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConfig, dict[int, FederatedData]]:
-    """One partition per distinct partition seed of the config's seeds, and the config (a PFLlib
-    folder's own client count replaces ``num_clients``, so that the saved config tells the truth)."""
+    """One partition per distinct partition seed of the config's seeds, and the config (the client
+    count of a dataset with its own clients, a PFLlib or LEAF folder's, replaces ``num_clients``, so
+    that the saved config tells the truth)."""
     seeds = {partition_seed(config, s) for s in config.seeds}
-    if config.dataset == "pfllib":
-        assert config.data_dir is not None  # (the config requires it for pfllib)
-        data = load_pfllib(config.data_dir, device=device)
+    if config.dataset in NATURAL_DATASETS:
         log.info(
-            "dataset pfllib: using the %d client splits of %s; partition, alpha, classes_per_client, "
-            "balanced, min_samples_per_client, train_fraction and partition_seed are ignored",
-            data.num_clients,
-            config.data_dir,
+            "dataset %s: clients %s; partition, alpha, classes_per_client, balanced, "
+            "min_samples_per_client and train_fraction are ignored",
+            config.dataset,
+            f"of {config.data_dir}" if config.dataset in ADOPTED_CLIENTS else "generated from the partition seed",
         )
+    if config.dataset == "fedprox_synthetic":
+        return config, {
+            s: apply_feature_shift(natural_clients(config, s, device), config.feature_shift, s) for s in sorted(seeds)
+        }
+    if config.dataset in ADOPTED_CLIENTS:
+        data = natural_clients(config, 0, device)
         if data.num_clients != config.partition.num_clients:
             log.warning(
-                "num_clients=%d replaced by the %d clients of %s/config.json",
+                "num_clients=%d replaced by the %d clients of %s",
                 config.partition.num_clients,
                 data.num_clients,
                 config.data_dir,
@@ -107,5 +141,5 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
                 update={"partition": config.partition.model_copy(update={"num_clients": data.num_clients})}
             )
         return config, {s: apply_feature_shift(data, config.feature_shift, s) for s in seeds}
-    dataset = load_dataset(config.dataset, config.data_dir, official_test=config.partition.official)
+    dataset = load_pool(config)
     return config, {s: partition_dataset(config, dataset, s, device) for s in sorted(seeds)}

@@ -15,12 +15,19 @@ import torch
 
 from ..algorithms import Algorithm, TrainSettings
 from ..config import BaseConfig, build_config
-from ..data import DataError, load_dataset, load_pfllib
+from ..data import NATURAL_DATASETS, DataError
 from ..data.domains import apply_feature_shift
 from ..data.federated import ClientData, FederatedData
 from ..engines.base import RoundSetup
 from ..federation.evaluation import local_model_metrics
-from ..federation.preparation import initial_params, partition_dataset, partition_seed, resolve_device
+from ..federation.preparation import (
+    initial_params,
+    load_pool,
+    natural_clients,
+    partition_dataset,
+    partition_seed,
+    resolve_device,
+)
 from ..functional import to_device
 from ..methods import build_algorithm
 from ..models import UnitModel
@@ -33,6 +40,10 @@ NUM_CLASSES = {
     "cifar100": 100,
     "tiny_imagenet": 200,
     "agnews": 4,
+    "fashion_mnist": 10,
+    "svhn": 10,
+    "usps": 10,
+    "cinic10": 10,
 }
 
 
@@ -90,12 +101,9 @@ def _own_data(folder: Path, client_id: int, num_classes: int, device: torch.devi
 def _shared_partition(config_text: str, data_dir: str | None, seed: int, device: str) -> FederatedData:
     config = config_from_text(config_text)
     pseed = partition_seed(config, seed)
-    if config.dataset == "pfllib":
-        folder = data_dir or config.data_dir
-        assert folder is not None  # (the config requires data_dir for pfllib)
-        return apply_feature_shift(load_pfllib(folder, device=device), config.feature_shift, pseed)
-    dataset = load_dataset(config.dataset, data_dir or config.data_dir, official_test=config.partition.official)
-    return partition_dataset(config, dataset, pseed, device)
+    if config.dataset in NATURAL_DATASETS:
+        return apply_feature_shift(natural_clients(config, pseed, device, data_dir), config.feature_shift, pseed)
+    return partition_dataset(config, load_pool(config, data_dir), pseed, device)
 
 
 def node_setup(config_text: str, node_config: Mapping[str, Any], seed: int) -> NodeSetup:

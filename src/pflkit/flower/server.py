@@ -168,7 +168,9 @@ class FlowerBackend:
         the clients' domains where ``feature_shift.global_test = "domains"``."""
         if not self.config.partition.official:
             return None
-        dataset = load_dataset(self.config.dataset, self.config.data_dir, official_test=True)
+        dataset = load_dataset(
+            self.config.dataset, self.config.data_dir, official_test=True, emnist_split=self.config.data.emnist_split
+        )
         _, test = official_split(dataset)
         counts = np.stack([s.label_counts for s in summaries]).astype(np.float64)
         priors = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)

@@ -20,6 +20,7 @@ from .base import (
 from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, FedBNCNN, SimpleCNN
 from .mobile import MobileNetV2, SqueezeNet, load_pretrained
 from .resnet import ResNet18, ResNet18GN
+from .small import DNN, CharLSTM, LeNet5, Mclr
 from .text import FastText
 
 MODELS: dict[str, Callable[..., UnitModel]] = {
@@ -34,9 +35,13 @@ MODELS: dict[str, Callable[..., UnitModel]] = {
     "mobilenet_v2": MobileNetV2,
     "squeezenet1_1": SqueezeNet,
     "fasttext": FastText,
+    "mclr": Mclr,
+    "dnn": DNN,
+    "char_lstm": CharLSTM,
+    "lenet5": LeNet5,
 }
 
-# pfllib is absent on purpose: its model depends on the imported data (BaseConfig.model_for).
+# pfllib and leaf are absent on purpose: its model depends on the imported data (BaseConfig.model_for).
 DEFAULT_MODEL = {
     "digits": "digits_cnn",
     "synthetic": "digits_cnn",
@@ -45,6 +50,15 @@ DEFAULT_MODEL = {
     "cifar100": "fedavg_cnn",
     "tiny_imagenet": "fedavg_cnn",
     "agnews": "fasttext",
+    "fashion_mnist": "fedavg_cnn",
+    "emnist": "fedavg_cnn",
+    "svhn": "fedavg_cnn",
+    "usps": "fedavg_cnn",
+    "cinic10": "fedavg_cnn",
+    "femnist": "fedavg_cnn",
+    "shakespeare": "char_lstm",
+    "sent140": "fasttext",
+    "fedprox_synthetic": "mclr",
 }
 
 
@@ -53,8 +67,9 @@ def build_model(
 ) -> UnitModel:
     """Build model ``name`` for inputs of ``input_shape`` and ``num_classes`` outputs.
 
-    Image models take square images [C, H, H]; token models (fasttext) take token ids of shape
-    [L] and need ``vocab_size`` (ignored by image models).
+    Image models take square images [C, H, H]; token models (fasttext, char_lstm) take token ids
+    of shape [L] and need ``vocab_size`` (ignored by image models); feature models (mclr, dnn)
+    flatten inputs of any shape.
     """
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; available: {', '.join(sorted(MODELS))}")
@@ -69,6 +84,8 @@ def build_model(
                 "it is only available for text datasets"
             )
         model = constructor(vocab_size=int(vocab_size), num_classes=num_classes, seq_len=shape[0])
+    elif getattr(constructor, "input_kind", "image") == "features":
+        model = constructor(input_shape=shape, num_classes=num_classes)
     else:
         if len(shape) != 3 or shape[1] != shape[2]:
             raise ValueError(f"model {name!r} expects square images [C, H, H], got input shape {shape}")
@@ -96,6 +113,10 @@ __all__ = [
     "SqueezeNet",
     "load_pretrained",
     "FastText",
+    "Mclr",
+    "DNN",
+    "CharLSTM",
+    "LeNet5",
     "buffer_names",
     "norm_layers",
     "num_outputs",

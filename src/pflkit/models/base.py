@@ -49,7 +49,8 @@ class UnitModel(nn.Module):
     linear_head: bool = False
     #: True when ``unit_forward`` takes the ``train`` keyword (models with batch norm or dropout).
     train_mode_aware: bool = False
-    #: What ``build_model`` checks the input shape against: "image" ([C, H, H]) or "tokens" ([L]).
+    #: What ``build_model`` checks the input shape against: "image" ([C, H, H]), "tokens" ([L]) or
+    #: "features" (any shape, flattened).
     input_kind: str = "image"
 
     def unit_forward(self, index: int, params: Mapping[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,16 @@ from ..reporting import RunSummarizer, format_table
 from ..reporting.paper import paper_cell
 from .next_steps import run_lines
 
+#: how the clients of the datasets that arrive with them were made (the partition's place in the log)
+NATURAL_KINDS = {
+    "pfllib": "PFLlib's own",
+    "femnist": "LEAF's users",
+    "shakespeare": "LEAF's users",
+    "sent140": "LEAF's users",
+    "leaf": "the JSON's users",
+    "fedprox_synthetic": "Synthetic(alpha, beta)",
+}
+
 log = logging.getLogger(__name__)
 
 
@@ -67,7 +77,7 @@ class Simulator:
         summaries = [
             ClientSummary(i, data.clients[i].num_train, data.train_label_counts(i)) for i in range(data.num_clients)
         ]
-        kind = "PFLlib's own" if self.config.dataset == "pfllib" else partition_words(self.config.partition)
+        kind = NATURAL_KINDS.get(self.config.dataset) or partition_words(self.config.partition)
         test = data.global_test
         evaluation = (
             None

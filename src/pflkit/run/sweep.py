@@ -33,10 +33,11 @@ from ..config import (
     resolved,
     to_dict,
 )
-from ..data import load_dataset
+from ..data import NATURAL_DATASETS
 from ..federation import ResultsFolder, build_partitions, folder_lock, partition_dataset, partition_seed
 from ..federation.archive import PACKED_SWEEP_RECORD, SWEEP_RECORD
 from ..federation.driver import Callback
+from ..federation.preparation import load_pool
 from ..federation.results import EXECUTION_KEYS, atomic_write_text, differences
 from ..reporting import plot_sweep
 from ..reporting.summary import round_seconds, summary_metrics
@@ -169,15 +170,13 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
     datasets: dict[tuple[Any, ...], Any] = {}
     for assignment, config in cells:
         try:
-            if config.dataset == "pfllib":
+            if config.dataset in NATURAL_DATASETS:
                 config, partitions = build_partitions(config, device)
                 data = next(iter(partitions.values()))
             else:
-                key = (config.dataset, config.data_dir, config.partition.test_set)
+                key = (config.dataset, config.data_dir, config.partition.test_set, config.data.emnist_split)
                 if key not in datasets:
-                    datasets[key] = load_dataset(
-                        config.dataset, config.data_dir, official_test=config.partition.official
-                    )
+                    datasets[key] = load_pool(config)
                 data = partition_dataset(config, datasets[key], partition_seed(config, config.seeds[0]), device)
             check_fits(config, data)
         except (ValueError, RuntimeError, OSError) as exc:
