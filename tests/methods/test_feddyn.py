@@ -207,3 +207,18 @@ def test_pfllib_feddyn_differs_by_its_unsquared_regulariser():
     glob = params_of(contexts(1)[0], 2)
     for a, b in zip(pflkit_rounds(0.1, glob), pfllib_rounds(0.1, glob, squared=False)):
         assert_params_close(a, b)
+
+
+def test_feddyn_clips_per_client_on_the_batched_engine_as_on_the_loop():
+    """Clients of 7 to 60 samples at a norm of 0.5 that binds on some steps: the vmap engine, which
+    trains them together, clips each client's own gradient, as the loop engine does one by one."""
+    from pflkit.engines import LoopEngine, VmapEngine
+    from tests.support.builders import make_data, run_rounds
+    from tests.support.checks import assert_states_close
+
+    data = make_data([30, 45, 12, 60, 7])
+    clipped = ["feddyn.max_grad_norm=0.5"]
+    loop = run_rounds("feddyn", LoopEngine(), data, overrides=clipped)
+    assert_states_close(loop, run_rounds("feddyn", VmapEngine(chunk_size=64), data, overrides=clipped), 1e-5)
+    free = run_rounds("feddyn", LoopEngine(), data, overrides=["feddyn.max_grad_norm=0"])
+    assert moved(loop.server["global"], free.server["global"])
