@@ -53,6 +53,21 @@ def test_weighted_sum_accepts_weights_whose_running_sum_misses_the_total_by_roun
     assert torch.allclose(weighted_average(models, weights)["w"], torch.full((2,), 4.5))
 
 
+def test_weighted_sum_without_a_total_keeps_the_plain_sum_and_divides_it_at_the_end():
+    g = torch.Generator().manual_seed(1)
+    models = [{"w": torch.randn(4, 3, generator=g)} for _ in range(5)]
+    uniform = WeightedSum()
+    for model in models:
+        uniform.add(model)
+    plain = torch.zeros(4, 3)
+    for model in models:
+        plain.add_(model["w"])
+    assert torch.equal(uniform.sum["w"], plain) and uniform.added == 5
+    assert torch.equal(uniform.result()["w"], plain / 5)
+    with pytest.raises(ValueError, match="empty"):
+        WeightedSum().result()
+
+
 def test_sgd_momentum_and_weight_decay_match_torch_optim():
     w0 = torch.randn(5)
     grads = [torch.randn(5) for _ in range(4)]

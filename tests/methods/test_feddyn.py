@@ -32,14 +32,14 @@ def contexts(round: int, lr: float = 0.05):
     return [client_ctx(i, n_train=n, lr=lr, round=round, rounds=3) for i, n in enumerate(SIZES)]
 
 
-def pflkit_rounds(alpha: float, glob: dict) -> list[dict]:
+def pflkit_rounds(alpha: float, glob: dict, *overrides: str, lr: float = 0.05) -> list[dict]:
     """pflkit's FedDyn over ``PLAN``: each round's server model."""
-    alg = build("feddyn", contexts(1)[0], f"feddyn.alpha={alpha}")
+    alg = build("feddyn", contexts(1)[0], f"feddyn.alpha={alpha}", *overrides)
     server = alg.prepare(alg.init_server(glob), summaries(SIZES))
     states = {i: alg.init_client(glob, i) for i in range(len(SIZES))}
     out = []
     for round, chosen in enumerate(PLAN, start=1):
-        ctxs, uploads = contexts(round), []
+        ctxs, uploads = contexts(round, lr), []
         for i in chosen:
             payload = alg.downlink(server, i, round)
             state, _ = alg.local_init(payload, states[i], ctxs[i])
@@ -51,34 +51,47 @@ def pflkit_rounds(alpha: float, glob: dict) -> list[dict]:
 
 
 # ============================================================================ the authors' code
-def authors_train_feddyn_mdl(ctx, cloud: dict, alpha: float, local_grad: torch.Tensor) -> dict:
+CLIPPED: list[bool] = []  # whether each step of the latest ``authors_rounds`` had its gradient clipped
+
+
+def authors_train_feddyn_mdl(
+    ctx, cloud: dict, alpha: float, local_grad: torch.Tensor, max_norm: float | None = 10.0, decay_in_loss=False
+) -> dict:
     """train_feddyn_mdl: SGD(lr, weight_decay = α) from the cloud model; per batch CE (sum / batch size)
-    + α Σ θ·(−θ_cloud + local_grad_vector), backward, gradient norm clipped at 10, step."""
+    + α Σ θ·(−θ_cloud + local_grad_vector), backward, gradient norm clipped at ``max_norm`` (the
+    authors' 10; None: not clipped), step (which adds the weight decay α θ after the clipping).
+    ``decay_in_loss``: not theirs, α/2 ‖θ‖² in the loss instead, so that the clipping scales α θ too."""
     net = module_at(ctx.model, cloud)
-    opt = torch.optim.SGD(net.parameters(), lr=ctx.train.lr, weight_decay=alpha)
+    opt = torch.optim.SGD(net.parameters(), lr=ctx.train.lr, weight_decay=0.0 if decay_in_loss else alpha)
     cloud_vec = vector(cloud)
     for x, y in batch_pairs(ctx, "train", ctx.train.local_epochs):
         loss_f = F.cross_entropy(net(x), y, reduction="sum") / y.shape[0]
         loss_algo = alpha * torch.sum(flat(net) * (-cloud_vec + local_grad))
+        if decay_in_loss:
+            loss_algo = loss_algo + alpha / 2 * torch.sum(flat(net) ** 2)
         opt.zero_grad()
         (loss_f + loss_algo).backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm=10)
+        if max_norm is not None:
+            CLIPPED.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm=max_norm)) > max_norm)
         opt.step()
     return weights(net)
 
 
-def authors_rounds(alpha: float, glob: dict) -> list[dict]:
+def authors_rounds(
+    alpha: float, glob: dict, max_norm: float | None = 10.0, lr: float = 0.05, decay_in_loss: bool = False
+) -> list[dict]:
     """train_FedDyn: local_param_list[i] accumulates θ_i − θ_cloud; θ_cloud = mean of the selected
     clients' models + mean over all clients of local_param_list."""
     m = len(SIZES)
     local_param = torch.zeros(m, vector(glob).numel())
     client_params = vector(glob).repeat(m, 1)
     cloud, out = dict(glob), []
+    CLIPPED.clear()
     for round, chosen in enumerate(PLAN, start=1):
-        ctxs = contexts(round)
+        ctxs = contexts(round, lr)
         cloud_vec = vector(cloud)
         for i in chosen:
-            trained = vector(authors_train_feddyn_mdl(ctxs[i], cloud, alpha, local_param[i]))
+            trained = vector(authors_train_feddyn_mdl(ctxs[i], cloud, alpha, local_param[i], max_norm, decay_in_loss))
             local_param[i] += trained - cloud_vec
             client_params[i] = trained
         cloud = unflatten(client_params[chosen].mean(0) + local_param.mean(0), glob)
@@ -93,6 +106,23 @@ def test_feddyn_rounds_match_the_authors_train_feddyn():
     for a, b in zip(ours, theirs):
         assert_params_close(a, b)
     assert moved(theirs[-1], authors_rounds(1e-6, glob)[-1])  # the regulariser and h matter here
+
+
+def test_feddyn_clipped_rounds_match_the_authors_train_feddyn():
+    """At lr 0.5 with the norm capped at 1, the authors' clipping binds on some steps and not on others:
+    pflkit's rounds follow theirs, and neither an unclipped run, nor one clipped at another norm, nor
+    one clipping α θ with the rest of the gradient does."""
+    glob = params_of(contexts(1)[0], 2)
+    alpha, lr = 0.1, 0.5
+    theirs = authors_rounds(alpha, glob, 1.0, lr)
+    assert any(CLIPPED) and not all(CLIPPED)
+    ours = pflkit_rounds(alpha, glob, "feddyn.max_grad_norm=1.0", lr=lr)
+    for a, b in zip(ours, theirs):
+        assert_params_close(a, b)
+    assert moved(theirs[-1], authors_rounds(alpha, glob, None, lr)[-1])
+    assert moved(theirs[-1], authors_rounds(alpha, glob, 1.2, lr)[-1])
+    assert moved(theirs[-1], pflkit_rounds(alpha, glob, "feddyn.max_grad_norm=0", lr=lr)[-1])
+    assert moved(theirs[-1], authors_rounds(alpha, glob, 1.0, lr, decay_in_loss=True)[-1])
 
 
 # ============================================================================ Algorithm 1 by hand
@@ -177,3 +207,18 @@ def test_pfllib_feddyn_differs_by_its_unsquared_regulariser():
     glob = params_of(contexts(1)[0], 2)
     for a, b in zip(pflkit_rounds(0.1, glob), pfllib_rounds(0.1, glob, squared=False)):
         assert_params_close(a, b)
+
+
+def test_feddyn_clips_per_client_on_the_batched_engine_as_on_the_loop():
+    """Clients of 7 to 60 samples at a norm of 0.5 that binds on some steps: the vmap engine, which
+    trains them together, clips each client's own gradient, as the loop engine does one by one."""
+    from pflkit.engines import LoopEngine, VmapEngine
+    from tests.support.builders import make_data, run_rounds
+    from tests.support.checks import assert_states_close
+
+    data = make_data([30, 45, 12, 60, 7])
+    clipped = ["feddyn.max_grad_norm=0.5"]
+    loop = run_rounds("feddyn", LoopEngine(), data, overrides=clipped)
+    assert_states_close(loop, run_rounds("feddyn", VmapEngine(chunk_size=64), data, overrides=clipped), 1e-5)
+    free = run_rounds("feddyn", LoopEngine(), data, overrides=["feddyn.max_grad_norm=0"])
+    assert moved(loop.server["global"], free.server["global"])

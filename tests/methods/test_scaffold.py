@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from pflkit.algorithms.scaffold import CONTROL, CONTROL_DELTA, NUM_CLIENTS
-from pflkit.functional import forward
+from pflkit.algorithms.scaffold import CONTROL, CONTROL_DELTA, CONTROL_NORM, NUM_CLIENTS
+from pflkit.functional import NonFiniteLossError, forward
 from tests.support.builders import (
     batch_pairs,
     build,
@@ -29,10 +29,10 @@ from tests.support.references import XFAIL_DIFFERS, network, pfllib_fedavg_clien
 BATCH, LR = 10, 0.05
 
 
-def client(cid: int, n: int, round: int = 1, epochs: int = 2, **train):
+def client(cid: int, n: int, round: int = 1, epochs: int = 2, lr: float = LR, **train):
     """Client ``cid`` of ``n`` random samples (data seed ``cid``), batches of 10, lr 0.05, in round ``round``."""
     return client_context(
-        cid, n_train=n, data_seed=cid, round=round, batch_size=BATCH, local_epochs=epochs, lr=LR, **train
+        cid, n_train=n, data_seed=cid, round=round, batch_size=BATCH, local_epochs=epochs, lr=lr, **train
     )
 
 
@@ -55,9 +55,9 @@ class PfllibScaffold:
     Σ_i Δc_i · |S| / N to c; d832e76 adds Σ_i Δy_i / |S| · η_g and Σ_i Δc_i / N.
     The loader here yields pflkit's batches of the client (``batch_pairs``)."""
 
-    def __init__(self, commit: str, glob: dict, num_clients: int, server_lr: float = 1.0) -> None:
+    def __init__(self, commit: str, glob: dict, num_clients: int, server_lr: float = 1.0, lr: float = LR) -> None:
         assert commit in ("495f8b4", "d832e76")
-        self.commit, self.x, self.N, self.eta_g = commit, dict(glob), num_clients, server_lr
+        self.commit, self.x, self.N, self.eta_g, self.lr = commit, dict(glob), num_clients, server_lr, lr
         self.c = zeros_like(glob)
         self.client_c: dict[int, dict] = {}
         self.mean_gradients: dict[int, dict] = {}  # the mean raw gradient along each client's path
@@ -75,13 +75,13 @@ class PfllibScaffold:
             with torch.no_grad():
                 for k, p in net.named_parameters():
                     sums[k] += p.grad
-                    p.add_(p.grad + self.c[k] - c_i[k], alpha=-LR)
+                    p.add_(p.grad + self.c[k] - c_i[k], alpha=-self.lr)
         self.mean_gradients[ctx.client_id] = {k: v / len(batches) for k, v in sums.items()}
         y = weights(net)
         steps = (len(batches) // epochs if num_batches is None else num_batches) * (
             epochs if self.commit == "d832e76" else 1
         )
-        delta_c = {k: -self.c[k] + 1 / steps / LR * (self.x[k] - y[k]) for k in y}
+        delta_c = {k: -self.c[k] + 1 / steps / self.lr * (self.x[k] - y[k]) for k in y}
         for k in c_i:
             c_i[k] = c_i[k] + delta_c[k]
         return y, {k: y[k] - self.x[k] for k in y}, delta_c
@@ -310,3 +310,75 @@ def test_a_run_of_clients_of_1_to_500_samples_at_half_participation_stays_finite
         for part in (state.server["global"], state.server[CONTROL], *controls):
             assert_finite(part)
         assert all(np.isfinite(r["accuracy"]) for r in state.history if "accuracy" in r)
+
+
+# ============================================================================ divergence
+
+
+def test_clients_of_2_to_80_steps_match_pfllib_until_the_lr_makes_both_diverge_and_the_error_names_the_client():
+    """Clients of 3, 40 and 400 samples (K = 2, 8 and 80 steps over two epochs) at lr 0.2: the first
+    four rounds match PFLlib d832e76 (each client's own K). Then the largest client's local training
+    diverges, in the transcription as in pflkit (float rounding, amplified, parts the two before
+    then); pflkit stops with an error naming the round, the client and SCAFFOLD's control variates."""
+    sizes, lr = [3, 40, 400], 0.2
+    glob = params_of(client(0, 3), 2)
+    alg = build("scaffold", client(0, 3, lr=lr))
+    server = alg.prepare(alg.init_server(glob), summaries(sizes))
+    states = {i: alg.init_client(glob, i) for i in range(len(sizes))}
+    reference = PfllibScaffold("d832e76", glob, len(sizes), lr=lr)
+    error = None
+    for t in range(1, 11):
+        ctxs = [client(i, n, round=t, lr=lr) for i, n in enumerate(sizes)]
+        reference.aggregate([(*reference.train(ctx, 2)[1:], ctx.num_train) for ctx in ctxs])
+        if error is not None:
+            continue
+        try:
+            server, uploads = pflkit_round(alg, server, states, ctxs)
+        except NonFiniteLossError as raised:
+            error = (t, str(raised))
+            continue
+        assert [u["local_steps"] for u in uploads] == [2, 8, 80]
+        if t <= 4:
+            assert_expected_close(server["global"], reference.x)
+            assert_expected_close(server[CONTROL], reference.c)
+            for i in range(len(sizes)):
+                assert_expected_close(states[i][CONTROL], reference.client_c[i])
+    assert error is not None and error[0] > 4
+    assert f"client 2, round {error[0]}" in error[1] and "SCAFFOLD's server control variate c had norm" in error[1]
+    size = sum(float(v.double().pow(2).sum()) for v in reference.x.values())
+    assert not size < 1e12  # the transcription's x exploded too (or is NaN)
+
+
+def test_a_non_finite_control_variate_stops_the_client_and_the_server_naming_the_client_and_round():
+    """A client of 3 samples at lr 1e-39 takes one step of finite loss, but 1/(K lr) overflows float32
+    and its c_i⁺ is not finite: the client raises. An upload of a non-finite Δc is refused."""
+    ctx = client(1, 3, round=7, epochs=1, lr=1e-39)
+    glob = params_of(ctx, 2)
+    alg = build("scaffold", ctx)
+    server = alg.prepare(alg.init_server(glob), summaries([3, 30]))
+    payload = alg.downlink(server, 1, 7)
+    state, _ = alg.local_init(payload, alg.init_client(glob, 1), ctx)
+    with pytest.raises(NonFiniteLossError, match="control variate c_i of client 1 became non-finite in round 7"):
+        alg.local_train(payload, state, ctx)
+    delta = {**zeros_like(glob), "fc.bias": torch.full_like(glob["fc.bias"], float("inf"))}
+    upload = {"params": glob, "num_samples": 3, "client_id": 1, CONTROL_DELTA: delta}
+    with pytest.raises(ValueError, match="client 1 uploaded a non-finite Δc in round 7"):
+        alg.aggregate(server, [upload], 7)
+
+
+def test_each_round_reports_the_largest_control_variate_and_its_client():
+    sizes = [5, 30, 60]
+    glob = params_of(client(0, 5), 2)
+    alg = build("scaffold", client(0, 5))
+    server = alg.prepare(alg.init_server(glob), summaries(sizes))
+    states = {i: alg.init_client(glob, i) for i in range(len(sizes))}
+    metrics = {}
+    for i, n in enumerate(sizes):
+        ctx = client(i, n)
+        payload = alg.downlink(server, i, 1)
+        state, _ = alg.local_init(payload, states[i], ctx)
+        states[i], _, metrics[i] = alg.local_train(payload, state, ctx)
+    norms = [float(sum(v.double().pow(2).sum() for v in states[i][CONTROL].values()).sqrt()) for i in range(3)]
+    assert [float(metrics[i][CONTROL_NORM]) for i in range(3)] == pytest.approx(norms)
+    assert alg.round_metrics(metrics) == {"control_norm_client": int(np.argmax(norms))}
+    assert alg.metric_reductions[CONTROL_NORM] == "max"

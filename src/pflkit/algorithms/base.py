@@ -372,3 +372,31 @@ class Algorithm:
     def upload(params: Mapping[str, torch.Tensor], ctx: ClientContext, **extra: Any) -> Upload:
         # the ignore: Upload has no keys for a method's own entries (extra)
         return {"params": dict(params), "num_samples": ctx.num_train, **extra}  # type: ignore[typeddict-item]
+
+
+#: server-state key of N, the federation's number of clients (``CountsClients.prepare``)
+NUM_CLIENTS = "num_clients"
+
+
+class CountsClients(Algorithm):
+    """Base of the methods whose server rule reads N, the number of clients of the whole federation
+    (not only a round's participants): ``prepare`` stores it in the server state (FedDyn's h, SCAFFOLD's c)."""
+
+    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
+        if not clients:
+            raise ValueError(f"{self.name} needs at least one client")
+        return {**server, NUM_CLIENTS: len(clients)}
+
+    def num_clients(self, server: State) -> int:
+        """N, as ``prepare`` stored it."""
+        return int(require_entry(self.name, server, NUM_CLIENTS))
+
+
+def require_entry(method: str, server: State, key: str) -> Any:
+    """``server[key]``, or a ValueError saying the state was not started by ``method``."""
+    if key not in server:
+        raise ValueError(
+            f"{method}: the server state has no {key!r}; start it with init_server and prepare "
+            "(a checkpoint written by another method cannot continue this one)"
+        )
+    return server[key]

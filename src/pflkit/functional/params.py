@@ -25,25 +25,34 @@ class WeightedSum:
     that every model is added as ``acc += (w_i / total) * model_i``: the same operations, in the
     same order, as :func:`weighted_average`, hence the same bits. :meth:`result` checks that the
     added weights reach ``total`` up to float rounding: an announced total is often a compensated
-    sum (Python 3.12's ``sum`` of floats) that one-by-one addition misses by an ulp or two."""
+    sum (Python 3.12's ``sum`` of floats) that one-by-one addition misses by an ulp or two.
 
-    def __init__(self, total: float) -> None:
-        if total <= 0:
+    ``total=None``: the total is not known up front (a uniform mean over however many uploads
+    arrive): every model is added as ``acc += w_i * model_i``, ``sum`` holds that plain sum and
+    :meth:`result` divides it by the added weights."""
+
+    def __init__(self, total: float | None = None) -> None:
+        if total is not None and total <= 0:
             raise ValueError(f"aggregation weights must sum to a positive number, got {total}")
-        self.total = float(total)
+        self.total = None if total is None else float(total)
         self.added = 0.0
         self.sum: Params | None = None
 
-    def add(self, model: Mapping[str, torch.Tensor], weight: float) -> None:
+    def add(self, model: Mapping[str, torch.Tensor], weight: float = 1.0) -> None:
         if self.sum is None:
             self.sum = {name: torch.zeros_like(value) for name, value in model.items()}
+        alpha = weight if self.total is None else weight / self.total
         for name, acc in self.sum.items():
-            acc.add_(model[name], alpha=weight / self.total)
+            acc.add_(model[name], alpha=alpha)
         self.added += float(weight)
 
     def result(self) -> Params:
         if self.sum is None:
             raise ValueError("cannot average an empty list of models")
+        if self.total is None:
+            if self.added <= 0:
+                raise ValueError(f"aggregation weights must sum to a positive number, got {self.added:g}")
+            return {name: value / self.added for name, value in self.sum.items()}
         if not math.isclose(self.added, self.total, rel_tol=1e-9):
             raise ValueError(f"the added weights sum to {self.added:g}, not to the {self.total:g} announced")
         return self.sum
