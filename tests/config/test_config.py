@@ -38,6 +38,7 @@ def test_digits_demo_config_is_the_default_experiment():
 SHAPES = {
     "digits": ((1, 8, 8), 10),
     "mnist": ((1, 28, 28), 10),
+    "digit5": ((3, 28, 28), 10),
     "cifar10": ((3, 32, 32), 10),
     "cifar100": ((3, 32, 32), 100),
     "tiny_imagenet": ((3, 64, 64), 200),

@@ -24,11 +24,18 @@ from .sections import DataSettings
 log = logging.getLogger(__name__)
 
 #: [data] fields and the dataset that reads each
-_DATA_KEYS = {
-    "emnist_split": "emnist",
-    "synthetic_alpha": "fedprox_synthetic",
-    "synthetic_beta": "fedprox_synthetic",
-    "synthetic_iid": "fedprox_synthetic",
+_DOMAIN_SETS = ("digit5", "office_caltech10", "domainnet")
+_DATA_KEYS: dict[str, tuple[str, ...]] = {
+    "emnist_split": ("emnist",),
+    "synthetic_alpha": ("fedprox_synthetic",),
+    "synthetic_beta": ("fedprox_synthetic",),
+    "synthetic_iid": ("fedprox_synthetic",),
+    "percent": ("digit5",),
+    "classes": ("office_caltech10", "domainnet"),
+    "image_size": ("office_caltech10", "domainnet"),
+    "domains": _DOMAIN_SETS,
+    "clients_per_domain": _DOMAIN_SETS,
+    "heldout_domains": _DOMAIN_SETS,
 }
 
 
@@ -124,7 +131,11 @@ def _is_default(model: type[BaseModel], key: str, value: Any) -> bool:
     """Whether ``value`` is the field's default: a saved, resolved config writes every default,
     and reading it back must not warn about them."""
     field = model.model_fields.get(key)
-    return field is not None and field.default is not PydanticUndefined and value == field.default
+    if field is None:
+        return False
+    if field.default_factory is not None:
+        return bool(value == field.get_default(call_default_factory=True))
+    return field.default is not PydanticUndefined and value == field.default
 
 
 def unused_keys(
@@ -146,9 +157,9 @@ def unused_keys(
     ]
     settings = data.get("data")
     lines += [
-        f"data.{key} = {value!r} is not used: only dataset = {_DATA_KEYS[key]} reads it"
+        f"data.{key} = {value!r} is not used: only dataset = {' or '.join(_DATA_KEYS[key])} reads it"
         for key, value in (settings.items() if isinstance(settings, dict) else ())
-        if key in _DATA_KEYS and config.dataset != _DATA_KEYS[key] and not _is_default(DataSettings, key, value)
+        if key in _DATA_KEYS and config.dataset not in _DATA_KEYS[key] and not _is_default(DataSettings, key, value)
     ]
     sections = config_sections(config.algorithms)
     read = set()

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model,
 
 from ..algorithms import Settings, TrainSettings
 from ..data import FILE_DATASETS, NATURAL_DATASETS, PartitionSpec
+from ..data.domain_sets import DOMAIN_DATASETS
 from ..data.domains import FeatureShift
 from ..data.sources import DatasetName
 from ..methods import REGISTRY, config_sections, parse_name
@@ -36,8 +37,10 @@ class BaseConfig(BaseModel):
         description="digits (scikit-learn's 8x8 digits, no download), synthetic, mnist, cifar10, cifar100, "
         "tiny_imagenet, agnews; with their own clients (no label partition): pfllib (a folder PFLlib "
         "generated, in data_dir), LEAF's femnist, shakespeare, sent140, leaf (numeric sets in LEAF's "
-        "format: pFedMe's MNIST and Synthetic), and fedprox_synthetic (Synthetic(alpha, beta), generated: "
-        "[data] keys, num_clients clients, drawn from the partition seed)",
+        "format: pFedMe's MNIST and Synthetic), fedprox_synthetic (Synthetic(alpha, beta), generated: "
+        "[data] keys, num_clients clients, drawn from the partition seed), and the multi-domain digit5 "
+        "(FedBN's Digit-5 pickles), office_caltech10 and domainnet (folder trees): a client per domain "
+        "([data] keys domains, clients_per_domain, heldout_domains)",
     )
     data_dir: str | None = Field(
         None, description="folder with the dataset's files (every dataset but digits and synthetic)"
@@ -208,8 +211,35 @@ class BaseConfig(BaseModel):
                 f"feature_shift.transforms = {shift.transforms} changes images, but dataset 'agnews' holds "
                 "token ids: drop feature_shift.transforms"
             )
-        if shift.active and self.dataset != "pfllib":  # a PFLlib folder's client count is checked when read
+        if shift.active and self.dataset in DOMAIN_DATASETS:
+            try:
+                count = len(self.data.domain_options().chosen(self.dataset)) * self.data.clients_per_domain
+            except ValueError:
+                return self  # _domains_exist names the unknown domain
+            shift.check_clients(count, f"the clients of {self.dataset} (domains x clients_per_domain)")
+        elif shift.active and self.dataset != "pfllib":  # a PFLlib folder's client count is checked when read
             shift.check_clients(self.partition.num_clients, _named(info, "partition", "num_clients"))
+        return self
+
+    @model_validator(mode="after")
+    def _domains_exist(self, info: ValidationInfo) -> BaseConfig:
+        if self.dataset not in DOMAIN_DATASETS:
+            return self
+        known = DOMAIN_DATASETS[self.dataset]
+        for key in ("domains", "heldout_domains"):
+            for name in getattr(self.data, key) or ():
+                if name not in known:
+                    raise ValueError(
+                        f"{_named(info, 'data', key)}: {self.dataset} has no domain {name!r}; "
+                        f"its domains: {', '.join(known)}"
+                    )
+        used = self.data.domains or known
+        key = _named(info, "data", "heldout_domains")
+        for name in self.data.heldout_domains:
+            if name not in used:
+                raise ValueError(f"{key}: {name!r} is not among the domains read ({', '.join(used)})")
+        if set(self.data.heldout_domains) >= set(used):
+            raise ValueError(f"{key} holds every domain read ({', '.join(used)}): no client would train")
         return self
 
     @model_validator(mode="after")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from ..data.domain_sets import DomainOptions
 
 
 class MetricsSettings(BaseModel):
@@ -128,3 +130,56 @@ class DataSettings(BaseModel):
         description="dataset = fedprox_synthetic: FedProx's Synthetic-IID instead (one model for all "
         "clients, inputs centred at 0; alpha and beta unused)",
     )
+    domains: list[str] | None = Field(
+        None,
+        description="digit5, office_caltech10, domainnet: the domains read, in client order (default: all; "
+        "digit5: mnist, svhn, usps, synth, mnistm; office_caltech10: amazon, caltech, dslr, webcam; "
+        "domainnet: clipart, infograph, painting, quickdraw, real, sketch)",
+    )
+    percent: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="digit5: share of each domain's training data, read as FedBN does (int(percent * 10) "
+        "of its ten 743-image parts; below 0.1, the first percent * 10 of part 0)",
+    )
+    classes: list[str] | None = Field(
+        None,
+        description="office_caltech10, domainnet: the class folders read, labelled in this order "
+        "(default: all, sorted; FedBN's DomainNet ten: bird, feather, headphones, ice_cream, teapot, tiger, "
+        "whale, windmill, wine_glass, zebra)",
+    )
+    image_size: int = Field(
+        64, ge=4, description="office_caltech10, domainnet: images are resized to image_size x image_size"
+    )
+    clients_per_domain: int = Field(
+        1,
+        ge=1,
+        description="digit5, office_caltech10, domainnet: clients per domain; above 1, each domain's "
+        "train and test images are split IID over its clients (from the partition seed)",
+    )
+    heldout_domains: list[str] = Field(
+        default_factory=list,
+        description="digit5, office_caltech10, domainnet: domains whose clients are held out, recorded "
+        "as heldout_clients in partition-seed<k>.json (the clients to evaluate as newcomers)",
+    )
+
+    @field_validator("domains", "classes", "heldout_domains")
+    @classmethod
+    def _distinct_names(cls, names: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if names is not None and len(set(names)) != len(names):
+            raise ValueError("contains duplicates")
+        if names == [] and info.field_name != "heldout_domains":
+            raise ValueError("is empty: name at least one, or leave it unset for all")
+        return names
+
+    def domain_options(self) -> DomainOptions:
+        """What a multi-domain dataset reads and how its domains become clients."""
+        return DomainOptions(
+            domains=None if self.domains is None else tuple(self.domains),
+            percent=self.percent,
+            classes=None if self.classes is None else tuple(self.classes),
+            image_size=self.image_size,
+            clients_per_domain=self.clients_per_domain,
+            heldout_domains=tuple(self.heldout_domains),
+        )

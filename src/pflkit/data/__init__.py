@@ -3,6 +3,8 @@
 from pflkit.data.agnews import basic_english, build_vocab, load_agnews
 from pflkit.data.cifar import load_cifar
 from pflkit.data.dataset import Dataset
+from pflkit.data.domain_clients import heldout_client_ids, load_domain_clients
+from pflkit.data.domain_sets import DOMAIN_DATASETS, DomainOptions, read_domains
 from pflkit.data.downloads import (
     download,
     download_agnews,
@@ -23,6 +25,7 @@ from pflkit.data.tiny_imagenet import load_tiny_imagenet
 __all__ = [
     "ADOPTED_CLIENTS",
     "DATASETS",
+    "DOMAIN_DATASETS",
     "LEAF_DATASETS",
     "NATURAL_DATASETS",
     "FILE_DATASETS",
@@ -31,6 +34,7 @@ __all__ = [
     "PartitionSpec",
     "DataError",
     "Dataset",
+    "DomainOptions",
     "PartitionError",
     "basic_english",
     "build_vocab",
@@ -43,13 +47,16 @@ __all__ = [
     "download_tiny_imagenet",
     "fedprox_synthetic",
     "generate_synthetic",
+    "heldout_client_ids",
     "load_agnews",
     "load_cifar",
     "load_clients",
     "load_dataset",
+    "load_domain_clients",
     "load_leaf",
     "load_pfllib",
     "load_tiny_imagenet",
+    "read_domains",
     "read_idx",
     "split_clients",
     "write_idx",

@@ -253,7 +253,8 @@ def _check_images(fed: FederatedData, spec: FeatureShift) -> torch.Tensor:
 def apply_feature_shift(fed: FederatedData, spec: FeatureShift, seed: int) -> FederatedData:
     """``fed`` with every client's train and test images in its domain (partition seed ``seed``
     draws the noise); the label partition is unchanged and each client's domain is in
-    ``partition_info["domains"]``. Without transforms, ``fed`` itself."""
+    ``partition_info["domains"]`` (after the client's own domain, where its data has one). Without
+    transforms, ``fed`` itself."""
     if not spec.active:
         return fed
     x = _check_images(fed, spec)
@@ -284,6 +285,10 @@ def apply_feature_shift(fed: FederatedData, spec: FeatureShift, seed: int) -> Fe
         xs += [shift(client.train_x, domains[i], generator), shift(client.test_x, domains[i], generator)]
         ys += [client.train_y, client.test_y]
     new_x, new_y = torch.cat(xs), torch.cat(ys)
+    records = [d.record() for d in domains]
+    before = fed.partition_info.get("domains")
+    if isinstance(before, list) and len(before) == n:  # the clients' own domains (multi-domain data) come first
+        records = [{**b, **r, "label": f"{b['label']}, {r['label']}"} for b, r in zip(before, records)]
     offset = 0 if global_rows is None else len(global_rows)
     clients = []
     for c in fed.clients:
@@ -300,6 +305,6 @@ def apply_feature_shift(fed: FederatedData, spec: FeatureShift, seed: int) -> Fe
             "noise std noise_sigma * i / (N - 1)",
             "value_range": [lo, hi],
         },
-        "domains": [d.record() for d in domains],
+        "domains": records,
     }
     return replace(fed, clients=clients, x=new_x, y=new_y, partition_info=info, global_test_rows=global_rows)

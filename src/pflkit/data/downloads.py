@@ -256,7 +256,8 @@ def download(name: str, data_dir: str | Path) -> Path:
         raise ValueError(
             f"no download for dataset {name!r}; downloadable: {', '.join(DOWNLOADS)} "
             "(digits, synthetic and fedprox_synthetic are built in; pfllib folders come from PFLlib, "
-            "femnist, shakespeare, sent140 and leaf folders from LEAF's or pFedMe's scripts)"
+            "femnist, shakespeare, sent140 and leaf folders from LEAF's or pFedMe's scripts; digit5, "
+            "office_caltech10 and domainnet from FedBN's and DomainNet's archives, by hand)"
         )
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     return DOWNLOADS[name](data_dir)

@@ -49,6 +49,10 @@ FILE_DATASETS: dict[str, str] = {
     "shakespeare": "LEAF's Shakespeare JSON files (train/*.json, test/*.json)",
     "sent140": "LEAF's Sent140 JSON files (train/*.json, test/*.json)",
     "leaf": "a numeric set in LEAF's JSON format (train/*.json, test/*.json; pFedMe's MNIST or Synthetic)",
+    "digit5": "FedBN's Digit-5 folders MNIST/, SVHN/, USPS/, SynthDigits/, MNIST_M/ "
+    "(partitions/train_part<k>.pkl, test.pkl)",
+    "office_caltech10": "the Office-Caltech-10 tree <domain>/<class>/*.jpg (amazon, caltech, dslr, webcam)",
+    "domainnet": "the DomainNet tree <domain>/<class>/*.jpg with <domain>_train.txt and <domain>_test.txt",
 }
 DatasetName = Literal[
     "digits",
@@ -69,6 +73,9 @@ DatasetName = Literal[
     "sent140",
     "leaf",
     "fedprox_synthetic",
+    "digit5",
+    "office_caltech10",
+    "domainnet",
 ]
 DATASETS: tuple[str, ...] = get_args(DatasetName)
 
@@ -201,7 +208,17 @@ def data_folder(data_dir: str | Path) -> Path:
 
 
 #: the datasets of pflkit.data.natural (client by client), refused by load_dataset
-_NATURAL = ("pfllib", "femnist", "shakespeare", "sent140", "leaf", "fedprox_synthetic")
+_NATURAL = (
+    "pfllib",
+    "femnist",
+    "shakespeare",
+    "sent140",
+    "leaf",
+    "fedprox_synthetic",
+    "digit5",
+    "office_caltech10",
+    "domainnet",
+)
 
 
 def load_dataset(

@@ -10,6 +10,8 @@ import torch
 
 from ..config import BaseConfig
 from ..data import ADOPTED_CLIENTS, NATURAL_DATASETS, Dataset, load_clients, load_dataset
+from ..data.domain_clients import domain_clients
+from ..data.domain_sets import DOMAIN_DATASETS, read_domains
 from ..data.domains import apply_feature_shift
 from ..data.federated import FederatedData
 from ..functional import stream_seed
@@ -109,6 +111,7 @@ def natural_clients(
         beta=settings.synthetic_beta,
         iid=settings.synthetic_iid,
         device=device,
+        domains=settings.domain_options(),
     )
 
 
@@ -128,6 +131,21 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
         return config, {
             s: apply_feature_shift(natural_clients(config, s, device), config.feature_shift, s) for s in sorted(seeds)
         }
+    if config.dataset in DOMAIN_DATASETS:  # read once; several clients per domain: split per partition seed
+        options = config.data.domain_options()
+        assert config.data_dir is not None  # the schema requires it
+        splits, classes = read_domains(config.dataset, config.data_dir, options)
+        parts = {
+            s: apply_feature_shift(
+                domain_clients(splits, classes, config.dataset, options, s, device), config.feature_shift, s
+            )
+            for s in sorted(seeds)
+        }
+        count = next(iter(parts.values())).num_clients
+        if count != config.partition.num_clients:
+            log.info("num_clients=%d replaced by the %d clients of the domains", config.partition.num_clients, count)
+            config = config.model_copy(update={"partition": config.partition.model_copy(update={"num_clients": count})})
+        return config, parts
     if config.dataset in ADOPTED_CLIENTS:
         data = natural_clients(config, 0, device)
         if data.num_clients != config.partition.num_clients:

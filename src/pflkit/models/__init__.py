@@ -59,6 +59,9 @@ DEFAULT_MODEL = {
     "shakespeare": "char_lstm",
     "sent140": "fasttext",
     "fedprox_synthetic": "mclr",
+    "digit5": "fedbn_cnn",
+    "office_caltech10": "resnet18",
+    "domainnet": "resnet18",
 }
 
 

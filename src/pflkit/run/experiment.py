@@ -50,6 +50,9 @@ NATURAL_KINDS = {
     "sent140": "LEAF's users",
     "leaf": "the JSON's users",
     "fedprox_synthetic": "Synthetic(alpha, beta)",
+    "digit5": "per-domain",
+    "office_caltech10": "per-domain",
+    "domainnet": "per-domain",
 }
 
 log = logging.getLogger(__name__)
