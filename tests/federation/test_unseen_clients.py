@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from pflkit.algorithms import ClientSummary
@@ -16,9 +17,11 @@ from pflkit.federation import RoundDriver, RunSession
 from pflkit.federation.newcomers import Newcomers
 from pflkit.federation.session import on_engine
 from pflkit.functional import evaluate
+from pflkit.methods import available, method_class
 from pflkit.reporting import format_table
 from pflkit.run.experiment import resume_experiment, run_experiment
 from tests.support.builders import make_data, setup_for
+from tests.support.params import by_method
 from tests.support.runs import InterruptAfter, records_without_timings
 
 SIZES = [30, 45, 12, 60, 45]
@@ -201,3 +204,16 @@ def test_flower_in_process_scores_the_newcomers_as_the_simulator(tmp_path):
     assert len(flower_records) == len(sim_records) == 4 * 3
     assert all(r["unseen_evaluated_clients"] == 1 and r["evaluated_clients"] == 2 for r in flower_records)
     assert_same_records(flower_records, sim_records)
+
+
+@pytest.mark.parametrize("name", by_method(available()))
+def test_every_method_scores_newcomers_or_is_refused(name):
+    """A method either gives newcomers a model (finite scores, round 0 and the last) or says why not."""
+    if method_class(name).newcomer_refusal is not None:
+        with pytest.raises(ConfigError, match="has no model for a client that never trained"):
+            load_config(None, [*FAST, f'algorithms=["{name}"]', "unseen_clients=1"])
+        return
+    setup, _, session = unseen_session(name, unseen=(2,), finetune=1, rounds=1)
+    history = session.run(on_engine(LoopEngine(), setup)).history
+    assert [r["unseen_evaluated_clients"] for r in history] == [1, 1]
+    assert all(np.isfinite(r["unseen_loss"]) and 0 <= r["unseen_accuracy"] <= 1 for r in history)
