@@ -94,6 +94,7 @@ class Apple(Algorithm):
     settings: AppleSettings
     ala_targets = {}
     requires_full_participation = True
+    newcomer_refusal = "apple mixes the core models with each client's own learned weights and core model"
 
     def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
         sizes = torch.zeros(max(c.client_id for c in clients) + 1)

@@ -146,6 +146,9 @@ class Algorithm:
         ``receive`` and ALA initialise only the shared part; ``shared`` picks what to upload, so
         ``aggregate`` averages only the shared part. A model of one unit is refused for a head or a
         body, a model without batch norm for ``"norm"`` (``check_model``).
+      newcomer_refusal: why the method has no model for a client that never trained (``[run]
+        unseen_clients``), or None where ``newcomer_state`` and the downlink give it one; configs
+        with unseen clients are refused for such methods.
       tta_base: the method whose best accuracy sets this one's time-to-accuracy target when both
         run together (SosicFL: FedAvg; SosicFL+: Ditto).
       metric_reductions: how a round's record reduces a client metric over the clients, where
@@ -165,6 +168,7 @@ class Algorithm:
     has_global_model: ClassVar[bool] = True
     personal_part: ClassVar[Literal["head", "body", "norm"] | None] = None
     tta_base: ClassVar[str | None] = None  # the method its time-to-accuracy is measured against
+    newcomer_refusal: ClassVar[str | None] = None  # why a client that never trained gets no model
     #: how a round's record reduces each of the method's numeric client metrics over the clients
     #: (default: the mean, NaN values left out)
     metric_reductions: ClassVar[Mapping[str, Literal["mean", "sum", "max", "min"]]] = {}
@@ -306,6 +310,12 @@ class Algorithm:
     # ---- client side -------------------------------------------------------------------
     def init_client(self, init_params: Params, client_id: int) -> State:
         return {"model": clone(init_params)}
+
+    def newcomer_state(self, init_params: Params, payload: Payload, client_id: int) -> State:
+        """The state of a client that never trained (``[run] unseen_clients``), before
+        ``local_init(payload)`` as in a participant's first round; ``payload`` is what the downlink
+        sends it. Default: ``init_client``, the state every participant starts from."""
+        return self.init_client(init_params, client_id)
 
     def local_init(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         """The client's initialisation for this round: ``receive``, then ``after_receive``."""

@@ -43,6 +43,12 @@ class Ditto(Algorithm):
         # the ignore below: a TypedDict is no dict[str, Any] (State) to mypy
         return DittoState(model=clone(init_params), personal=clone(init_params))  # type: ignore[return-value]
 
+    def newcomer_state(self, init_params: Params, payload: Payload, client_id: int) -> State:
+        """A newcomer's personal model starts from the received global model (a participant's starts
+        from the initial one and is trained every round)."""
+        state = self.init_client(init_params, client_id)
+        return {**state, "personal": {**state["personal"], **clone(payload["global"])}}
+
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         personal = self.train_model(
             state["personal"],

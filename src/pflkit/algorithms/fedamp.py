@@ -63,6 +63,7 @@ class FedAMP(Algorithm):
     settings: FedAMPSettings
     ala_targets = {"model": ("cloud", "model")}
     requires_full_participation = True
+    newcomer_refusal = "fedamp sends each client a cloud model built from that client's own model on the server"
     _warned = False
 
     def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:

@@ -41,6 +41,7 @@ class FedFomo(Algorithm):
     settings_class = FedFomoSettings
     settings: FedFomoSettings
     ala_targets = {}
+    newcomer_refusal = "fedfomo chooses the models it sends a client by that client's affinities on the server"
     needs = frozenset({PER_CLIENT})  # weighs each downloaded model by a Python loop over its validation loss
 
     def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:

@@ -15,6 +15,7 @@ from .registry import register
 class Local(Algorithm):
     name = "local"
     has_global_model = False  # nothing is aggregated
+    newcomer_refusal = "local trains no shared model, so a client that never trained has only the initial model"
     ala_targets = {}
 
     def downloaded_names(self, names: list[str]) -> list[str]:

@@ -94,6 +94,12 @@ class PFedMe(Algorithm):
     def init_client(self, init_params: Params, client_id: int) -> State:
         return {"model": clone(init_params), "personal": clone(init_params)}
 
+    def newcomer_state(self, init_params: Params, payload: Payload, client_id: int) -> State:
+        """A newcomer's personalised model starts from the received global model (a participant's is
+        the inner solution of its last round)."""
+        state = self.init_client(init_params, client_id)
+        return {**state, "personal": {**state["personal"], **clone(payload["global"])}}
+
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         weights = (
             [u["num_samples"] for u in uploads] if self.settings.server_weights == "samples" else [1.0] * len(uploads)

@@ -136,6 +136,10 @@ class SosicFL(Algorithm):
     simplex_layers = "head"
     personal = False
     tta_base = "fedavg"
+    newcomer_refusal = (
+        "sosicfl gives each client the subregion of its cluster, assigned on the server from the label counts "
+        "of the clients that take part"
+    )
 
     def __init__(self, settings: Any, train: Any, units: Any) -> None:
         super().__init__(settings, train, units)

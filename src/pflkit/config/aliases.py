@@ -52,6 +52,8 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
             "join_ratio",
             "eval_every",
             "eval_all_clients",
+            "unseen_clients",
+            "unseen_finetune_epochs",
             "engine",
             "workers",
             "device",

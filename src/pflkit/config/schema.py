@@ -143,6 +143,22 @@ class BaseConfig(BaseModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _unseen_clients(self, info: ValidationInfo) -> BaseConfig:
+        key = _named(info, "run", "unseen_clients")
+        try:
+            ids = self.run.unseen_ids(self.partition.num_clients)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+        for name in self.algorithms if ids else ():
+            reason = REGISTRY.method_class(name).newcomer_refusal
+            if reason is not None:
+                raise ValueError(
+                    f"algorithm {name!r} has no model for a client that never trained ({reason}): "
+                    f"drop it or set {key} = 0"
+                )
+        return self
+
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:

@@ -52,6 +52,18 @@ class RunSettings(BaseModel):
         description="score every client at each evaluation, not only the "
         "next round's participants (SosicFL protocol; simulator only)",
     )
+    unseen_clients: int | float | list[int] = Field(
+        0,
+        description="clients that never train, scored as newcomers at each evaluation: a count K (the last K "
+        "client ids), a fraction in (0, 1) of the clients (rounded down, at least one; the last ones), or a list "
+        "of client ids; every participant count (join_ratio, aggregation weights) refers to the other clients",
+    )
+    unseen_finetune_epochs: int = Field(
+        0,
+        ge=0,
+        description="epochs of local SGD (cross-entropy, the run's train settings) an unseen client runs "
+        "on its training split from what the method gives a newcomer, before it is scored (0: scored as received)",
+    )
     engine: Literal["auto", "loop", "parallel", "vmap"] = Field(
         "auto",
         description="loop: one client at a time; parallel: clients over worker threads; vmap: "
@@ -94,6 +106,38 @@ class RunSettings(BaseModel):
         description="also write every record to TensorBoard event files under tensorboard/ in the results "
         "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')",
     )
+
+    @field_validator("unseen_clients")
+    @classmethod
+    def _unseen_form(cls, value: int | float | list[int]) -> int | float | list[int]:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("a count of clients cannot be negative")
+        if isinstance(value, float) and not 0 < value < 1:
+            raise ValueError("a fraction of the clients must lie in (0, 1)")
+        if isinstance(value, list):
+            if any(c < 0 for c in value):
+                raise ValueError("client ids cannot be negative")
+            if len(set(value)) != len(value):
+                raise ValueError("client ids are repeated")
+        return value
+
+    def unseen_ids(self, num_clients: int) -> list[int]:
+        """The ids of the clients that never train (``unseen_clients``) among ``num_clients``: the
+        last K for a count or a fraction, the given ids for a list; ValueError where none would train."""
+        spec = self.unseen_clients
+        if isinstance(spec, list):
+            wrong = [c for c in spec if c >= num_clients]
+            if wrong:
+                raise ValueError(f"unseen client ids {wrong} are not clients of this run (ids 0..{num_clients - 1})")
+            ids = sorted(spec)
+        else:
+            count = spec if isinstance(spec, int) else max(1, int(spec * num_clients))
+            ids = list(range(num_clients - count, num_clients))
+        if len(ids) >= num_clients:
+            raise ValueError(
+                f"{len(ids)} unseen clients of {num_clients} leave none to train: keep at least one participant"
+            )
+        return ids
 
     @field_validator("device")
     @classmethod

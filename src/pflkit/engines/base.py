@@ -23,7 +23,9 @@ CLIENT_TIMINGS = {"init_seconds": "sum", "eval_seconds": "sum", "train_seconds":
 @dataclass
 class ClientJob:
     """One client's part of a round: its payload and state (None on Flower's server side, or until
-    ``load`` reads it: clients kept on disk are read when their job starts, not when it is planned)."""
+    ``load`` reads it: clients kept on disk are read when their job starts, not when it is planned).
+    ``finetune``: a client that never trained (a newcomer), whose scored model is fine-tuned for this
+    many epochs before its evaluation (None: a participant)."""
 
     client_id: int
     payload: Payload
@@ -31,6 +33,7 @@ class ClientJob:
     evaluate: bool
     train: bool = True
     load: Callable[[], State] | None = None
+    finetune: int | None = None
 
     def loaded(self) -> ClientJob:
         """The job with its state read (itself where nothing is left to read)."""

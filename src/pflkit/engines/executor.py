@@ -32,9 +32,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from ..algorithms.base import Upload
-from ..algorithms.context import Metrics
+from ..algorithms.base import Algorithm, Upload
+from ..algorithms.context import Metrics, TrainBatches
 from ..data.federated import FederatedData
+from ..functional import Ensemble, Params
+from ..functional.training import classification_loss
 from ..models import UnitModel, buffer_names
 from .base import ClientJob, ClientResult, RoundSetup
 from .batched import BatchedClientContext
@@ -120,7 +122,11 @@ def run_group(
     evaluations = None
     if jobs[0].evaluate:
         t1 = time.perf_counter()
-        evaluations = ctx.evaluate(alg.eval_params(state))
+        scored = alg.eval_params(state)
+        if jobs[0].finetune:
+            scored, tuned = finetuned(alg, scored, ctx, jobs[0].finetune)
+            metrics = {**metrics, **tuned}
+        evaluations = ctx.evaluate(scored)
         seconds["eval_seconds"] = time.perf_counter() - t1
     upload: Upload | None = None
     train_metrics: Metrics = {}
@@ -143,6 +149,20 @@ def run_group(
         evaluation = evaluations[k] if evaluations is not None else None
         out.append(ClientResult(job.client_id, client_state, client_upload, evaluation, client_metrics))
     return out
+
+
+def finetuned(alg: Algorithm, params: Params | Ensemble, ctx: Context, epochs: int) -> tuple[Params, Metrics]:
+    """A newcomer's scored model after ``epochs`` epochs of cross-entropy SGD on its training
+    split (the run's train settings, its own batch stream), and the fine-tuning's mean loss."""
+    if isinstance(params, Ensemble):
+        raise ValueError(f"{alg.name} scores an ensemble of models: unseen_finetune_epochs needs a single model")
+    fit = ctx.fit(
+        dict(params),
+        classification_loss,
+        data=TrainBatches("unseen-finetune", epochs),
+        stage="fine-tuning of an unseen client",
+    )
+    return fit.params, {"finetune_loss": fit.loss}
 
 
 def receive_group(

@@ -30,6 +30,7 @@ from ..algorithms.base import ROUND_INFO, Aggregator, Algorithm, ClientSummary, 
 from ..engines.base import CLIENT_TIMINGS, ClientJob, ClientResult
 from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
+from .newcomers import Newcomers, newcomer_metrics, participants
 from .state_store import ClientStore, MemoryStateStore
 
 
@@ -80,6 +81,7 @@ class RoundPlan:
     # clients evaluated without training (``evaluate_all``): their states are discarded
     eval_jobs: list[ClientJob] = field(default_factory=list)
     stopped: str | None = None  # the final pass of a run whose training a stop rule ended: why
+    newcomer_jobs: list[ClientJob] = field(default_factory=list)  # the unseen clients, at evaluations
 
 
 def sample_clients(seed: int, round: int, num_clients: int, join_ratio: float) -> list[int]:
@@ -210,6 +212,7 @@ class OpenRound:
         self.driver, self.state, self.plan = driver, state, plan
         self.participants = {j.client_id for j in plan.jobs}
         self.results: list[ClientResult] = []  # without states and parameters
+        self.newcomers: list[ClientResult] = []  # the unseen clients' evaluations
         self.uploads: dict[int, SentUpload] = {}  # kept for ``aggregate``, or waiting for their turn
         self.heads: dict[int, torch.Tensor | None] = {}
         self.upload_sizes: list[tuple[int, int]] = []
@@ -222,6 +225,9 @@ class OpenRound:
 
     def add(self, result: ClientResult) -> None:
         cid = result.client_id
+        if cid in self.driver.unseen:  # a newcomer's evaluation: nothing of it is kept but its scores
+            self.newcomers.append(replace(result, state=None, upload=None))
+            return
         if not (self.plan.train and cid in self.participants):  # evaluated only: its state is discarded
             self.results.append(replace(result, state=None, upload=None))
             return
@@ -261,7 +267,7 @@ class OpenRound:
         evaluated = results if plan.evaluate else None
         results = [r for r in results if r.client_id in self.participants]  # eval-only clients change nothing
         if not plan.train:
-            record = driver._record(state, state.rounds_done, evaluated, plan)
+            record = driver._record(state, state.rounds_done, evaluated, plan, self.newcomers)
             if plan.stopped is not None:
                 record["stopped"] = plan.stopped
             # the final evaluation pass is waited for too (and may run ALA's start phase first)
@@ -284,7 +290,7 @@ class OpenRound:
                 state.server, [self.uploads[c] for c in sorted(self.uploads)], plan.round
             )
         info = state.server.pop(ROUND_INFO, None)  # what the server rule reports (FedACD's weights)
-        record = driver._record(state, plan.round - 1, evaluated, plan)
+        record = driver._record(state, plan.round - 1, evaluated, plan, self.newcomers)
         state.pending = training_metrics(
             plan.round, results, time.perf_counter() - plan.started, driver.algorithm.metric_reductions
         )
@@ -321,11 +327,14 @@ class RoundDriver:
         global_evaluation: GlobalEvaluation | None = None,
         local_test: bool = False,
         evaluate_all: bool = False,
+        newcomers: Newcomers | None = None,
     ) -> None:
         """``global_evaluation`` scores the global model of every evaluated round on the global
         test set (algorithms with a global model); ``local_test``: clients are scored on local
         test sets (the official protocol) and records carry ``local_accuracy``; ``evaluate_all``:
-        every client is scored at each evaluation, participants or not (SosicFL's protocol)."""
+        every participant is scored at each evaluation, sampled or not (SosicFL's protocol);
+        ``newcomers``: clients that never train, scored as newcomers at each evaluation
+        (``pflkit.federation.newcomers``)."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.seed = seed
@@ -335,6 +344,9 @@ class RoundDriver:
         self.global_evaluation = global_evaluation if algorithm.has_global_model else None
         self.local_test = local_test
         self.evaluate_all = evaluate_all
+        self.newcomers = newcomers
+        self.unseen = frozenset(newcomers.ids if newcomers is not None else ())
+        self.participants = participants(num_clients, sorted(self.unseen))
 
     def start(
         self,
@@ -348,11 +360,12 @@ class RoundDriver:
         then the algorithm's ``prepare`` from the clients' summaries. A ``store`` (the disk store)
         makes each client's state on first use instead."""
         alg = self.algorithm
+        summaries = [s for s in summaries if s.client_id not in self.unseen]  # the participants only
         server = alg.prepare(alg.init_server(init_params), summaries, self.seed)
         clients: ClientStore
         if store is not None:
             clients = store
-        elif client_states:
+        elif client_states:  # the participants' (summaries holds them only)
             clients = MemoryStateStore({s.client_id: alg.init_client(init_params, s.client_id) for s in summaries})
         else:
             clients = MemoryStateStore()
@@ -370,11 +383,11 @@ class RoundDriver:
     def plan(self, state: RunState, t: int) -> RoundPlan:
         """Training round ``t``: sampled clients with their payloads and states; it also
         evaluates round ``t - 1`` when that round is due."""
-        selected = sample_clients(self.seed, t, self.num_clients, self.join_ratio)
+        selected = self.sample(t)
         evaluate = should_evaluate(t - 1, self.rounds, self.eval_every)
         plan = RoundPlan(t, self._jobs(state, selected, t, evaluate, True), evaluate, True)
         if evaluate and self.evaluate_all:
-            others = sorted(set(range(self.num_clients)) - set(selected))
+            others = sorted(set(self.participants) - set(selected))
             plan.eval_jobs = self._jobs(state, others, t, True, False)
         return self._scored(state, plan)
 
@@ -382,18 +395,22 @@ class RoundDriver:
         """The evaluation of the last trained round: local initialisation and evaluation, no
         training (``stopped``: why training ended before ``rounds``)."""
         final = state.rounds_done + 1
-        selected = (
-            list(range(self.num_clients))
-            if self.evaluate_all
-            else sample_clients(self.seed, final, self.num_clients, self.join_ratio)
-        )
+        selected = list(self.participants) if self.evaluate_all else self.sample(final)
         plan = RoundPlan(final, self._jobs(state, selected, final, True, False), True, False, stopped=stopped)
         return self._scored(state, plan)
 
+    def sample(self, t: int) -> list[int]:
+        """The participants sampled for round ``t`` (the unseen clients are never drawn)."""
+        chosen = sample_clients(self.seed, t, len(self.participants), self.join_ratio)
+        return [self.participants[i] for i in chosen]
+
     def _scored(self, state: RunState, plan: RoundPlan) -> RoundPlan:
-        """The plan with the global model of the evaluated round scored on the global test set."""
+        """The plan with the global model of the evaluated round scored on the global test set, and
+        the jobs of the unseen clients scored as newcomers."""
         if plan.evaluate and self.global_evaluation is not None:
             plan.global_metrics = self.global_evaluation(self.algorithm.global_params(state.server))
+        if plan.evaluate and self.newcomers is not None:
+            plan.newcomer_jobs = self.newcomers.jobs(self.algorithm, state.server, plan.round)
         return plan
 
     def _jobs(self, state: RunState, selected: list[int], t: int, evaluate: bool, train: bool) -> list[ClientJob]:
@@ -425,12 +442,19 @@ class RoundDriver:
         return round.close()
 
     def _record(
-        self, state: RunState, r: int, results: Sequence[ClientResult] | None, plan: RoundPlan
+        self,
+        state: RunState,
+        r: int,
+        results: Sequence[ClientResult] | None,
+        plan: RoundPlan,
+        newcomers: Sequence[ClientResult] = (),
     ) -> dict[str, Any]:
         record: dict[str, Any] = {"algorithm": state.algorithm, "seed": state.seed, "round": r}
         if results is not None:
             record.update(evaluation_metrics(results, self.local_test))
             record.update(plan.global_metrics)
+        if newcomers:
+            record.update(newcomer_metrics(sorted(newcomers, key=lambda n: n.client_id)))
         if state.pending is not None:
             record.update(state.pending)
         return record

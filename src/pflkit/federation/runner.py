@@ -26,6 +26,7 @@ from ..models import Units
 from .checkpoint import Checkpointer, TraceWriter
 from .driver import Callback, Plateau, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
+from .newcomers import Newcomers
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
 from .session import RunSession
 from .state_store import DiskStateStore
@@ -96,7 +97,8 @@ def client_store(
 ) -> DiskStateStore:
     """The disk store of run (``name``, ``seed``); a client's first state is ``init_client``'s."""
     clients = config.partition.num_clients
-    per_round = max(1, int(config.run.join_ratio * clients))
+    trained = clients - len(config.run.unseen_ids(clients))
+    per_round = max(1, int(config.run.join_ratio * trained))
     return DiskStateStore(
         results.states_path(name, seed),
         clients,
@@ -116,6 +118,13 @@ def plateau_rule(config: BaseConfig, algorithm: Algorithm) -> Plateau | None:
     if metric == "global_accuracy" and not algorithm.has_global_model:
         metric = "accuracy"
     return Plateau(run.plateau_evaluations, run.plateau_points, metric, not_before=algorithm.schedule_rounds())
+
+
+def newcomers(config: BaseConfig, init: Params | None) -> Newcomers | None:
+    """The run's unseen clients (``[run] unseen_clients``), None where every client trains;
+    ``init``: the model their states start from (None where the clients build them: Flower)."""
+    ids = config.run.unseen_ids(config.partition.num_clients)
+    return Newcomers(tuple(ids), config.run.unseen_finetune_epochs, init) if ids else None
 
 
 def open_session(
@@ -139,6 +148,7 @@ def open_session(
         global_evaluation=setup.global_evaluation,
         local_test=config.partition.official,
         evaluate_all=config.run.eval_all_clients,
+        newcomers=newcomers(config, setup.init if backend.keeps_client_states else None),
     )
     store = None
     if config.run.state_store == "disk" and backend.keeps_client_states:

@@ -111,7 +111,7 @@ class RunSession:
         if plan is None:
             return None
         round = self.driver.open_round(self.state, plan, self.sizes)
-        for jobs in (plan.jobs, plan.eval_jobs):
+        for jobs in (plan.jobs, plan.eval_jobs, plan.newcomer_jobs):
             if jobs:
                 for result in execute(jobs, plan.round):
                     round.add(result)

@@ -22,7 +22,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ..engines import ClientJob, run_client
+from ..engines import ClientJob, ClientResult, run_client
 from .node import (
     add_version,
     load_state,
@@ -77,6 +77,11 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     name, seed, round = str(meta["algorithm"]), int(meta["seed"]), int(meta["round"])
     run = node_run(str(meta["config"]), context.node_config, name, seed)
     setup, algorithm = run.setup, run.round_setup.algorithm
+    if "newcomer" in meta:  # a client that never trains, scored as a newcomer: no state is read or kept
+        payload = get_values(message.content, "payload", setup.device)
+        fresh = algorithm.newcomer_state(setup.init, payload, setup.client_id)
+        job = ClientJob(setup.client_id, payload, fresh, True, False, finetune=int(meta["newcomer"]))
+        return _reply(message, setup.client_id, run_client(run.round_setup, job, round))
     key = state_key(name, seed)
     shared = meta["state-dir"] if "state-dir" in meta else None  # the simulation's folder: no copy in memory
     path = (
@@ -104,11 +109,7 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
         run.round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train), round
     )
     content = RecordDict()
-    metrics: dict[str, Any] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
-    metrics.update({k: [float(x) for x in v] for k, v in result.metrics.items() if isinstance(v, list)})
-    metrics["client-id"] = setup.client_id
-    if result.evaluation is not None:
-        metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})
+    metrics = _metrics(setup.client_id, result)
     if train:
         assert result.state is not None and result.upload is not None  # (a trained client's result)
         versions = add_version(versions, round, result.state)
@@ -121,3 +122,18 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
         put_values(content, "upload", upload)
     content["metrics"] = MetricRecord(metrics)
     return Message(content, reply_to=message)
+
+
+def _metrics(client_id: int, result: ClientResult) -> dict[str, Any]:
+    """A reply's metrics: the client's numbers, its id and its evaluation."""
+    metrics: dict[str, Any] = {k: float(v) for k, v in result.metrics.items() if isinstance(v, (int, float))}
+    metrics.update({k: [float(x) for x in v] for k, v in result.metrics.items() if isinstance(v, list)})
+    metrics["client-id"] = client_id
+    if result.evaluation is not None:
+        metrics.update({f"eval.{k}": float(v) for k, v in result.evaluation.items()})
+    return metrics
+
+
+def _reply(message: Message, client_id: int, result: ClientResult) -> Message:
+    """The reply of an evaluation without training: metrics only."""
+    return Message(RecordDict({"metrics": MetricRecord(_metrics(client_id, result))}), reply_to=message)

@@ -62,7 +62,7 @@ class PflkitStrategy(Strategy):
 
     def _messages(self, plan: RoundPlan, message_type: str) -> list[Message]:
         self._plan = plan
-        return [self._message(job, plan.round, message_type) for job in plan.jobs]
+        return [self._message(job, plan.round, message_type) for job in [*plan.jobs, *plan.newcomer_jobs]]
 
     def _message(self, job: ClientJob, round: int, message_type: str) -> Message:
         content = RecordDict(
@@ -74,6 +74,7 @@ class PflkitStrategy(Strategy):
                         "seed": self.driver.seed,
                         "round": round,
                         "evaluate": job.evaluate,
+                        **({"newcomer": job.finetune} if job.finetune is not None else {}),
                         **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {}),
                     }
                 )
@@ -144,9 +145,10 @@ class PflkitStrategy(Strategy):
                 f"{self.state.algorithm} seed {self.state.seed} round {plan.round}: client {first} failed: "
                 f"{client_error(failed[0].error.reason)}{others}"
             )
-        if len(replies) != len(plan.jobs):
+        expected = len(plan.jobs) + len(plan.newcomer_jobs)
+        if len(replies) != expected:
             raise RuntimeError(
-                f"round {plan.round}: {len(replies)} of {len(plan.jobs)} sampled clients replied "
+                f"round {plan.round}: {len(replies)} of {expected} sampled clients replied "
                 "(a node is down or the timeout is too short)"
             )
         results = []
@@ -160,7 +162,7 @@ class PflkitStrategy(Strategy):
                     "loss_sum": metrics.pop("eval.loss_sum"),
                     "num_samples": int(metrics.pop("eval.num_samples")),
                 }
-            upload = get_values(reply.content, "upload") if train else None
+            upload = get_values(reply.content, "upload") if train and client_id not in self.driver.unseen else None
             metrics.pop("num-examples", None)
             results.append(ClientResult(client_id, None, upload, evaluation, metrics))
         return results

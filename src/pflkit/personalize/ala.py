@@ -326,7 +326,9 @@ class WithALA(Algorithm):
 
     trains_on_receive = True
     #: the hooks ALA changes; every other public hook is the base's
-    OWN_HOOKS = frozenset({"local_init", "receive", "init_client", "round_metrics", "summary_metrics"})
+    OWN_HOOKS = frozenset(
+        {"local_init", "receive", "init_client", "newcomer_state", "round_metrics", "summary_metrics"}
+    )
 
     def __init__(self, base: Algorithm, ala: AdaptiveLocalAggregation, display_name: str) -> None:
         super().__init__(base.settings, base.train, base.units)
@@ -373,6 +375,11 @@ class WithALA(Algorithm):
         downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}
         return {**self.base.init_client(init_params, client_id), "ala": self.ala.init_state(downloaded)}
 
+    def newcomer_state(self, init_params: Params, payload: Payload, client_id: int) -> State:
+        """The base's newcomer with ALA's fresh weights: ALA then starts from the initial model."""
+        downloaded = {k: init_params[k] for k in self.base.downloaded_names(list(init_params))}
+        return {**self.base.newcomer_state(init_params, payload, client_id), "ala": self.ala.init_state(downloaded)}
+
     def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         old_local = state[self.state_key]
         new_state, metrics = self.base.receive(payload, state, ctx)
@@ -392,6 +399,7 @@ CLASS_SETTINGS = (
     "personal_part",
     "tta_base",
     "metric_reductions",
+    "newcomer_refusal",
 )
 
 

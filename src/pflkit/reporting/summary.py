@@ -5,6 +5,7 @@ Definitions (see docs/explanations/metrics.md):
   mean_client_accuracy  unweighted mean over evaluated clients of correct_i / n_i
   best_*                maximum over evaluated rounds (round 0 = initial model included)
   final_*               value at the last round T
+  unseen_accuracy       pooled over the clients that never trained, scored as newcomers
   mean_seconds_per_round  mean wall-clock of training rounds 1..T (local init incl. ALA,
                         evaluation, training, aggregation; not checkpoint I/O)
   seconds_per_round     every pass a user waits for (the T training rounds and the final
@@ -21,7 +22,14 @@ from typing import Any
 import numpy as np
 
 #: Evaluation metrics whose best is the maximum over evaluated rounds.
-HIGHER_IS_BETTER = ("accuracy", "mean_client_accuracy", "local_accuracy", "global_accuracy", "global_client_accuracy")
+HIGHER_IS_BETTER = (
+    "accuracy",
+    "mean_client_accuracy",
+    "local_accuracy",
+    "global_accuracy",
+    "global_client_accuracy",
+    "unseen_accuracy",  # the clients that never trained ([run] unseen_clients)
+)
 #: Training-round metrics whose best is the minimum ([metrics] adaptability).
 LOWER_IS_BETTER = ("local_risk", "local_kl")
 #: Training-round costs whose mean over rounds the summary keeps (communication, time split).
@@ -192,6 +200,8 @@ def format_table(summary: Mapping[str, Mapping[str, Any]]) -> str:
         ("best local acc %", "best_local_accuracy"),
         ("best global acc %", "best_global_accuracy"),
         ("best global client-dist acc %", "best_global_client_accuracy"),
+        ("best unseen acc %", "best_unseen_accuracy"),
+        ("final unseen acc %", "final_unseen_accuracy"),
     ]
     columns += [c for c in optional if any(c[1] in e for e in summary.values())]
     header = ["algorithm", *(name for name, _ in columns), "s/round"]

@@ -41,8 +41,10 @@ class Board:
 BEST = (("best acc %", "best_accuracy"),)
 GLOBAL = (("best global acc %", "best_global_accuracy"),)
 GLOBAL_LOCAL = (*GLOBAL, ("best local acc %", "best_local_accuracy"))
+UNSEEN = (*BEST, ("best unseen acc %", "best_unseen_accuracy"), ("final unseen acc %", "final_unseen_accuracy"))
 BOARDS = (
     Board("fedala-table7-mnist", "FedALA Table 7: MNIST Dir(0.1), 20 clients", BEST, detailed=True),
+    Board("fedala-table7-unseen", "FedALA Table 7's setting, 4 of 20 clients never train", UNSEEN),
     Board("fedacd-mnist-dir0.1", "FedACD's protocol: MNIST Dir(0.1)", GLOBAL),
     Board("fedacd-mnist-dir0.05", "FedACD's protocol: MNIST Dir(0.05)", GLOBAL),
     Board("sosicfl-mnist-2fold", "SosicFL's protocol: MNIST 2-Fold", GLOBAL_LOCAL),

@@ -29,6 +29,8 @@ MAIN_COLUMNS = (
     ("best local acc", "best_local_accuracy"),
     ("best global acc", "best_global_accuracy"),
     ("best global client-dist acc", "best_global_client_accuracy"),
+    ("best unseen acc", "best_unseen_accuracy"),
+    ("final unseen acc", "final_unseen_accuracy"),
 )
 
 #: Columns a table of cells shows where its runs recorded them (best values; local risk: lowest).
@@ -37,6 +39,7 @@ TABLE_EXTRA_COLUMNS = (
     ("best global client-dist acc", "best_global_client_accuracy"),
     ("best local acc", "best_local_accuracy"),
     ("best local risk", "best_local_risk"),
+    ("best unseen acc", "best_unseen_accuracy"),
 )
 
 
