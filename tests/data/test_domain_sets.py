@@ -274,3 +274,20 @@ def test_cli_runs_fedavg_and_fedbn_for_two_rounds_on_digit5(tmp_path: Path) -> N
     assert record["heldout_clients"] == [2] and record["train_class_counts"][0] == [2] * 2 + [1] * 8
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert {r.get("algorithm") for r in rows if r.get("round") == 2} >= {"fedavg", "fedbn"}
+    # the held-out domain's client never trains: it is scored as a newcomer every evaluation
+    evaluated = [r for r in rows if "unseen_accuracy" in r]
+    assert evaluated and all(r["unseen_evaluated_clients"] == 1 for r in evaluated)
+    scored = [r for r in rows if "evaluated_clients" in r]
+    assert scored and all(r["evaluated_clients"] == 4 for r in scored)  # the four participants
+
+
+def test_heldout_domains_are_the_unseen_clients_of_the_config() -> None:
+    config = build_config(
+        {
+            "dataset": "digit5",
+            "data_dir": "/nowhere",
+            "data": {"domains": ["svhn", "usps", "mnist"], "clients_per_domain": 2, "heldout_domains": ["usps"]},
+            "run": {"unseen_clients": [0]},
+        }
+    )
+    assert config.heldout_domain_ids() == [2, 3] and config.unseen_client_ids() == [0, 2, 3]

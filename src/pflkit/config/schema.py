@@ -143,11 +143,29 @@ class BaseConfig(BaseModel):
                 )
         return self
 
+    def heldout_domain_ids(self) -> list[int]:
+        """The clients of ``data.heldout_domains`` (a multi-domain dataset's clients go domain by
+        domain, ``clients_per_domain`` each, in the order of ``data.domains``)."""
+        if self.dataset not in DOMAIN_DATASETS or not self.data.heldout_domains:
+            return []
+        m = self.data.clients_per_domain
+        domains = self.data.domains or list(DOMAIN_DATASETS[self.dataset])
+        return [i * m + j for i, d in enumerate(domains) if d in self.data.heldout_domains for j in range(m)]
+
+    def unseen_client_ids(self) -> list[int]:
+        """The clients that never train: ``[run] unseen_clients`` and the clients of the held-out
+        domains (``data.heldout_domains``), sorted."""
+        clients = self.partition.num_clients
+        held = self.heldout_domain_ids()
+        if self.dataset in DOMAIN_DATASETS:  # num_clients is the domains' count once the data is read
+            clients = max(clients, max(held, default=-1) + 1)
+        return sorted(set(self.run.unseen_ids(clients)) | set(held))
+
     @model_validator(mode="after")
     def _unseen_clients(self, info: ValidationInfo) -> BaseConfig:
         key = _named(info, "run", "unseen_clients")
         try:
-            ids = self.run.unseen_ids(self.partition.num_clients)
+            ids = self.unseen_client_ids()
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
         for name in self.algorithms if ids else ():

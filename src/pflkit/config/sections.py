@@ -204,8 +204,8 @@ class DataSettings(BaseModel):
     )
     heldout_domains: list[str] = Field(
         default_factory=list,
-        description="digit5, office_caltech10, domainnet: domains whose clients are held out, recorded "
-        "as heldout_clients in partition-seed<k>.json (the clients to evaluate as newcomers)",
+        description="digit5, office_caltech10, domainnet: domains whose clients never train and are scored "
+        "as newcomers, as [run] unseen_clients are (recorded as heldout_clients in partition-seed<k>.json)",
     )
 
     @field_validator("domains", "classes", "heldout_domains")

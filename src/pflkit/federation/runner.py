@@ -97,7 +97,7 @@ def client_store(
 ) -> DiskStateStore:
     """The disk store of run (``name``, ``seed``); a client's first state is ``init_client``'s."""
     clients = config.partition.num_clients
-    trained = clients - len(config.run.unseen_ids(clients))
+    trained = clients - len(config.unseen_client_ids())
     per_round = max(1, int(config.run.join_ratio * trained))
     return DiskStateStore(
         results.states_path(name, seed),
@@ -121,9 +121,10 @@ def plateau_rule(config: BaseConfig, algorithm: Algorithm) -> Plateau | None:
 
 
 def newcomers(config: BaseConfig, init: Params | None) -> Newcomers | None:
-    """The run's unseen clients (``[run] unseen_clients``), None where every client trains;
-    ``init``: the model their states start from (None where the clients build them: Flower)."""
-    ids = config.run.unseen_ids(config.partition.num_clients)
+    """The run's unseen clients (``[run] unseen_clients``, and the clients of ``data.heldout_domains``),
+    None where every client trains; ``init``: the model their states start from (None where the
+    clients build them: Flower)."""
+    ids = config.unseen_client_ids()
     return Newcomers(tuple(ids), config.run.unseen_finetune_epochs, init) if ids else None
 
 
