@@ -240,3 +240,22 @@ def test_fedproto_refuses_prototype_scoring_on_a_head_without_bias():
     with pytest.raises(ValueError, match='set fedproto.scoring = "head"'):
         build("fedproto", ctx)
     build("fedproto", ctx, 'fedproto.scoring="head"')
+
+
+@pytest.mark.parametrize("cut", ["fedproto", "fedgh"])
+def test_fedproto_and_fedgh_resume_after_an_interruption_to_the_uninterrupted_numbers(tmp_path, fast_config, cut):
+    """Both keep client state (models, received prototypes) and server state (prototypes, head)."""
+    from pflkit.config import load_config
+    from pflkit.run.experiment import resume_experiment, run_experiment
+    from tests.support.runs import InterruptAfter, records_without_timings
+
+    config = load_config(None, fast_config + ['algorithms=["fedproto","fedgh"]', "rounds=3", "join_ratio=0.5"])
+    run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(
+            config, tmp_path / "cut", progress=False, echo=lambda s: None, callbacks=[InterruptAfter(cut, 2)]
+        )
+    resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
+    records = records_without_timings(tmp_path / "cut")
+    assert records == records_without_timings(tmp_path / "full")
+    assert {r["algorithm"] for r in records} == {"fedproto", "fedgh"}

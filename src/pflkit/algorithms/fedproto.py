@@ -97,10 +97,11 @@ def fedproto_loss(lam: float, body: int, num_classes: int) -> LossFn:
 
 
 def keep_last_epoch(carried: Params) -> Params:
-    """End of epoch: the epoch's sums become the last epoch's; the running sums restart."""
+    """End of epoch: the epoch's sums become the last epoch's; the running sums restart. (Copies:
+    a batched context writes the results back in place, one entry after another.)"""
     return {
-        LAST_SUMS: carried[SUMS],
-        LAST_COUNTS: carried[COUNTS],
+        LAST_SUMS: carried[SUMS].clone(),
+        LAST_COUNTS: carried[COUNTS].clone(),
         SUMS: torch.zeros_like(carried[SUMS]),
         COUNTS: torch.zeros_like(carried[COUNTS]),
     }
