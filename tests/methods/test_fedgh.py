@@ -1,4 +1,4 @@
-"""FedGH against my transcription of PFLlib's port, the reference pflkit follows, and of the paper's
+"""FedGH against my transcription of PFLlib's port, the reference pflkit follows, and of the authors'
 per-prototype server loop.
 
 References read (written from reading them, not copied): TsingZ0/PFLlib d832e76,
@@ -126,7 +126,7 @@ def test_fedgh_server_is_pfllibs_train_head_over_the_rounds_prototypes():
     assert_params_close({k: out["global"][k] for k in body}, {k: server["global"][k] for k in body})
 
 
-def test_fedgh_per_prototype_steps_are_the_papers_server_loop():
+def test_fedgh_per_prototype_steps_are_the_authors_server_loop():
     """``batch = 1``: one CE step per prototype (the authors' loop, with its step taken on the head)."""
     ctx = client_context(0)
     alg = build("fedgh", ctx, "fedgh.batch=1", "fedgh.lr=0.1", "fedgh.epochs=2")

@@ -11,7 +11,7 @@ As PFLlib's port (TsingZ0/PFLlib, commit d832e76, ``clientgh.py``, ``servergh.py
 code (LipingYi/FedGH, commit ff50ac0, ``FLHetero/FedGH.py``) has the same client round, and a
 server loop of one cross-entropy step per prototype that steps the clients' optimiser, not the
 head's (its global head never changes): pflkit follows PFLlib's working server; ``batch = 1``
-gives the per-prototype steps the paper describes.
+gives the authors' one step per prototype.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class FedGHSettings(Settings):
         0,
         ge=0,
         description="prototypes per server step (0: the run's batch size, PFLlib's; 1: one step per "
-        "prototype, the paper's and the authors' loop)",
+        "prototype, the authors' loop)",
     )
 
 
@@ -160,7 +160,7 @@ FedGH.card = MethodCard(
     tests=(
         "tests/methods/test_fedgh.py::test_fedgh_client_round_is_pfllibs_clientgh_train_and_collect_protos",
         "tests/methods/test_fedgh.py::test_fedgh_server_is_pfllibs_train_head_over_the_rounds_prototypes",
-        "tests/methods/test_fedgh.py::test_fedgh_per_prototype_steps_are_the_papers_server_loop",
+        "tests/methods/test_fedgh.py::test_fedgh_per_prototype_steps_are_the_authors_server_loop",
     ),
     differences=(
         "The authors' server loop steps the clients' optimiser instead of the head's, so their global head "
@@ -177,7 +177,7 @@ FedGH.card = MethodCard(
         Choice(
             "the server's head training",
             "one epoch of mini-batches of the run's batch size, plain SGD at lr 1.0 (PFLlib)",
-            "`fedgh.lr`, `fedgh.epochs`, `fedgh.batch` (1: one step per prototype, the paper's loop)",
+            "`fedgh.lr`, `fedgh.epochs`, `fedgh.batch` (1: one step per prototype, the authors' loop)",
         ),
     ),
     ala_initialises="the head (only the head is downloaded)",

@@ -301,4 +301,8 @@ FedProto.card = MethodCard(
             '`fedproto.prototypes = "all_epochs"` (PFLlib), `"after_training"` (evaluation mode, every sample)',
         ),
     ),
+    notes=(
+        "Nothing but prototypes is downloaded, so `fedproto+ala` has no model to blend and is refused.",
+        "`train_loss` includes λ·MSE.",
+    ),
 )
