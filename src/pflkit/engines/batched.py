@@ -413,6 +413,8 @@ class BatchedClientContext:
                 if epoch_end is not None and ran:
                     stepped = int((sub_steps > 0).sum())  # the running clients that took a step: a prefix
                     mapped = epoch_end({k: v[:stepped] for k, v in sub_carried.items()})
+                    # copies first: a returned view of another carried entry would change mid-write
+                    mapped = {k: mapped[k].clone() for k in carry}
                     for k in carry:
                         sub_carried[k][:stepped] = mapped[k]
                 for k in carried:
