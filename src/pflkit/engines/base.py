@@ -23,7 +23,9 @@ CLIENT_TIMINGS = {"init_seconds": "sum", "eval_seconds": "sum", "train_seconds":
 @dataclass
 class ClientJob:
     """One client's part of a round: its payload and state (None on Flower's server side, or until
-    ``load`` reads it: clients kept on disk are read when their job starts, not when it is planned)."""
+    ``load`` reads it: clients kept on disk are read when their job starts, not when it is planned).
+    ``work``: the share of its planned local steps the client takes in ``local_train`` (1: all;
+    less: a straggler)."""
 
     client_id: int
     payload: Payload
@@ -31,6 +33,7 @@ class ClientJob:
     evaluate: bool
     train: bool = True
     load: Callable[[], State] | None = None
+    work: float = 1.0
 
     def loaded(self) -> ClientJob:
         """The job with its state read (itself where nothing is left to read)."""

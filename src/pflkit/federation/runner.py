@@ -26,6 +26,7 @@ from ..models import Units
 from .checkpoint import Checkpointer, TraceWriter
 from .driver import Callback, Plateau, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
+from .reliability import reliability_of
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
 from .session import RunSession
 from .state_store import DiskStateStore
@@ -139,6 +140,7 @@ def open_session(
         global_evaluation=setup.global_evaluation,
         local_test=config.partition.official,
         evaluate_all=config.run.eval_all_clients,
+        reliability=reliability_of(config.run),
     )
     store = None
     if config.run.state_store == "disk" and backend.keeps_client_states:
