@@ -48,13 +48,14 @@ class _OneClientSilent(LocalGrid):
 
 @pytest.mark.parametrize("grid_class", [_OneClientFails, _OneClientSilent])
 def test_with_tolerate_failures_a_failed_or_silent_client_counts_as_dropped(tmp_path, grid_class):
-    config = load_config(None, OVERRIDES + ["run.tolerate_failures=true"])
+    config = load_config(None, OVERRIDES + ["run.tolerate_failures=true", 'algorithms=["fedavg", "scaffold"]'])
     grid = grid_class(client_app, [{"partition-id": i} for i in range(3)])
-    run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)
+    run_on_flower(config, grid, tmp_path / "out", timeout=2.0, wait_seconds=5)  # a silent client: 2 s a round
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in records if "train_round" in r]
-    assert [r["dropped_clients"] for r in trained] == [1, 1, 1]
-    assert all(r["evaluated_clients"] == (3 if r["round"] in (0, 3) else 2) for r in records)
+    assert [r["dropped_clients"] for r in trained] == [1, 1, 1] * 2
+    # the lost replies carried client 1's evaluations too; the final pass reaches every client
+    assert [r["evaluated_clients"] for r in records] == [2, 2, 2, 3] * 2
 
 
 def test_fewer_replies_than_min_replies_stop_the_run(tmp_path):
