@@ -177,6 +177,29 @@ class BaseConfig(BaseModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _dropout_fits(self, info: ValidationInfo) -> BaseConfig:
+        run = self.run
+        for key, on in (
+            ("dropout_rate", run.dropout_rate > 0),
+            ("dropout_schedule", bool(run.dropout_schedule)),
+            ("tolerate_failures", run.tolerate_failures),
+        ):
+            for name in self.algorithms if on else []:
+                if REGISTRY.method_class(name).requires_full_participation:
+                    raise ValueError(
+                        f"algorithm {name!r} needs every client's upload in every round: it cannot run with "
+                        f"{_named(info, 'run', key)} = {getattr(run, key)!r}"
+                    )
+        clients, rounds = self.partition.num_clients, self.train.rounds
+        for r, c in run.dropout_schedule:
+            if not (0 <= c < clients and 1 <= r <= rounds):
+                raise ValueError(
+                    f"{_named(info, 'run', 'dropout_schedule')} names client {c} in round {r}, but the run has "
+                    f"clients 0..{clients - 1} and rounds 1..{rounds}"
+                )
+        return self
+
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:

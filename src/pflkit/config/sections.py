@@ -101,6 +101,42 @@ class RunSettings(BaseModel):
         description="plateau rule: the record's metric it watches (global_accuracy: methods without "
         "a global model fall back to accuracy)",
     )
+    dropout_rate: float = Field(
+        0.0,
+        ge=0,
+        description="unreliable clients: the chance that a selected client fails to return its upload, "
+        "drawn for each (seed, round, client); a dropped client is absent from its round (not trained, not "
+        "evaluated, its state unchanged) and the round aggregates the uploads that arrived; in [0, 1)",
+    )
+    dropout_schedule: list[list[int]] = Field(
+        default_factory=list,
+        description="unreliable clients: [round, client] pairs (e.g. [[3, 0], [3, 5]]) naming who drops "
+        "in which round (if selected then), on top of dropout_rate",
+    )
+    straggler_rate: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="unreliable clients: the chance that a selected client straggles, drawn for each "
+        "(seed, round, client): it takes only straggler_work of the local steps of each of its fits",
+    )
+    straggler_work: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="the share of its planned local steps a straggler takes (rounded down, at least one)",
+    )
+    tolerate_failures: bool = Field(
+        False,
+        description="Flower: a client that fails or does not reply within the timeout counts as dropped "
+        "for that round instead of stopping the run (the simulator's clients do not fail)",
+    )
+    min_replies: int = Field(
+        1,
+        ge=1,
+        description="tolerate_failures: stop the run when fewer than this many of a round's clients reply "
+        "(all of them where fewer were sent)",
+    )
     tracker: Literal["none", "tensorboard"] = Field(
         "none",
         description="also write every record to TensorBoard event files under tensorboard/ in the results "
@@ -138,6 +174,21 @@ class RunSettings(BaseModel):
                 f"{len(ids)} unseen clients of {num_clients} leave none to train: keep at least one participant"
             )
         return ids
+
+    @field_validator("dropout_rate")
+    @classmethod
+    def _dropout_below_one(cls, rate: float) -> float:
+        if rate >= 1:
+            raise ValueError(f"must be below 1, got {rate}: with every client dropping no round could aggregate")
+        return rate
+
+    @field_validator("dropout_schedule")
+    @classmethod
+    def _round_client_pairs(cls, pairs: list[list[int]]) -> list[list[int]]:
+        for pair in pairs:
+            if len(pair) != 2 or pair[0] < 1 or pair[1] < 0:
+                raise ValueError(f"takes [round, client] pairs (round >= 1, client >= 0), got {pair}")
+        return pairs
 
     @field_validator("device")
     @classmethod

@@ -111,6 +111,7 @@ class BatchedClientContext:
         self.num_classes = num_outputs(model)
         self._net = net_of(model)
         self._cpu_rows: list[Tensor] | None = None
+        self.work: dict[int, float] = {}  # client id -> share of its planned steps it takes (stragglers)
 
     # ---- who -------------------------------------------------------------------------------
     @property
@@ -297,7 +298,7 @@ class BatchedClientContext:
             assert data.sample.lengths is not None  # (a batched context's samples: [K, n_max] and their lengths)
             lengths = data.sample.lengths.tolist()
         return [
-            ClientPlan(data, c.num_train, self.train, self.seed, self.round, i, n)
+            ClientPlan(data, c.num_train, self.train, self.seed, self.round, i, n, self.work.get(i, 1.0))
             for i, c, n in zip(self._ids, self.clients, lengths)
         ]
 

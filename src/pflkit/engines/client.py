@@ -79,6 +79,7 @@ class SingleClientContext:
         self.algorithm = algorithm
         self.num_classes = num_outputs(model)
         self._net = net_of(model)
+        self.work: dict[int, float] = {}  # client id -> share of its planned steps it takes (stragglers)
 
     # ---- who -------------------------------------------------------------------------------
     @property
@@ -119,6 +120,7 @@ class SingleClientContext:
             self.round,
             self.client_id,
             None if sample is None else len(sample.y),
+            self.work.get(self.client_id, 1.0),
         )
 
     def batches(self, spec: TrainBatches = TrainBatches()) -> Iterator[Batch]:

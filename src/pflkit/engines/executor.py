@@ -131,6 +131,7 @@ def run_group(
     upload: Upload | None = None
     train_metrics: Metrics = {}
     if jobs[0].train:
+        ctx.work = {job.client_id: job.work for job in jobs if job.work < 1}  # stragglers take fewer steps
         t2 = time.perf_counter()
         state, upload, train_metrics = alg.local_train(payload, state, ctx)
         seconds["train_seconds"] = time.perf_counter() - t2

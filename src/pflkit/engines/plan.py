@@ -56,7 +56,9 @@ class ClientPlan:
     """The steps of a data specification for one client, epoch by epoch (drawn in order).
 
     ``num_train``: the client's training samples; ``sample_length``: the size of the drawn sample
-    (``SampleBatches`` only)."""
+    (``SampleBatches`` only); ``work``: the share of the planned steps (``epochs`` times
+    ``per_epoch``, at most ``max_steps``) the client takes, the first ones (a straggler: rounded
+    down, at least one)."""
 
     def __init__(
         self,
@@ -67,9 +69,11 @@ class ClientPlan:
         round: int,
         client_id: int,
         sample_length: int | None = None,
+        work: float = 1.0,
     ) -> None:
         self.spec = spec
         b = train.batch_size
+        self.per_epoch: int
         self._next: Callable[[], list[Step]]
         if isinstance(spec, TrainBatches):
             schedule = ClientSchedule(spec, num_train, b, seed, round, client_id, train.mixup, train.mixup_alpha)
@@ -77,6 +81,7 @@ class ClientPlan:
                 Rows(idx, *(mixing or (None, None))) for idx, mixing in zip(*_with_mixup(schedule.next_epoch()))
             ]
             self.epochs = spec.epochs
+            self.per_epoch = _batches(schedule.n, schedule.batch_size)
         elif isinstance(spec, SplitBatches):
             if train.mixup:
                 raise ValueError(
@@ -95,21 +100,45 @@ class ClientPlan:
             )
             self._next = lambda: [_split(idx, b) for idx in schedule.next_epoch().batches]
             self.epochs = spec.epochs
+            self.per_epoch = _batches(schedule.n, schedule.batch_size)
         elif isinstance(spec, PairedBatches):
             streams = [ClientPlan(s, num_train, train, seed, round, client_id) for s in spec.streams]
             self._next = lambda: list(zip(*(s.next_epoch() for s in streams)))
             self.epochs = min(s.epochs for s in streams)
+            self.per_epoch = min(s.per_epoch for s in streams)
         elif isinstance(spec, SampleBatches):
             if sample_length is None:
                 raise ValueError("a SampleBatches plan needs the sample's length")
             fixed: list[Step] = [Rows(slice(i, min(i + b, sample_length))) for i in range(0, sample_length, b)]
             self._next = lambda: fixed
             self.epochs = 1
+            self.per_epoch = len(fixed)
         else:
             raise TypeError(f"unknown data specification {spec!r}")
+        planned = self.epochs * self.per_epoch
+        if isinstance(spec, TrainBatches) and spec.max_steps is not None:
+            planned = min(planned, spec.max_steps)
+        self.budget = step_cap(planned, work)
 
     def next_epoch(self) -> list[Step]:
-        return self._next()
+        steps = self._next()
+        if self.budget is not None:
+            steps = steps[: self.budget]
+            self.budget -= len(steps)
+        return steps
+
+
+def step_cap(planned: int, work: float) -> int | None:
+    """The steps a client completes of ``planned`` at ``work`` (rounded down, at least one);
+    None: all of them."""
+    if work >= 1:
+        return None
+    return max(1, int(round(work * planned, 9)))
+
+
+def _batches(n: int, batch_size: int) -> int:
+    """Batches of one epoch over ``n`` samples (``schedule.batch_order``)."""
+    return 0 if n == 0 else max(1, n // batch_size)
 
 
 def _with_mixup(epoch: Epoch) -> tuple[list[Tensor], list[tuple[float, np.ndarray] | None]]:

@@ -31,6 +31,7 @@ from ..engines.base import CLIENT_TIMINGS, ClientJob, ClientResult
 from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
 from .newcomers import Newcomers, newcomer_metrics, participants
+from .reliability import Reliability, round_fields
 from .state_store import ClientStore, MemoryStateStore
 
 
@@ -80,6 +81,7 @@ class RoundPlan:
     global_metrics: dict[str, Any] = field(default_factory=dict)  # the global model before this round
     # clients evaluated without training (``evaluate_all``): their states are discarded
     eval_jobs: list[ClientJob] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # selected clients that fail to return their upload
     stopped: str | None = None  # the final pass of a run whose training a stop rule ended: why
     newcomer_jobs: list[ClientJob] = field(default_factory=list)  # the unseen clients, at evaluations
 
@@ -162,7 +164,7 @@ def training_metrics(
     out: dict[str, Any] = {
         "train_round": round,
         "seconds": seconds,
-        "train_loss": float((weights * losses).sum() / weights.sum()),
+        "train_loss": float((weights * losses).sum() / weights.sum()) if weights.sum() else float("nan"),
     }
     keys = sorted({k for r in results for k, v in r.metrics.items() if k != "train_loss" and np.isscalar(v)})
     for key in keys:
@@ -216,6 +218,7 @@ class OpenRound:
         self.uploads: dict[int, SentUpload] = {}  # kept for ``aggregate``, or waiting for their turn
         self.heads: dict[int, torch.Tensor | None] = {}
         self.upload_sizes: list[tuple[int, int]] = []
+        self.arrived = 0  # uploads received
         self.aggregator: Aggregator | None = None
         if plan.train and sizes is not None and self.participants:
             self.expected = {c: sizes[c] for c in self.participants}
@@ -240,6 +243,7 @@ class OpenRound:
             head = self.driver.algorithm.head_update(self.state.server, sent)
             self.heads[cid] = None if head is None else head.detach().float().cpu()
             self.upload_sizes.append(message_size({k: v for k, v in upload.items() if k != "num_samples"}))
+            self.arrived += 1
             self._take(sent)
             upload = {"num_samples": upload["num_samples"]}  # type: ignore[assignment]  # kept: its size alone
         self.results.append(replace(result, state=None, upload=upload))
@@ -280,7 +284,9 @@ class OpenRound:
             state.history.append(record)
             return record
         variance = update_variance([self.heads[c] for c in sorted(self.heads)])
-        if self.aggregator is not None:
+        if not self.arrived:  # every selected client dropped: the server state stays as it was
+            pass
+        elif self.aggregator is not None:
             if self.folded < len(self.order):
                 missing = [c for c in self.order[self.folded :] if c not in self.uploads]
                 raise RuntimeError(f"round {plan.round}: no upload from clients {missing[:10]}")
@@ -300,6 +306,8 @@ class OpenRound:
         state.pending.update(communication(plan.jobs, self.upload_sizes))
         if variance is not None:
             state.pending["update_variance"] = variance
+        if driver.reliability is not None or plan.dropped:
+            state.pending.update(round_fields(plan.dropped, plan.jobs, self.arrived))
         risks = [
             driver.global_evaluation.local_risk(r.metrics["class_correct"])
             for r in results
@@ -328,19 +336,22 @@ class RoundDriver:
         local_test: bool = False,
         evaluate_all: bool = False,
         newcomers: Newcomers | None = None,
+        reliability: Reliability | None = None,
     ) -> None:
         """``global_evaluation`` scores the global model of every evaluated round on the global
         test set (algorithms with a global model); ``local_test``: clients are scored on local
         test sets (the official protocol) and records carry ``local_accuracy``; ``evaluate_all``:
         every participant is scored at each evaluation, sampled or not (SosicFL's protocol);
         ``newcomers``: clients that never train, scored as newcomers at each evaluation
-        (``pflkit.federation.newcomers``)."""
+        (``pflkit.federation.newcomers``); ``reliability``: which selected clients drop out or
+        straggle (None: none)."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.seed = seed
         self.rounds = rounds
         self.join_ratio = join_ratio
         self.eval_every = eval_every
+        self.reliability = reliability
         self.global_evaluation = global_evaluation if algorithm.has_global_model else None
         self.local_test = local_test
         self.evaluate_all = evaluate_all
@@ -385,7 +396,13 @@ class RoundDriver:
         evaluates round ``t - 1`` when that round is due."""
         selected = self.sample(t)
         evaluate = should_evaluate(t - 1, self.rounds, self.eval_every)
-        plan = RoundPlan(t, self._jobs(state, selected, t, evaluate, True), evaluate, True)
+        rule = self.reliability
+        dropped = rule.dropped(self.seed, t, selected) if rule is not None else []
+        taking = [c for c in selected if c not in dropped]  # a dropped client's job never runs
+        plan = RoundPlan(t, self._jobs(state, taking, t, evaluate, True), evaluate, True, dropped=dropped)
+        if rule is not None:
+            for job in plan.jobs:
+                job.work = rule.work(self.seed, t, job.client_id)
         if evaluate and self.evaluate_all:
             others = sorted(set(self.participants) - set(selected))
             plan.eval_jobs = self._jobs(state, others, t, True, False)

@@ -27,6 +27,7 @@ from .checkpoint import Checkpointer, TraceWriter
 from .driver import Callback, Plateau, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
 from .newcomers import Newcomers
+from .reliability import reliability_of
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
 from .session import RunSession
 from .state_store import DiskStateStore
@@ -150,6 +151,7 @@ def open_session(
         local_test=config.partition.official,
         evaluate_all=config.run.eval_all_clients,
         newcomers=newcomers(config, setup.init if backend.keeps_client_states else None),
+        reliability=reliability_of(config.run),
     )
     store = None
     if config.run.state_store == "disk" and backend.keeps_client_states:

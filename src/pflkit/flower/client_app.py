@@ -105,9 +105,9 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
             )
         state = algorithm.init_client(setup.init, setup.client_id)
     payload = get_values(message.content, "payload", setup.device)
-    result = run_client(
-        run.round_setup, ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train), round
-    )
+    work = float(meta["work"]) if "work" in meta else 1.0  # (a float the server wrote)
+    job = ClientJob(setup.client_id, payload, state, bool(meta["evaluate"]), train, work=work)
+    result = run_client(run.round_setup, job, round)
     content = RecordDict()
     metrics = _metrics(setup.client_id, result)
     if train:

@@ -183,7 +183,14 @@ class FlowerBackend:
 
     def run(self, session: RunSession) -> None:
         driver, state = session.driver, session.state
-        strategy = PflkitStrategy(session, self.config_text, self._nodes[driver.seed], self.client_state_dir)
+        strategy = PflkitStrategy(
+            session,
+            self.config_text,
+            self._nodes[driver.seed],
+            self.client_state_dir,
+            tolerate_failures=self.config.run.tolerate_failures,
+            min_replies=self.config.run.min_replies,
+        )
         strategy.start(
             self.grid,
             initial_arrays=ArrayRecord(torch_state_dict=self._init[driver.seed]),

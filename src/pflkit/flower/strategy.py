@@ -33,10 +33,21 @@ log = logging.getLogger(__name__)
 
 class PflkitStrategy(Strategy):
     def __init__(
-        self, session: RunSession, config_text: str, nodes: dict[int, int], client_state_dir: Path | None = None
+        self,
+        session: RunSession,
+        config_text: str,
+        nodes: dict[int, int],
+        client_state_dir: Path | None = None,
+        *,
+        tolerate_failures: bool = False,
+        min_replies: int = 1,
     ) -> None:
         """``client_state_dir``: where clients keep their states on disk rather than in their nodes'
-        memory (a folder they all reach: Flower's Simulation Engine); None: in ``context.state``."""
+        memory (a folder they all reach: Flower's Simulation Engine); None: in ``context.state``.
+        ``tolerate_failures``: a client that fails or does not reply counts as dropped for the round
+        (the run stops only when fewer than ``min_replies`` of the round's clients reply)."""
+        self.tolerate_failures = tolerate_failures
+        self.min_replies = min_replies
         self.session = session
         self.config_text = config_text
         self.nodes = nodes  # pflkit client id -> Flower node id
@@ -75,6 +86,7 @@ class PflkitStrategy(Strategy):
                         "round": round,
                         "evaluate": job.evaluate,
                         **({"newcomer": job.finetune} if job.finetune is not None else {}),
+                        "work": job.work,  # < 1: a straggler
                         **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {}),
                     }
                 )
@@ -137,7 +149,9 @@ class PflkitStrategy(Strategy):
     def _results(self, replies: Iterable[Message], plan: RoundPlan, train: bool) -> list[ClientResult]:
         replies = list(replies)
         failed = [r for r in replies if r.has_error()]
-        if failed:
+        if self.tolerate_failures:
+            replies = self._tolerated(replies, plan)
+        elif failed:
             clients = {node: cid for cid, node in self.nodes.items()}
             first = clients.get(failed[0].metadata.src_node_id, "?")
             others = f" ({len(failed) - 1} more client(s) failed)" if len(failed) > 1 else ""
@@ -146,10 +160,11 @@ class PflkitStrategy(Strategy):
                 f"{client_error(failed[0].error.reason)}{others}"
             )
         expected = len(plan.jobs) + len(plan.newcomer_jobs)
-        if len(replies) != expected:
+        if len(replies) != expected and not self.tolerate_failures:
             raise RuntimeError(
                 f"round {plan.round}: {len(replies)} of {expected} sampled clients replied "
-                "(a node is down or the timeout is too short)"
+                "(a node is down or the timeout is too short; [run] tolerate_failures = true counts them "
+                "as dropped)"
             )
         results = []
         for reply in replies:
@@ -166,3 +181,19 @@ class PflkitStrategy(Strategy):
             metrics.pop("num-examples", None)
             results.append(ClientResult(client_id, None, upload, evaluation, metrics))
         return results
+
+    def _tolerated(self, replies: list[Message], plan: RoundPlan) -> list[Message]:
+        """The replies without errors; the clients of the plan without one count as dropped."""
+        ok = [r for r in replies if not r.has_error()]
+        clients = {node: cid for cid, node in self.nodes.items()}
+        replied = {clients.get(r.metadata.src_node_id) for r in ok}
+        missing = [job.client_id for job in plan.jobs if job.client_id not in replied]
+        if len(ok) < min(self.min_replies, len(plan.jobs)):
+            raise RuntimeError(
+                f"{self.state.algorithm} seed {self.state.seed} round {plan.round}: {len(ok)} of "
+                f"{len(plan.jobs)} clients replied, fewer than min_replies = {self.min_replies}"
+            )
+        if missing:
+            log.warning("round %d: client(s) %s failed or did not reply; counted as dropped", plan.round, missing)
+            plan.dropped = sorted(set(plan.dropped) | set(missing))
+        return ok

@@ -1,0 +1,67 @@
+"""Unreliable clients on Flower: the seeded dropout and stragglers give the simulator's records, and
+with ``tolerate_failures`` a client that fails or does not reply counts as dropped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from flwr.app import MessageType
+
+from pflkit.config import load_config
+from pflkit.flower.client_app import app as client_app
+from pflkit.flower.local import LocalGrid
+from pflkit.flower.server import run_on_flower
+from tests.flower.test_flower import OVERRIDES, _OneClientFails, assert_same_records, run_both
+
+pytestmark = [pytest.mark.integration, pytest.mark.flower]
+
+UNRELIABLE = ["run.dropout_rate=0.3", "run.dropout_schedule=[[2, 0], [2, 1], [2, 2]]", "run.straggler_rate=0.5"]
+
+
+def test_seeded_dropout_and_stragglers_on_flower_match_the_simulator(tmp_path):
+    config = load_config(None, OVERRIDES + UNRELIABLE + ['algorithms=["fedavg", "scaffold", "fednova", "ditto"]'])
+    flower, sim = run_both(tmp_path, config)
+    assert len(flower) == len(sim) == 16
+    assert_same_records(flower, sim)
+    trained = [r for r in sim if "train_round" in r]
+    assert sum(r["dropped_clients"] for r in trained) > 3 and sum(r["straggler_clients"] for r in trained) > 0
+    assert all(r.get("aggregation_skipped") for r in trained if r["train_round"] == 2)  # everyone dropped
+
+
+class _OneClientSilent(LocalGrid):
+    """Node 1002 (client 2) never answers its training messages (a SuperNode that went away)."""
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id == 1002 and message.metadata.message_type == MessageType.TRAIN:
+                message.metadata.__dict__["_message_id"] = f"lost-{len(ids)}"
+                ids.append(message.metadata.message_id)
+            else:
+                ids += list(super().push_messages([message]))
+        return ids
+
+
+@pytest.mark.parametrize("grid_class", [_OneClientFails, _OneClientSilent])
+def test_with_tolerate_failures_a_failed_or_silent_client_counts_as_dropped(tmp_path, grid_class):
+    config = load_config(None, OVERRIDES + ["run.tolerate_failures=true", 'algorithms=["fedavg", "scaffold"]'])
+    grid = grid_class(client_app, [{"partition-id": i} for i in range(3)])
+    run_on_flower(config, grid, tmp_path / "out", timeout=2.0, wait_seconds=5)  # a silent client: 2 s a round
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in records if "train_round" in r]
+    assert [r["dropped_clients"] for r in trained] == [1, 1, 1] * 2
+    # the lost replies carried client 1's evaluations too; the final pass reaches every client
+    assert [r["evaluated_clients"] for r in records] == [2, 2, 2, 3] * 2
+
+
+def test_fewer_replies_than_min_replies_stop_the_run(tmp_path):
+    config = load_config(None, OVERRIDES + ["run.tolerate_failures=true", "run.min_replies=3"])
+    grid = _OneClientFails(client_app, [{"partition-id": i} for i in range(3)])
+    with pytest.raises(
+        RuntimeError, match=r"fedavg seed 0 round 1: 2 of 3 clients replied, fewer than min_replies = 3"
+    ):
+        run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)
