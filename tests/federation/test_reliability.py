@@ -260,9 +260,12 @@ def test_a_run_with_dropout_resumed_mid_run_equals_the_uninterrupted_run(tmp_pat
     quiet = {"progress": False, "echo": lambda s: None}
     run_experiment(cfg, tmp_path / "full", **quiet)
     interrupt = InterruptEach(3)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # inside fedavg's run
         run_experiment(cfg, tmp_path / "cut", callbacks=[interrupt], **quiet)
+    with pytest.raises(KeyboardInterrupt):  # inside scaffold's run
+        resume_experiment(tmp_path / "cut", callbacks=[interrupt], **quiet)
     resume_experiment(tmp_path / "cut", callbacks=[interrupt], **quiet)
+    assert interrupt.done == {"fedavg", "scaffold"}
     full = records_without_timings(tmp_path / "full")
     assert records_without_timings(tmp_path / "cut") == full
     trained = [r for r in full if "train_round" in r]
