@@ -199,6 +199,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["apfl+ala", "fedbabu"],
         ["scaffold", "scaffold+ala"],
         ["fedproto", "fedgh+ala"],
+        ["feddbe+ala", "fedcp"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):

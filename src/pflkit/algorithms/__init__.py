@@ -14,6 +14,7 @@ from . import apfl, fedbabu  # noqa: F401
 from . import scaffold  # noqa: F401
 from . import fedbn  # noqa: F401
 from . import fedproto, fedgh  # noqa: F401
+from . import feddbe, fedcp  # noqa: F401
 
 # isort: on
 from .base import Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained, Upload

@@ -17,6 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import nn
 
+from .between import between_of
+
 Units = list[tuple[str, list[str]]]
 
 #: Integer buffers that pflkit tolerates but does not keep in parameter dicts.
@@ -66,7 +68,11 @@ class UnitModel(nn.Module):
         train: bool = False,
     ) -> torch.Tensor:
         mode = {"train": train} if self.train_mode_aware else {}
+        last = len(self.unit_modules) - 1
         for index in range(start, len(self.unit_modules) if stop is None else stop):
+            between = between_of(params) if index == last and index > 0 else None
+            if between is not None:  # modules between body and head route the head (models/between.py)
+                return between.route(params, x, lambda p, z: self.unit_forward(last, p, z, **mode))
             x = self.unit_forward(index, params, x, **mode)
         return x
 

@@ -53,6 +53,8 @@ METHODS: tuple[str, ...] = (
     "fedbn",
     "fedproto",
     "fedgh",
+    "feddbe",
+    "fedcp",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
