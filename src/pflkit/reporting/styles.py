@@ -51,6 +51,8 @@ METHODS: tuple[str, ...] = (
     "fedbabu",
     "scaffold",
     "fedbn",
+    "fedcac",
+    "fedas",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
