@@ -192,3 +192,19 @@ def test_fedcac_refuses_partial_participation():
     from pflkit.methods import method_class
 
     assert method_class("fedcac").requires_full_participation
+
+
+@pytest.mark.integration
+def test_fedcac_resumes_after_an_interruption_to_the_uninterrupted_numbers(tmp_path, fast_config):
+    from pflkit.config import load_config
+    from pflkit.run.experiment import resume_experiment, run_experiment
+    from tests.support.runs import InterruptAfter, records_without_timings
+
+    config = load_config(None, [*fast_config, 'algorithms=["fedcac+ala"]', "rounds=3"])
+    run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(
+            config, tmp_path / "cut", progress=False, echo=lambda s: None, callbacks=[InterruptAfter("fedcac+ala", 2)]
+        )
+    resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
+    assert records_without_timings(tmp_path / "cut") == records_without_timings(tmp_path / "full")

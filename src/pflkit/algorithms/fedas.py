@@ -31,7 +31,7 @@ PROTOTYPES = "prototypes"
 class FedASSettings(Settings):
     align: bool = Field(True, description="parameter alignment; False: take the received body as it is (wo_local)")
     align_lr: float = Field(0.01, gt=0, description="learning rate of the alignment's plain SGD (the authors': 0.01)")
-    align_batch_size: int = Field(16, ge=1, description="batch size of the alignment and its prototypes (16)")
+    align_batch_size: int = Field(16, ge=1, description="batch size of the alignment (the authors': 16)")
     align_epochs: int = Field(1, ge=1, description="epochs of alignment (the authors': 1)")
     fisher_weights: bool = Field(
         True, description="weight the server's average by the uploads' Fisher traces; False: FedAvg (wo_global)"
@@ -186,6 +186,7 @@ FedAS.card = MethodCard(
         "tests/methods/test_fedas.py::test_fedas_server_weights_the_bodies_by_fisher_traces",
         "tests/methods/test_fedas.py::test_fedas_without_alignment_takes_the_received_body",
     ),
+    pinned=("tests/methods/test_fedas.py::test_fedas_authors_shared_global_alignment",),
     differences=(
         "The authors' server aligns one shared global model, client after client, so each client aligns "
         "the body the previous one aligned; PFLlib aligns a copy per client. pflkit aligns the received body "
@@ -212,5 +213,8 @@ FedAS.card = MethodCard(
     notes=(
         "`align_loss` is the alignment's mean step loss; `fisher` the mean Fisher trace of the round's clients.",
         "The local model is client state: checkpoints carry it and a resumed run continues it.",
+        "`+ala` is not offered: parameter alignment is FedAS's own way of taking in the received body, and "
+        "ALA would replace it.",
     ),
+    step_function=True,  # the Fisher pass: a step that only accumulates squared gradients
 )

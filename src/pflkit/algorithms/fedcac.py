@@ -182,6 +182,8 @@ FedCAC.card = MethodCard(
         "clients (the client itself included) behind a customised model.",
         "With bn_buffers = local, batch-norm running statistics never leave the client, as in the authors' code.",
         "The server keeps every client's next model: checkpoints carry it and a resumed run continues it.",
+        "The critical mask is a threshold: where two engines' numbers differ in the last bits (batch norm on "
+        "vmap), an entry at a near-tie may fall on either side, and the runs drift apart from there.",
     ),
     ala_initialises="the local model, blending in the received combination",
 )
