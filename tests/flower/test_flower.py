@@ -200,6 +200,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["scaffold", "scaffold+ala"],
         ["fedproto", "fedgh+ala"],
         ["feddbe+ala", "fedcp"],
+        ["fedcac+ala", "fedas"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):

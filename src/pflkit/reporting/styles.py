@@ -55,6 +55,8 @@ METHODS: tuple[str, ...] = (
     "fedgh",
     "feddbe",
     "fedcp",
+    "fedcac",
+    "fedas",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
