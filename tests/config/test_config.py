@@ -430,15 +430,18 @@ def test_to_dict_writes_the_sectioned_form_and_reloads_to_the_same_config(tmp_pa
 
 
 def test_a_sweep_cell_folder_with_an_older_flat_config_is_the_same_config(tmp_path):
+    from pflkit.federation import ResultsFolder
     from pflkit.run.sweep import saved_differences
 
     cfg = load_config(None, ["lr=0.05", "num_clients=5"])
-    path = tmp_path / "config.toml"
+    path, folder = tmp_path / "config.toml", ResultsFolder(tmp_path)
     path.write_text(tomli_w.dumps(flat_form(to_dict(cfg))))
-    assert saved_differences(path, cfg) == []
-    assert saved_differences(path, load_config(None, ["lr=0.05", "num_clients=6"])) == ["partition.num_clients"]
+    assert saved_differences(folder, cfg) == []
+    assert saved_differences(folder, load_config(None, ["lr=0.05", "num_clients=6"])) == ["partition.num_clients"]
     path.write_text("lr = -1\n")
-    assert saved_differences(path, cfg)[0].startswith("(its config.toml does not load")
+    assert saved_differences(folder, cfg)[0].startswith("(its config.toml does not load")
+    path.write_text("lr = = 1\n")
+    assert saved_differences(folder, cfg)[0].startswith("(its config.toml does not load")
 
 
 def test_config_keys_lists_every_key_with_its_flat_alias():

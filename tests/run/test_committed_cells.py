@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from pflkit.cli.common import load_cli_config
 from pflkit.federation import ResultsFolder
 from pflkit.federation.archive import ARCHIVE, PACKED_SWEEP_RECORD
 from pflkit.federation.packing import results_folders
@@ -86,7 +87,26 @@ def test_each_cells_summary_is_what_its_records_give() -> None:
             assert not differing, f"{cell}: summary.json's {differing[:3]} of {method} differ from its records"
 
 
-def test_every_cell_keeps_its_config_plain() -> None:
-    """``pflkit run <cell>/config.toml`` reruns a committed cell."""
+def test_every_cell_holds_its_config_in_its_archive_and_reruns_from_it() -> None:
+    """``pflkit run <cell>/config.toml`` reruns a committed cell: the config is read from its
+    records.tar.xz."""
     cells = committed_cells()
-    assert all((cell / "config.toml").is_file() for cell in cells)
+    plain = [cell for cell in cells if (cell / "config.toml").exists()]
+    assert not plain, f"cells whose config.toml is not packed (pflkit pack them): {plain[:3]}"
+    assert all(ResultsFolder(cell).has_config() for cell in cells)
+    for table in sorted({cell.parent for cell in cells}):
+        cell = min(c for c in cells if c.parent == table)
+        assert load_cli_config(str(cell / "config.toml"), []) == ResultsFolder(cell).load_config()
+
+
+#: docs/results/ stays under this many bytes (the sum of its files' sizes)
+SIZE_LIMIT = 8_000_000
+
+
+def test_the_committed_cells_stay_under_their_size_limit() -> None:
+    size = sum(path.stat().st_size for path in ROOT.rglob("*") if path.is_file())
+    assert size < SIZE_LIMIT, (
+        f"docs/results/ holds {size:,} bytes, {size - SIZE_LIMIT + 1:,} too many for its limit of "
+        f"{SIZE_LIMIT:,}: pack new cells (pflkit pack docs/results) or commit fewer"
+    )
+    print(f"docs/results/: {size:,} bytes, {SIZE_LIMIT - size:,} left under the limit of {SIZE_LIMIT:,}")

@@ -1,5 +1,5 @@
-"""pflkit pack / unpack: a complete results folder as config.toml and one records.tar.xz, read by
-every reader exactly as the plain folder, never written, and restored byte for byte."""
+"""pflkit pack / unpack: a complete results folder as one records.tar.xz (config.toml included),
+read by every reader exactly as the plain folder, never written, and restored byte for byte."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from pflkit.cli import main
-from pflkit.config import load_config
+from pflkit.config import ConfigError, load_config
 from pflkit.federation import ResultsFolder
-from pflkit.federation.archive import ARCHIVE, PACKED_SWEEP_RECORD, write_archive
+from pflkit.federation.archive import ARCHIVE, PACKED_SWEEP_RECORD, read_archive, write_archive
 from pflkit.federation.packing import PackError, pack_folder, read_sweep_record, unpack_folder
 from pflkit.federation.results import PackedFolderError
 from pflkit.run.experiment import resume_experiment, run_experiment
@@ -55,16 +55,16 @@ def packed(finished, tmp_path) -> tuple[Path, dict[str, bytes]]:
     return folder, before
 
 
-def test_pack_leaves_config_and_one_archive_and_unpack_restores_every_byte(packed) -> None:
+def test_pack_leaves_one_archive_and_unpack_restores_every_byte(finished, packed) -> None:
     folder, before = packed
-    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == ["config.toml", ARCHIVE]  # nor the lock
+    assert sorted(p.name for p in folder.iterdir() if p.is_file()) == [ARCHIVE]  # nor config.toml, nor the lock
+    assert "config.toml" in read_archive(folder / ARCHIVE)
     assert (folder / "checkpoints").is_dir() and (folder / "plots").is_dir()  # left as they were
     assert "already packed" in CliRunner().invoke(main, ["pack", str(folder)]).output
-    mtimes = {p.name: int(p.stat().st_mtime) for p in folder.iterdir()}
     result = CliRunner().invoke(main, ["unpack", str(folder.parent)])
     assert result.exit_code == 0, result.output
     assert files(folder) == before
-    assert mtimes["config.toml"] == int((folder / "config.toml").stat().st_mtime)
+    assert int((folder / "config.toml").stat().st_mtime) == int((finished / "config.toml").stat().st_mtime)
     pack_folder(folder)
     first = (folder / ARCHIVE).read_bytes()
     unpack_folder(folder)
@@ -81,7 +81,9 @@ def test_a_packed_folder_reads_as_the_plain_one(finished, packed, tmp_path) -> N
     assert cell.histories() == plain.histories()
     assert cell.summary() == plain.summary()
     assert cell.partition(0) == plain.partition(0) == json.loads(plain.partition_path(0).read_text())
+    assert cell.has_config() and cell.config_text() == plain.config_path.read_text()
     assert cell.config_table() == plain.config_table()
+    assert cell.load_config() == plain.load_config() == load_config(plain.config_path)
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     md_plain, _ = build_report([finished], tmp_path / "a")
@@ -90,7 +92,7 @@ def test_a_packed_folder_reads_as_the_plain_one(finished, packed, tmp_path) -> N
     result = CliRunner().invoke(main, ["plot", "ala", str(folder)])
     assert result.exit_code == 0, result.output
     assert (folder / "plots" / "ala.png").is_file()
-    assert top_files(folder) == ["config.toml", ARCHIVE]
+    assert top_files(folder) == [ARCHIVE]
 
 
 def test_a_complete_packed_folder_resumes_as_a_no_op_and_is_never_written(packed) -> None:
@@ -103,6 +105,26 @@ def test_a_complete_packed_folder_resumes_as_a_no_op_and_is_never_written(packed
         ResultsFolder(folder).append_record({"algorithm": "fedavg", "seed": 0, "round": 9})
     result = CliRunner().invoke(main, ["run", *TINY, "--out", str(folder)])
     assert result.exit_code != 0 and "already exists" in result.output
+    result = CliRunner().invoke(main, ["run", "--resume", str(folder)])
+    assert result.exit_code == 0 and "nothing to resume" in result.output, result.output
+    assert (folder / ARCHIVE).read_bytes() == archive and top_files(folder) == [ARCHIVE]
+
+
+def test_a_packed_folders_config_toml_still_names_its_config(finished, packed, tmp_path) -> None:
+    folder, _ = packed
+    saved = folder / "config.toml"
+    result = CliRunner().invoke(main, ["config", str(saved)])  # read from the archive
+    assert result.exit_code == 0, result.output
+    assert result.output == (finished / "config.toml").read_text()
+    result = CliRunner().invoke(main, ["config", str(saved), "rounds=1"])
+    assert result.exit_code == 0 and "rounds = 1\n" in result.output, result.output
+    with pytest.raises(ConfigError, match=f"pflkit unpack {folder}"):  # readers of a file by its path
+        load_config(saved)
+    rerun = tmp_path / "rerun"
+    result = CliRunner().invoke(main, ["run", str(saved), "--out", str(rerun), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert ResultsFolder(rerun).config_text() == ResultsFolder(folder).config_text()  # the same config, run again
+    assert ResultsFolder(rerun).status()["status"] == "complete"
 
 
 def test_pack_refuses_an_unfinished_run_and_a_packed_unfinished_run_is_not_resumed(tmp_path) -> None:
@@ -146,6 +168,21 @@ def test_pack_finishes_an_interrupted_pack_and_refuses_a_differing_copy(packed) 
         unpack_folder(folder)
 
 
+def test_pack_moves_a_config_left_out_of_an_archive_into_it(packed) -> None:
+    folder, before = packed
+    members = read_archive(folder / ARCHIVE)
+    config = members.pop("config.toml")
+    write_archive(folder / ARCHIVE, members)  # packed by an earlier pflkit: config.toml stayed plain
+    (folder / "config.toml").write_bytes(config[0])
+    assert ResultsFolder(folder).config_text() == before["config.toml"].decode()
+    line = pack_folder(folder)
+    assert line == f"{folder}: moved config.toml into {ARCHIVE} (now {(folder / ARCHIVE).stat().st_size} bytes)"
+    assert top_files(folder) == [ARCHIVE] and read_archive(folder / ARCHIVE)["config.toml"][0] == before["config.toml"]
+    assert pack_folder(folder).endswith("already packed")
+    unpack_folder(folder)
+    assert files(folder) == before
+
+
 @pytest.mark.integration
 def test_a_sweep_skips_a_packed_complete_cell_and_reports_from_packed_files(tmp_path) -> None:
     grid = ["dataset=synthetic", "rounds=1", 'algorithms=["fedavg"]', "num_clients=[3,4]"]
@@ -159,6 +196,8 @@ def test_a_sweep_skips_a_packed_complete_cell_and_reports_from_packed_files(tmp_
     assert "sweep sweep: num_clients" in md.read_text()
     archives = {p: p.read_bytes() for p in parent.rglob(ARCHIVE)}
     assert len(archives) == 2
+    with pytest.raises(ConfigError, match="was run with another config"):  # the packed cells' configs are read
+        run_sweep(None, [*grid[:-1], "rounds=2", grid[-1]], parent, progress=False, echo=lambda s: None)
     again = run_sweep(None, grid, parent, progress=False, echo=lambda s: None)
     assert again["cells"] == first["cells"]
     assert {p: p.read_bytes() for p in parent.rglob(ARCHIVE)} == archives  # skipped: nothing rewritten

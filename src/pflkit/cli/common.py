@@ -5,26 +5,58 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from ..config import BaseConfig
+    from ..federation import ResultsFolder
 
 _OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*=")
 
 
 def _split(args: tuple[str, ...]) -> tuple[str | None, list[str]]:
     """One CONFIG.toml and key=value overrides; a path whose folder names hold ``=`` (a sweep
-    cell's ``results/sp/fedala.p=2/config.toml``) is the config, not an override."""
+    cell's ``results/sp/fedala.p=2/config.toml``, plain or packed) is the config, not an override."""
     config = None
     overrides = []
     for arg in args:
-        if _OVERRIDE.match(arg) and not (arg.endswith(".toml") and Path(arg).is_file()):
+        if _OVERRIDE.match(arg) and not (arg.endswith(".toml") and (Path(arg).is_file() or _packed_config(arg))):
             overrides.append(arg)
         elif config is None:
             config = arg
         else:
             raise click.UsageError(f"unexpected argument {arg!r}: give one CONFIG.toml and key=value overrides")
     return config, overrides
+
+
+def _packed_config(path: str) -> ResultsFolder | None:
+    """The packed results folder whose config.toml ``path`` names, or None:
+    ``pflkit pack`` moved that file into the folder's records.tar.xz."""
+    from ..federation.results import CONFIG_FILE, ResultsFolder
+
+    target = Path(path)
+    if target.name != CONFIG_FILE or target.exists():
+        return None
+    results = ResultsFolder(target.parent)
+    try:
+        return results if results.packed and results.has_config() else None
+    except ValueError:  # a damaged archive: reading the config names it
+        return results
+
+
+def load_cli_config(path: str | None, overrides: Sequence[str]) -> BaseConfig:
+    """The config of CONFIG.toml and overrides; ``<folder>/config.toml`` of a packed results folder
+    is read from its archive, so ``pflkit run <folder>/config.toml`` reruns a packed cell too."""
+    from ..config import load_config
+
+    results = _packed_config(path) if path is not None else None
+    if results is None:
+        return load_config(path, overrides)
+    return load_config(path, overrides, data=results.config_table())
 
 
 # What bad input raises (configs, data files, partitions, NaN losses, folders): reported as one

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 import tomli_w
 
-from ..config import describe_keys, load_config, to_dict
+from ..config import describe_keys, to_dict
 from .app import main
-from .common import USER_ERRORS, _split, check_writable_folder, fail, interrupted
+from .common import USER_ERRORS, _split, check_writable_folder, fail, interrupted, load_cli_config
 
 EPILOG = """\b
 Examples:
@@ -71,7 +71,7 @@ def run(
                 resume_experiment(resume, progress=not quiet, echo=click.echo)
                 return
             config_path, overrides = _split(args)
-            config = load_config(config_path, overrides)
+            config = load_cli_config(config_path, overrides)
             check_writable_folder(out if out is not None else Path("results"))
             if on == "flower-simulation":
                 from ..flower.simulation import FLOWER_LOG, run_on_flower_simulation
@@ -128,7 +128,7 @@ def config(args: tuple[str, ...], keys: bool) -> None:
         return
     try:
         config_path, overrides = _split(args)
-        click.echo(tomli_w.dumps(to_dict(load_config(config_path, overrides))), nl=False)
+        click.echo(tomli_w.dumps(to_dict(load_cli_config(config_path, overrides))), nl=False)
     except USER_ERRORS as exc:
         fail(exc)
 

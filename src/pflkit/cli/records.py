@@ -45,10 +45,11 @@ def _each(folders: tuple[Path, ...], packed: bool, act: Callable[[Path], str]) -
 )
 @FOLDERS
 def pack(folders: tuple[Path, ...]) -> None:
-    """Pack every complete results folder at or below FOLDERS: config.toml stays, every other file
-    of the folder's top level goes, byte for byte, into records.tar.xz (checked by reading it back);
-    subfolders (checkpoints/, plots/) stay as they are. Every reader of pflkit reads a packed folder
-    as the plain one; a run never writes into it. Running or unfinished folders are refused."""
+    """Pack every complete results folder at or below FOLDERS: every file of the folder's top
+    level, config.toml included, goes byte for byte into records.tar.xz (checked by reading it
+    back); subfolders (checkpoints/, plots/) stay as they are. Every reader of pflkit reads a packed
+    folder as the plain one (pflkit run FOLDER/config.toml reads the config from the archive); a run
+    never writes into it. Running or unfinished folders are refused."""
     from ..federation.packing import pack_folder
 
     _each(folders, False, pack_folder)

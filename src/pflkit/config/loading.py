@@ -88,6 +88,12 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     """A config file's table, with errors naming the file."""
     path = Path(path)
     if not path.exists():
+        packed = path.parent / "records.tar.xz"
+        if path.name == "config.toml" and packed.is_file():  # pflkit pack moved it into the archive
+            raise ConfigError(
+                f"config file {path} is in {packed} (its results folder is packed): pflkit run and "
+                f"pflkit config read it from there; elsewhere restore it first: pflkit unpack {path.parent}"
+            )
         raise ConfigError(f"config file {path} does not exist")
     if not path.is_file():
         raise ConfigError(f"config file {path} is not a file")

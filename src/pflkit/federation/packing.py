@@ -1,9 +1,10 @@
 """Packing results folders (``pflkit pack`` / ``pflkit unpack``).
 
-``pack`` moves every plain file at the top level of a complete results folder except config.toml
-(run.json, metrics.jsonl, summary.json, partition-seed<k>.json, ...) into one ``records.tar.xz``,
+``pack`` moves every plain file at the top level of a complete results folder (config.toml,
+run.json, metrics.jsonl, summary.json, partition-seed<k>.json, ...) into one ``records.tar.xz``,
 byte for byte: the archive is written under a temporary name, read back and compared, and only
-then takes its name and the plain files go. ``unpack`` writes them back (same bytes, same
+then takes its name and the plain files go. A folder packed while config.toml stayed plain (an earlier
+pflkit left it out) has it moved into the archive by the next pack. ``unpack`` writes them back (same bytes, same
 modification times) and removes the archive. Subfolders (checkpoints/, plots/, states/, trace/)
 are left where they are, untouched. Both hold the folder's lock: a folder a run is writing is
 refused, and so is a folder whose run is not complete. A sweep folder's sweep.json (the record of
@@ -19,11 +20,18 @@ from pathlib import Path
 from typing import Any
 
 from .archive import ARCHIVE, PACKED_SWEEP_RECORD, SWEEP_RECORD, read_archive, write_archive, xz
-from .results import LOCK_FILE, RUN_FILE, FolderBusyError, ResultsFolder, folder_lock, parse_json_object
+from .results import (
+    CONFIG_FILE,
+    LOCK_FILE,
+    RUN_FILE,
+    FolderBusyError,
+    ResultsFolder,
+    folder_lock,
+    parse_json_object,
+)
 
-#: what stays a plain file in a packed folder: the config (``pflkit run <folder>/config.toml``
-#: reruns it) and the lock, which is no record
-KEPT = frozenset({"config.toml", LOCK_FILE})
+#: what stays a plain file in a packed folder: only the lock, which is no record
+KEPT = frozenset({LOCK_FILE})
 _PARTIAL = ARCHIVE + ".tmp"
 
 
@@ -38,7 +46,7 @@ def results_folders(top: Path, packed: bool = False) -> Iterator[Path]:
     for folder, subfolders, files in os.walk(top):
         names = set(files)
         subfolders.sort()
-        if ARCHIVE in names or (not packed and names & {"config.toml", RUN_FILE}):
+        if ARCHIVE in names or (not packed and names & {CONFIG_FILE, RUN_FILE}):
             subfolders.clear()
             yield Path(folder)
         elif PACKED_SWEEP_RECORD in names or (not packed and SWEEP_RECORD in names):
@@ -46,7 +54,7 @@ def results_folders(top: Path, packed: bool = False) -> Iterator[Path]:
 
 
 def _is_results_folder(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in ("config.toml", RUN_FILE, ARCHIVE))
+    return any((folder / name).is_file() for name in (CONFIG_FILE, RUN_FILE, ARCHIVE))
 
 
 def has_sweep_record(folder: Path) -> bool:
@@ -115,10 +123,16 @@ def pack_folder(folder: Path) -> str:
                 "continue it with pflkit run --resume first)"
             )
         records = _records(folder)
-        if results.packed:
-            _drop_copies(results, records)
-            return f"{folder}: already packed"
         files = {name: (path.read_bytes(), int(path.stat().st_mtime)) for name, path in records.items()}
+        added: dict[str, tuple[bytes, int]] = {}
+        if results.packed:
+            members = results.archived()
+            _drop_copies(results, {name: path for name, path in records.items() if name in members})
+            added = {name: files[name] for name in files if name not in members}
+            if not added:
+                return f"{folder}: already packed"
+            files = {**members, **added}  # a file left out of the archive (config.toml, packed earlier) goes in
+            records = {name: records[name] for name in added}
         partial = folder / _PARTIAL
         write_archive(partial, files)
         _fsynced(partial)
@@ -129,6 +143,8 @@ def pack_folder(folder: Path) -> str:
         for path in records.values():
             path.unlink()
     before, after = sum(len(data) for data, _ in files.values()), results.archive_path.stat().st_size
+    if added:
+        return f"{folder}: moved {', '.join(sorted(added))} into {ARCHIVE} (now {after} bytes)"
     return f"{folder}: packed {len(files)} files ({before} bytes) into {ARCHIVE} ({after} bytes)"
 
 

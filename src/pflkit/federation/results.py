@@ -13,9 +13,9 @@ tensorboard/      <algorithm>-seed<k>/, one TensorBoard run per method and seed 
 flower.log        Flower's full log of a run on its Simulation Engine
 .lock             held (``flock``) by the process that writes the folder: a second one is refused
 
-A packed folder (``pflkit pack``) keeps config.toml and holds every other file of its top level,
-byte for byte, in records.tar.xz (``archive``); it is read exactly as the plain one and never
-written (``pflkit unpack`` restores the plain files).
+A packed folder (``pflkit pack``) holds every file of its top level, config.toml included, byte
+for byte, in records.tar.xz (``archive``); it is read exactly as the plain one and never written
+(``pflkit unpack`` restores the plain files).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import fcntl
@@ -44,6 +44,9 @@ from .. import __version__
 from .archive import ARCHIVE, read_archive
 from .checkpoint import load_checkpoint
 from .driver import RunState
+
+if TYPE_CHECKING:
+    from ..config import BaseConfig
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -189,6 +192,7 @@ def parse_json_object(content: bytes, where: str) -> dict[str, Any]:
 #: written before run.json named its format is format 1.
 RECORDS_FORMAT = 1
 RUN_FILE = "run.json"
+CONFIG_FILE = "config.toml"
 
 
 class PackedFolderError(RuntimeError):
@@ -197,8 +201,10 @@ class PackedFolderError(RuntimeError):
 
 class ResultsFolder:
     """One results folder (the layout above): its paths, writing it while a run goes on, and
-    reading it back (``status``: run.json, ``config_table``: config.toml, ``records`` and
-    ``histories``: metrics.jsonl, ``summary``: summary.json) for resumes, sweeps and reports."""
+    reading it back (``status``: run.json, ``config_text``, ``config_table`` and ``load_config``:
+    config.toml, ``records`` and ``histories``: metrics.jsonl, ``summary``: summary.json) for
+    resumes, sweeps and reports. ``config_path`` is where a run writes its config: a packed
+    folder's is in its archive, so readers go through these methods."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -255,7 +261,7 @@ class ResultsFolder:
 
     @property
     def config_path(self) -> Path:
-        return self.root / "config.toml"
+        return self.root / CONFIG_FILE
 
     @property
     def metrics_path(self) -> Path:
@@ -305,7 +311,7 @@ class ResultsFolder:
         if self.status()["status"] == "complete":
             raise FileExistsError(f"results folder {self.root} holds a complete run; choose another out")
         self.check_resumable(backend)
-        saved = dict(resolve(tomllib.loads(self.config_path.read_text(encoding="utf-8"))))
+        saved = dict(resolve(self.config_table()))
         keys = [k for k in differences(saved, dict(config)) if k not in EXECUTION_KEYS]
         if keys:
             raise FileExistsError(
@@ -324,10 +330,8 @@ class ResultsFolder:
                 kept = {key: previous[key] for key in ("config_sha256", "backend") if key in previous}
                 kept["config_sha256"] = previous["config_sha256"]
             except (RuntimeError, KeyError):  # an unreadable run.json: the digest of the config the folder holds
-                if self.config_path.is_file():
-                    kept = {
-                        "config_sha256": config_digest(self.config_path.read_text(encoding="utf-8", errors="replace"))
-                    }
+                if self.has_config():
+                    kept = {"config_sha256": config_digest(self.config_text(errors="replace"))}
         info = {
             "status": status,
             "pflkit_version": __version__,
@@ -379,10 +383,10 @@ class ResultsFolder:
                 f"({__version__}) writes format {RECORDS_FORMAT}: resume it with a pflkit that writes "
                 f"format {written!r}, or start a new run"
             )
-        if not self.config_path.is_file():
+        if not self.has_config():
             raise FileNotFoundError(f"{self.root} has no config.toml: it cannot be resumed")
         digest = status.get("config_sha256")
-        text = self.config_path.read_text(encoding="utf-8", errors="replace")
+        text = self.config_text(errors="replace")
         if digest is not None and digest != config_digest(text):
             raise RuntimeError(
                 f"{self.config_path} was edited after the run started, so its checkpoints and "
@@ -390,13 +394,34 @@ class ResultsFolder:
                 f"edited config (pflkit run {self.config_path} --out NEW_FOLDER)"
             )
 
+    def has_config(self) -> bool:
+        """Whether the folder holds config.toml (plain, or in its archive)."""
+        return self.has(CONFIG_FILE)
+
+    def config_text(self, errors: str = "strict") -> str:
+        """config.toml's text (plain, or from the archive of a packed folder); FileNotFoundError
+        naming the folder where it holds none, UnicodeDecodeError (``errors="strict"``) where it is
+        not UTF-8."""
+        return self.read_bytes(CONFIG_FILE).decode("utf-8", errors=errors)
+
     def config_table(self) -> dict[str, Any]:
         """config.toml as saved (the resolved tables, neither validated nor warned about), or an
         error naming the file."""
         try:
-            return tomllib.loads(self.config_path.read_text(encoding="utf-8"))
+            return tomllib.loads(self.config_text())
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{self.config_path} is not a readable config ({exc})") from None
+            raise ValueError(f"{self.where(CONFIG_FILE)} is not a readable config ({exc})") from None
+
+    def load_config(self) -> BaseConfig:
+        """config.toml validated, as ``pflkit.config.load_config`` reads a config file (a
+        ConfigError names the file, or the archive that holds it)."""
+        from ..config import ConfigError, load_config
+
+        try:
+            table = self.config_table()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return load_config(self.where(CONFIG_FILE), data=table)
 
     def records(self) -> list[dict[str, Any]]:
         """Every record of metrics.jsonl in the order written; none where the file does not exist."""

@@ -224,7 +224,7 @@ def run_on_flower(
     config_dict = to_dict(config)
     kind = "flower-simulation" if simulation else "flower"
     with results.locked():
-        if results.start_or_resume(config_dict, lambda saved: resolved(saved, str(results.config_path)), kind):
+        if results.start_or_resume(config_dict, lambda saved: resolved(saved, results.where("config.toml")), kind):
             if simulation:
                 check_simulation_resumable(config, results)
             log.info("continuing the unfinished run in %s from its checkpoints", results.root)

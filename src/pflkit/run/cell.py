@@ -22,12 +22,12 @@ def run_cell(config: BaseConfig, folder: Path, callbacks: Sequence[Callback] = (
     results = ResultsFolder(folder)
     out: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname()}
     try:
-        if results.config_path.is_file() and results.status().get("status") == "running":
+        if results.has_config() and results.status().get("status") == "running":
             out["resumed_from_pid"] = results.status().get("pid")
         out["summary"] = run_experiment(
             config,
             folder,
-            resume=results.config_path.is_file(),
+            resume=results.has_config(),
             progress=False,
             echo=lambda s: None,
             callbacks=callbacks,

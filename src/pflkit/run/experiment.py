@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..algorithms import ClientSummary
-from ..config import BaseConfig, ConfigError, load_config, to_dict
+from ..config import BaseConfig, ConfigError, to_dict
 from ..data.federated import FederatedData
 from ..data.partition.words import partition_words
 from ..engines import Engine, RoundSetup, build_engine
@@ -210,7 +210,7 @@ def resume_experiment(out: str | Path, **kwargs: Any) -> dict[str, Any]:
     results = ResultsFolder(out)
     results.check_resumable()
     try:
-        config = load_config(results.config_path)
+        config = results.load_config()
     except ConfigError as exc:
         raise ConfigError(f"cannot resume {results.root}: its config.toml does not load: {exc}") from None
     return run_experiment(config, out, resume=True, **kwargs)

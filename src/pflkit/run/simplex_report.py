@@ -12,7 +12,6 @@ import torch
 
 from ..algorithms.simplex import realise
 from ..algorithms.sosicfl import SosicFL
-from ..config import load_config
 from ..data.federated import FederatedData
 from ..federation import ResultsFolder, initial_params, partition_seed
 from ..federation.checkpoint import load_checkpoint
@@ -39,7 +38,7 @@ def load_simplex_run(run: str | Path, algorithm: str = "sosicfl", seed: int | No
     """Load ``algorithm``'s run at ``seed`` (default: the config's first seed) from the results
     folder ``run``; a clear error when the run, its checkpoint or its simplex is missing."""
     results = ResultsFolder(run)
-    config = load_config(results.config_path)
+    config = results.load_config()
     if algorithm not in config.algorithms:
         raise ValueError(f"{results.root} has no {algorithm!r} run; it ran {', '.join(config.algorithms)}")
     seed = config.seeds[0] if seed is None else seed

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import tomllib
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from ..federation import ResultsFolder, build_partitions, folder_lock, partition
 from ..federation.archive import PACKED_SWEEP_RECORD, SWEEP_RECORD
 from ..federation.driver import Callback
 from ..federation.preparation import load_pool
-from ..federation.results import EXECUTION_KEYS, atomic_write_text, differences
+from ..federation.results import CONFIG_FILE, EXECUTION_KEYS, atomic_write_text, differences
 from ..reporting import plot_sweep
 from ..reporting.summary import round_seconds, summary_metrics
 from .cell import run_cell
@@ -183,16 +182,13 @@ def check_cells(cells: Sequence[tuple[list[tuple[str, Any]], BaseConfig]]) -> No
             raise ConfigError(f"sweep cell {cell_name(assignment)}: {exc}") from None
 
 
-def saved_differences(path: Path, config: BaseConfig) -> list[str]:
-    """The dotted keys in which the config saved at ``path`` differs from ``config`` (a saved
-    config that no longer loads: its error)."""
+def saved_differences(results: ResultsFolder, config: BaseConfig) -> list[str]:
+    """The dotted keys in which the config saved in ``results`` (plain or packed) differs from
+    ``config`` (a saved config that no longer loads: its error)."""
     try:
-        return [
-            k
-            for k in differences(resolved(tomllib.loads(path.read_text(encoding="utf-8")), str(path)), to_dict(config))
-            if k not in EXECUTION_KEYS
-        ]
-    except (ConfigError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        saved = resolved(results.config_table(), results.where(CONFIG_FILE))
+        return [k for k in differences(saved, to_dict(config)) if k not in EXECUTION_KEYS]
+    except ValueError as exc:  # ConfigError too
         return [f"(its config.toml does not load: {str(exc).splitlines()[0]})"]
 
 
@@ -254,8 +250,8 @@ def run_sweep(
     with folder_lock(parent, "sweep folder"):
         for assignment, config in cells:
             folder = parent / cell_name(assignment)
-            saved = ResultsFolder(folder).config_path
-            changed = saved_differences(saved, config) if saved.is_file() else []
+            saved = ResultsFolder(folder)
+            changed = saved_differences(saved, config) if saved.has_config() else []
             if changed:
                 raise ConfigError(
                     f"sweep cell {folder} was run with another config (it differs in "

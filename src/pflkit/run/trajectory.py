@@ -12,7 +12,6 @@ import torch
 from sklearn.decomposition import PCA
 from torch.nn import functional as F
 
-from ..config import load_config
 from ..federation import ResultsFolder, initial_params, partition_seed
 from ..federation.preparation import build_partitions, resolve_device
 from ..functional import forward
@@ -49,7 +48,7 @@ def trajectory_picture(
     algorithm's path of client ``client``'s model, on one PCA plane, over the client's training loss
     (at most ``samples`` of its training samples) on a ``grid`` × ``grid`` lattice of that plane."""
     results = ResultsFolder(run)
-    config = load_config(results.config_path)
+    config = results.load_config()
     seed = config.seeds[0] if seed is None else seed
     traces = {}
     for algorithm in config.algorithms:

@@ -34,7 +34,7 @@ def build_report(
         )
     sections = []
     for path in map(Path, paths):
-        cells = cell_folders(path) if not ResultsFolder(path).config_path.is_file() else []
+        cells = cell_folders(path) if not ResultsFolder(path).has_config() else []
         if cells and one_setting(cells):
             sections.append(table_section(path, cells))
         elif has_sweep_record(path):

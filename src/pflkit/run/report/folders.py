@@ -16,7 +16,7 @@ from ...reporting import summarize
 
 def cell_folders(folder: Path) -> list[Path]:
     """The results folders directly under ``folder`` (a sweep's or a table's cells)."""
-    return sorted(p for p in folder.iterdir() if ResultsFolder(p).config_path.is_file()) if folder.is_dir() else []
+    return sorted(p for p in folder.iterdir() if ResultsFolder(p).has_config()) if folder.is_dir() else []
 
 
 def one_setting(cells: Sequence[Path]) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...config import BaseConfig, load_config
+from ...config import BaseConfig
 from ...federation import ResultsFolder
 from ...methods import REGISTRY
 from ...reporting import summarize
@@ -120,7 +120,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
                     unfinished.setdefault(key, f"{key[0]} seed {key[1]} (round {reached} so far, `{folder.name}/`)")
     if first is None:
         return None
-    config = load_config(first.config_path)
+    config = first.load_config()
     rows = []
     for method in sorted({m for m, _ in histories}):
         seeds = sorted(s for m, s in histories if m == method)

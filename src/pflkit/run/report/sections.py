@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...config import load_config
 from ...data.partition.words import partition_words
 from ...federation import ResultsFolder
 from ...federation.packing import read_sweep_record
@@ -47,9 +46,9 @@ def run_section(folder: Path) -> Section:
     """The section of one results folder: its setting, main table, paper comparison, time to
     accuracy and figures."""
     results = ResultsFolder(folder)
-    if not results.config_path.is_file():
+    if not results.has_config():
         raise ValueError(f"{folder} is not a results folder (no config.toml)")
-    config = load_config(results.config_path)
+    config = results.load_config()
     section = Section(f"{config.name} ({folder.name})")
     if results.has_summary():
         summary: dict[str, Any] = results.summary()
@@ -139,7 +138,7 @@ def sweep_section(folder: Path) -> Section:
     if (folder / "sweep.png").is_file():
         section.figures.append((folder / "sweep.png", f"{record['metric']} against {record['axes'][0]['key']}"))
     if record["cells"]:
-        config = load_config(ResultsFolder(folder / record["cells"][0]["folder"]).config_path)
+        config = ResultsFolder(folder / record["cells"][0]["folder"]).load_config()
         if config.paper_table and paper_cell(config.paper_table).get("sweep"):
             section.tables.append(sweep_paper_table(record, paper_cell(config.paper_table)))
     return section
@@ -150,7 +149,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
     per method the best accuracy (mean ± std over seeds), the round it was reached and the rounds
     run (the plateau rule or the cap), the paper's number and the difference, and the wall time;
     unfinished cells are listed with the round they reached, their best so far and the machine."""
-    config = load_config(cells[0] / "config.toml")
+    config = ResultsFolder(cells[0]).load_config()
     histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
     wall: dict[tuple[str, int], float] = {}
     machines: set[str] = set()
