@@ -13,6 +13,7 @@ from . import feddyn, moon  # noqa: F401
 from . import apfl, fedbabu  # noqa: F401
 from . import scaffold  # noqa: F401
 from . import fedbn  # noqa: F401
+from . import fedpac  # noqa: F401
 
 # isort: on
 from .base import Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained, Upload

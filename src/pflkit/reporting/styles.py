@@ -51,6 +51,7 @@ METHODS: tuple[str, ...] = (
     "fedbabu",
     "scaffold",
     "fedbn",
+    "fedpac",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
