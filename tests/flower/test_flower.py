@@ -198,6 +198,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["feddyn", "moon+ala"],
         ["apfl+ala", "fedbabu"],
         ["scaffold", "scaffold+ala"],
+        ["fedpac", "fedpac+ala"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):
