@@ -311,6 +311,7 @@ FedPAC.card = MethodCard(
         "`train_loss` includes λ times the alignment term; `head_loss` is the head epochs' loss.",
         "The server keeps each client's combined head and the global prototypes: checkpoints carry them and a "
         "resumed run continues them.",
+        "A client that has not trained yet receives the initial head, as in the authors' code.",
         "The global model, scored on the global test data, is the sample-weighted average of the models, "
         "heads included (the authors' server computes it too, and sends only its body).",
     ),
