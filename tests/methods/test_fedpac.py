@@ -21,6 +21,7 @@ from pflkit.algorithms.fedpac import (
     PROTOS,
     SEEN,
     collaboration_weights,
+    combine,
     feature_moments,
     feature_statistics,
     simplex_qp,
@@ -104,6 +105,13 @@ def test_a_matrix_with_a_negative_eigenvalue_keeps_its_part_of_eigenvalues_of_at
     p = np.array([[1.0, 0.0], [0.0, -0.5]])  # keeps diag(1, 0): all weight on the free direction
     np.testing.assert_allclose(simplex_qp(p), [0.0, 1.0], atol=1e-6)
     assert simplex_qp(np.diag([0.005, -1.0])) is None  # nothing >= 0.01 remains: the client keeps its head
+
+
+def test_a_head_combination_divides_by_the_sum_of_the_weights_left_after_zeroing():
+    """agg_classifier_weighted_p: sum_j a_j g_j / sum_j a_j (the zeroed weights leave a sum below 1)."""
+    heads = [{"fc.weight": torch.full((2, 3), 1.0)}, {"fc.weight": torch.full((2, 3), 4.0)}]
+    combined = combine(heads, np.array([0.2, 0.05]))
+    torch.testing.assert_close(combined["fc.weight"], torch.full((2, 3), 1.6))
 
 
 # ============================================================================ the client
