@@ -158,7 +158,7 @@ def test_ditto_and_pfedme_newcomers_start_their_personal_model_from_the_received
 
 
 # ---- engines, resume, Flower -------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["fedavg", "fedala", "ditto", "fedrep", "pfedme"])
+@pytest.mark.parametrize("name", ["fedavg", "fedala", "ditto", "fedrep", "pfedme", "fedpac"])
 def test_engines_agree_on_the_newcomers(name):
     loop = unseen_records(name, LoopEngine(), finetune=1)
     for engine in (ParallelEngine(2), VmapEngine(2)):
