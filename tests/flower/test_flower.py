@@ -201,6 +201,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["fedproto", "fedgh+ala"],
         ["feddbe+ala", "fedcp"],
         ["fedcac+ala", "fedas"],
+        ["gpfl"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):

@@ -57,6 +57,7 @@ METHODS: tuple[str, ...] = (
     "fedcp",
     "fedcac",
     "fedas",
+    "gpfl",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
