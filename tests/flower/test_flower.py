@@ -202,6 +202,7 @@ def assert_same_records(flower_records: list[dict], sim_records: list[dict]) -> 
         ["feddbe+ala", "fedcp"],
         ["fedcac+ala", "fedas"],
         ["fedpac", "fedpac+ala"],
+        ["gpfl"],
     ],
 )
 def test_flower_run_in_process_matches_the_simulator(tmp_path, algorithms):

@@ -215,3 +215,21 @@ def test_fedcp_server_cpn_draw_follows_the_run_seed():
     name = CPN.name("cpn.weight")
     assert not torch.equal(a[name], b[name])
     assert float(a[name].abs().max()) <= D**-0.5
+
+
+@pytest.mark.integration
+def test_fedcp_resumes_after_an_interruption_to_the_uninterrupted_numbers(tmp_path, fast_config):
+    from pflkit.config import load_config
+    from pflkit.run.experiment import resume_experiment, run_experiment
+    from tests.support.runs import InterruptAfter, records_without_timings
+
+    config = load_config(None, [*fast_config, 'algorithms=["fedcp"]', "rounds=4"])
+    run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):  # after round 2: the client state of rounds 1-2 must carry over
+        run_experiment(
+            config, tmp_path / "cut", progress=False, echo=lambda s: None, callbacks=[InterruptAfter("fedcp", 2)]
+        )
+    resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
+    records = records_without_timings(tmp_path / "cut")
+    assert records == records_without_timings(tmp_path / "full")
+    assert [r["round"] for r in records if "round" in r][-1] == 4

@@ -122,3 +122,21 @@ def test_feddbe_refuses_a_model_without_a_linear_head():
     ctx = seeded_client(10)
     with pytest.raises(ValueError, match="linear head"):
         build("feddbe", ctx).check_model(build_model("squeezenet1_1", (3, 32, 32), 10))
+
+
+@pytest.mark.integration
+def test_feddbe_resumes_after_an_interruption_to_the_uninterrupted_numbers(tmp_path, fast_config):
+    from pflkit.config import load_config
+    from pflkit.run.experiment import resume_experiment, run_experiment
+    from tests.support.runs import InterruptAfter, records_without_timings
+
+    config = load_config(None, [*fast_config, 'algorithms=["feddbe"]', "rounds=4"])
+    run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):  # after round 2: the client state of rounds 1-2 must carry over
+        run_experiment(
+            config, tmp_path / "cut", progress=False, echo=lambda s: None, callbacks=[InterruptAfter("feddbe", 2)]
+        )
+    resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
+    records = records_without_timings(tmp_path / "cut")
+    assert records == records_without_timings(tmp_path / "full")
+    assert [r["round"] for r in records if "round" in r][-1] == 4

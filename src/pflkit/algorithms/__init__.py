@@ -17,6 +17,7 @@ from . import fedproto, fedgh  # noqa: F401
 from . import feddbe, fedcp  # noqa: F401
 from . import fedcac, fedas  # noqa: F401
 from . import fedpac  # noqa: F401
+from . import gpfl  # noqa: F401
 
 # isort: on
 from .base import Algorithm, ClientSummary, Init, ModelState, Payload, SentUpload, Settings, State, Trained, Upload

@@ -294,7 +294,8 @@ FedCP.card = MethodCard(
     ),
     notes=(
         "`train_loss` includes λ MMD.",
-        "head_p, v and the CPN are entries between body and head (`between.fedcp.*`); checkpoints carry them.",
+        "head_p, v and the CPN are entries between body and head (`between.fedcp.*`); checkpoints carry them and "
+        "whether the client has trained, and a resumed run continues them.",
         "No `+ala`: the received head is the frozen global head, and the scored model mixes it with head_p "
         "sample by sample through the CPN, which ALA's objective on the plain model does not see.",
     ),

@@ -196,7 +196,7 @@ FedDBE.card = MethodCard(
     ),
     notes=(
         "`train_loss` includes κ times the regulariser.",
-        "c is client state and m_g server state: checkpoints carry both.",
+        "c is client state and m_g server state: checkpoints carry both and a resumed run continues them.",
     ),
     ala_initialises="the local model; ALA's weight learning runs the model without c",
 )

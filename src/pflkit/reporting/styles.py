@@ -58,6 +58,7 @@ METHODS: tuple[str, ...] = (
     "fedcac",
     "fedas",
     "fedpac",
+    "gpfl",
 )
 #: the registry's aliases of modified methods, by the base method they modify
 ALIASES: dict[str, str] = {"fedala": "fedavg"}
