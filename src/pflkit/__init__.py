@@ -1,3 +1,3 @@
 """pflkit: personalized federated learning on PyTorch (FedALA and its baselines)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
