@@ -23,12 +23,12 @@ from torch.nn import functional as F
 
 from ..functional import Params, clone, torch_generator
 from ..functional.training import Batch, CarryLossFn, Net, cross_entropy
-from ..models import head_names
 from ..models.between import Between, Head, register_between, without_between
-from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, Settings, State, Trained
+from .base import ClientContext, Init, Payload, Settings, State, Trained
 from .card import Choice, MethodCard, Paper, Reference
 from .context import TrainBatches
 from .registry import register
+from .routed import RoutedMethod
 
 BASE = "fedcp.base."  # the received body, frozen, among the tensors a fit reads (h_0)
 KEY = "fedcp.noise_key"  # the counter of the training noise, carried from step to step
@@ -139,21 +139,16 @@ def per_client(ctx: ClientContext, purpose: str, draw: Any, like: torch.Tensor) 
 
 
 @register
-class FedCP(Algorithm):
+class FedCP(RoutedMethod):
     name = "fedcp"
     settings_class = FedCPSettings
     settings: FedCPSettings
     ala_targets = {}  # the scored model routes through the CPN and two heads (see the card)
 
+    route = CPN
+
     def __init__(self, settings: Any, train: Any, units: Any) -> None:
         super().__init__(settings, train, units)
-        if len(units) < 2:
-            raise ValueError(
-                f"{self.name} routes features between the model's body and its head: it needs a "
-                f"model of at least two units, and this model has one, {units[0][0]!r}"
-            )
-        self.head = head_names(units)
-        self.body = len(units) - 1
         self.body_names = [n for n in self.parameter_names if n not in self.head]
 
     def check_model(self, model: torch.nn.Module) -> None:
@@ -163,7 +158,7 @@ class FedCP(Algorithm):
                 "linear layer: choose a model with a linear head (digits_cnn, fedavg_cnn, resnet18, ...)"
             )
 
-    def _cpn(self, like: torch.Tensor, seed: int) -> Params:
+    def fresh_modules(self, like: torch.Tensor, seed: int) -> Params:
         """nn.Linear(d, 2d)'s default initialisation (U(±1/√d)) and a fresh layer norm."""
         d = like.shape[1]
         g, bound = torch_generator(seed, "fedcp-cpn"), d**-0.5
@@ -177,23 +172,9 @@ class FedCP(Algorithm):
             n("norm.bias"): torch.zeros_like(ones),
         }
 
-    def init_server(self, init_params: Params) -> State:
-        return {"global": {**clone(init_params), **self._cpn(init_params[self.head[0]], 0)}}
-
-    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
-        return {**server, "global": {**server["global"], **self._cpn(server["global"][self.head[0]], seed)}}
-
-    def downloaded_names(self, names: list[str]) -> list[str]:
-        """The model's entries and the CPN."""
-        return [*super().downloaded_names(names), *(n for n in names if n.startswith(CPN.prefix))]
-
-    def global_params(self, server: State) -> Params:
-        """The body with the global head (the CPN needs a client's personal head and context)."""
-        return without_between(server["global"])
-
     def init_client(self, init_params: Params, client_id: int) -> State:
         weight = init_params[self.head[0]]
-        placeholder = {k: torch.zeros_like(v) for k, v in self._cpn(weight, 0).items()}
+        placeholder = {k: torch.zeros_like(v) for k, v in self.fresh_modules(weight, 0).items()}
         personal = {CPN.name("head." + k): init_params[k].clone() for k in self.head}
         context = {CPN.name("context"): torch.zeros_like(weight[0])}
         return {

@@ -24,11 +24,11 @@ from torch.nn import functional as F
 
 from ..functional import Params, clone, torch_generator
 from ..functional.training import Batch, LossFn, Net, cross_entropy
-from ..models import head_names
 from ..models.between import Between, Head, register_between, without_between
-from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, Settings, State, Trained
+from .base import ClientContext, Init, Payload, Settings, State, Trained
 from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
+from .routed import RoutedMethod
 
 BRANCHES = ("gamma", "beta")
 
@@ -92,7 +92,7 @@ def gpfl_loss(body: int, lamda: float, mu: float) -> LossFn:
 
 
 @register
-class GPFL(Algorithm):
+class GPFL(RoutedMethod):
     name = "gpfl"
     settings_class = GPFLSettings
     settings: GPFLSettings
@@ -100,15 +100,7 @@ class GPFL(Algorithm):
     has_global_model = False  # the server never trains a head
     ala_targets = {}  # the scored model routes the features through CoV (see the card)
 
-    def __init__(self, settings: Any, train: Any, units: Any) -> None:
-        super().__init__(settings, train, units)
-        if len(units) < 2:
-            raise ValueError(
-                f"{self.name} routes features between the model's body and its head: it needs a "
-                f"model of at least two units, and this model has one, {units[0][0]!r}"
-            )
-        self.head = head_names(units)
-        self.body = len(units) - 1
+    route = COV
 
     def check_model(self, model: torch.nn.Module) -> None:
         if not getattr(model, "linear_head", False):
@@ -118,7 +110,7 @@ class GPFL(Algorithm):
                 "(digits_cnn, fedavg_cnn, resnet18, ...)"
             )
 
-    def _modules(self, like: torch.Tensor, seed: int) -> Params:
+    def fresh_modules(self, like: torch.Tensor, seed: int) -> Params:
         """CoV's nn.Linear(d, d) default initialisation (U(±1/√d)), fresh layer norms, GCE ~ N(0, 1)
         as nn.Embedding(C, d)."""
         classes, d = like.shape
@@ -133,23 +125,9 @@ class GPFL(Algorithm):
         out[COV.name("gce")] = torch.randn(classes, d, generator=g).to(like)
         return out
 
-    def init_server(self, init_params: Params) -> State:
-        return {"global": {**clone(init_params), **self._modules(init_params[self.head[0]], 0)}}
-
-    def prepare(self, server: State, clients: list[ClientSummary], seed: int = 0) -> State:
-        return {**server, "global": {**server["global"], **self._modules(server["global"][self.head[0]], seed)}}
-
-    def downloaded_names(self, names: list[str]) -> list[str]:
-        """The body, CoV and GCE."""
-        return [*super().downloaded_names(names), *(n for n in names if n.startswith(COV.prefix))]
-
-    def global_params(self, server: State) -> Params:
-        """The body with the initial head (the head is personal; CoV needs a client's inputs)."""
-        return without_between(server["global"])
-
     def init_client(self, init_params: Params, client_id: int) -> State:
         weight = init_params[self.head[0]]
-        placeholder = {k: torch.zeros_like(v) for k, v in self._modules(weight, 0).items()}
+        placeholder = {k: torch.zeros_like(v) for k, v in self.fresh_modules(weight, 0).items()}
         inputs = {COV.name(k): torch.zeros_like(weight[0]) for k in ("personal_input", "generic_input")}
         return {"model": clone(init_params), "between": {**placeholder, **inputs}}
 
