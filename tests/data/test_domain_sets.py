@@ -291,3 +291,14 @@ def test_heldout_domains_are_the_unseen_clients_of_the_config() -> None:
         }
     )
     assert config.heldout_domain_ids() == [2, 3] and config.unseen_client_ids() == [0, 2, 3]
+
+
+def test_unseen_clients_and_heldout_domains_together_must_leave_a_participant() -> None:
+    base = {
+        "dataset": "digit5",
+        "data_dir": "/nowhere",
+        "data": {"domains": ["svhn", "usps"], "heldout_domains": ["usps"]},
+    }
+    with pytest.raises(Exception, match="2 unseen clients of 2 \\(held-out domains included\\) leave none to train"):
+        build_config({**base, "run": {"unseen_clients": [0]}})
+    assert build_config(base).unseen_client_ids() == [1]

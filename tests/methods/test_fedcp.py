@@ -233,3 +233,30 @@ def test_fedcp_resumes_after_an_interruption_to_the_uninterrupted_numbers(tmp_pa
     records = records_without_timings(tmp_path / "cut")
     assert records == records_without_timings(tmp_path / "full")
     assert [r["round"] for r in records if "round" in r][-1] == 4
+
+
+def test_the_received_body_leaves_the_clients_batch_norm_statistics_alone():
+    """h_0 runs the received body (the authors' separate deepcopy): one training step updates the
+    client's running statistics once, from its own body's forward."""
+    from pflkit.algorithms import TrainSettings
+    from pflkit.algorithms.fedcp import BASE, KEY, fedcp_loss
+    from pflkit.config import load_config
+    from pflkit.functional.training import Batch, net_of
+    from pflkit.methods import build_algorithm
+    from pflkit.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("fedbn_cnn", (1, 8, 8), 10)
+    alg = build_algorithm("fedcp", load_config(None, []).algorithm_sections(), TrainSettings(), model.units())
+    init = {k: v.detach().clone() for k, v in model.named_parameters()}
+    init.update({k: b.detach().clone() for k, b in model.named_buffers() if b.is_floating_point()})
+    state = alg.init_client(init, 0)
+    received = {k: v + 0.1 for k, v in init.items() if k in alg.body_names}
+    params = {**state["model"], **state["between"], **{BASE + k: v for k, v in received.items()}}
+    params[KEY] = torch.zeros((), dtype=torch.long)
+    x, y = torch.randn(10, 1, 8, 8), torch.randint(0, 10, (10,))
+    expected = {k: v.clone() for k, v in init.items() if "running" in k}
+    net_of(model)(expected | {k: v for k, v in init.items() if "running" not in k}, x, stop=alg.body)
+    fedcp_loss(alg.body, alg.body_names, 5.0, 1.0, False)(net_of(model), params, Batch(x, y), None)
+    for k in expected:
+        torch.testing.assert_close(params[k], expected[k], msg=k)

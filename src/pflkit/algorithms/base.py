@@ -228,6 +228,12 @@ class Algorithm:
         personal = self.personal_entries(params)
         return {k: v for k, v in params.items() if k not in personal}
 
+    def smallest_full_client(self) -> int:
+        """The fewest training samples a client needs for every batch of this method's fits to be
+        full (none padded): the training batch size by default. Engines run batch-norm models
+        client by client below it (padding would enter the batch statistics)."""
+        return self.train.batch_size
+
     def check_model(self, model: nn.Module) -> None:
         """Refuse, in one line naming the method and the model, a model without the layers the
         method keeps on its clients (batch norm for a personal ``"norm"``)."""

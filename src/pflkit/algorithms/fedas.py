@@ -94,6 +94,10 @@ class FedAS(Algorithm):
     def body(self) -> int:
         return len(self.units) - 1
 
+    def smallest_full_client(self) -> int:
+        """The alignment's batches too must be full."""
+        return max(self.train.batch_size, self.settings.align_batch_size)
+
     def receive(self, payload: Payload, state: State, ctx: ClientContext) -> Init:
         local, received = state["model"], payload["global"]
         if not self.settings.align:

@@ -123,7 +123,10 @@ def fedcp_loss(body: int, body_names: list[str], lamda: float, tau: float, gumbe
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> tuple[torch.Tensor, Params]:
         h = net(params, batch.x, stop=body)
-        h0 = net({**params, **{k: params[BASE + k] for k in body_names}}, batch.x, stop=body)
+        # the received body is a model of its own (the authors' deepcopy): its training-mode batch
+        # norm updates throwaway statistics, never the client's
+        stats = {k: v.clone() for k, v in params.items() if k.endswith((".running_mean", ".running_var"))}
+        h0 = net({**params, **stats, **{k: params[BASE + k] for k in body_names}}, batch.x, stop=body)
         noise = gumbel_noise(params[KEY], (h.shape[0], 2, h.shape[1]), h) if gumbel else None
         logits = CPN.logits(params, h, lambda p, z: head(p, z, net), tau, noise)
         value = cross_entropy(logits, batch) + lamda * mmd(h, h0.detach(), batch.mask)

@@ -133,7 +133,9 @@ def collaboration_weights(variances: np.ndarray, rows: np.ndarray, min_weight: f
     for i in range(len(rows)):
         gaps = rows[i] - rows
         weights = simplex_qp(np.diag(variances) + gaps @ gaps.T)
-        out.append(None if weights is None else np.where(weights > min_weight, weights, 0.0))
+        kept = None if weights is None else np.where(weights > min_weight, weights, 0.0)
+        # every weight at or below the cut (many near-equal clients): the unzeroed weights, never 0 / 0
+        out.append(weights if kept is not None and kept.sum() == 0 else kept)
     return out
 
 

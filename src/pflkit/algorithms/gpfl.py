@@ -148,6 +148,7 @@ class GPFL(RoutedMethod):
             gpfl_loss(self.body, cfg.lamda, cfg.mu),
             aux={"gce": payload["global"][COV.name("gce")]},
             trainable=[*self.parameter_names, *shared],
+            optimizer=ctx.train.optimizer(plain=shared),  # CoV and GCE: plain SGD, μ in the loss (the authors')
         )
         model = {k: fit.params[k] for k in state["model"]}
         between = {k: fit.params[k] for k in state["between"]}
@@ -174,7 +175,7 @@ GPFL.card = MethodCard(
     "size; the server averages each (sample-weighted).",
     keeps="The head and the conditional inputs p_i and g_i.",
     scored="body, head(CoV(h, p_i))",
-    scored_detail="Global accuracy scores the body with the initial head (the server never trains a head).",
+    scored_detail="No global accuracy: the server never trains a head.",
     client_round="Overwrite the body, CoV and GCE with the received ones. Train body, head, CoV and GCE E epochs "
     "of SGD on CE(head(CoV(h, p_i))) + CE(cos(CoV(h, g_i), GCE)) + λ ||CoV(h, g_i) - GCE_0[y]||_2 (λ = 0.01), "
     "with weight decay μ = 0.1 on CoV and GCE (GCE_0: the received embedding). Set g_i to the mean of the "

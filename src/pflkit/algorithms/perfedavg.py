@@ -111,6 +111,10 @@ class PerFedAvg(Algorithm):
     settings_class = PerFedAvgSettings
     settings: PerFedAvgSettings
 
+    def smallest_full_client(self) -> int:
+        """PFLlib's split pairs halve batches of 2b: a client needs 2b samples for full halves."""
+        return 2 * self.train.batch_size if self.settings.batch_pairs == "split" else self.train.batch_size
+
     @property
     def alpha(self) -> float:
         return self.train.lr if self.settings.alpha is None else self.settings.alpha

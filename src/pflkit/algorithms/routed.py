@@ -42,7 +42,9 @@ class RoutedMethod(Algorithm):
 
     def downloaded_names(self, names: list[str]) -> list[str]:
         """The model's downloaded entries and the modules'."""
-        return [*super().downloaded_names(names), *(n for n in names if n.startswith(self.route.prefix))]
+        base = super().downloaded_names(names)
+        taken = set(base)
+        return [*base, *(n for n in names if n.startswith(self.route.prefix) and n not in taken)]
 
     def global_params(self, server: State) -> Params:
         """The global model without the modules (they need a client's own inputs)."""

@@ -157,9 +157,18 @@ class BaseConfig(BaseModel):
         domains (``data.heldout_domains``), sorted."""
         clients = self.partition.num_clients
         held = self.heldout_domain_ids()
-        if self.dataset in DOMAIN_DATASETS:  # num_clients is the domains' count once the data is read
-            clients = max(clients, max(held, default=-1) + 1)
-        return sorted(set(self.run.unseen_ids(clients)) | set(held))
+        if self.dataset in DOMAIN_DATASETS:  # num_clients becomes the domains' count once the data is read
+            domains = self.data.domains or list(DOMAIN_DATASETS[self.dataset])
+            clients = len(domains) * self.data.clients_per_domain
+            if set(domains) <= set(self.data.heldout_domains):
+                return held  # every domain held out: the domains' own check says so
+        ids = sorted(set(self.run.unseen_ids(clients)) | set(held))
+        if len(ids) >= clients:
+            raise ValueError(
+                f"{len(ids)} unseen clients of {clients} (held-out domains included) leave none to train: "
+                "keep at least one participant"
+            )
+        return ids
 
     @model_validator(mode="after")
     def _unseen_clients(self, info: ValidationInfo) -> BaseConfig:

@@ -118,7 +118,7 @@ class RunSettings(BaseModel):
         ge=0,
         le=1,
         description="unreliable clients: the chance that a selected client straggles, drawn for each "
-        "(seed, round, client): it takes only straggler_work of the local steps of each of its fits",
+        "(seed, round, client): it takes only straggler_work of the local steps of each fit of its local training",
     )
     straggler_work: float = Field(
         0.5,

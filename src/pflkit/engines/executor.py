@@ -57,7 +57,7 @@ def batching_blocker(algorithm: Any, model: UnitModel, data: FederatedData) -> s
     if missing:
         return f"{algorithm.name} needs {', '.join(sorted(missing))} client code"
     if buffer_names(model):
-        batch = algorithm.train.batch_size
+        batch = algorithm.smallest_full_client()
         small = [i for i in range(data.num_clients) if data.client(i).num_train < batch]
         if getattr(algorithm, "trains_on_receive", False):
             return (
@@ -154,12 +154,15 @@ def run_group(
 
 def finetuned(alg: Algorithm, params: Params | Ensemble, ctx: Context, epochs: int) -> tuple[Params, Metrics]:
     """A newcomer's scored model after ``epochs`` epochs of cross-entropy SGD on its training
-    split (the run's train settings, its own batch stream), and the fine-tuning's mean loss."""
+    split (the run's train settings, its own batch stream), and the fine-tuning's mean loss. The
+    model's parameters train; a method's other entries (modules between body and head, their
+    inputs) stay as the newcomer received them."""
     if isinstance(params, Ensemble):
         raise ValueError(f"{alg.name} scores an ensemble of models: unseen_finetune_epochs needs a single model")
     fit = ctx.fit(
         dict(params),
         classification_loss,
+        trainable=[k for k in alg.parameter_names if k in params],
         data=TrainBatches("unseen-finetune", epochs),
         stage="fine-tuning of an unseen client",
     )

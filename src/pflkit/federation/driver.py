@@ -358,6 +358,8 @@ class RoundDriver:
         self.newcomers = newcomers
         self.unseen = frozenset(newcomers.ids if newcomers is not None else ())
         self.participants = participants(num_clients, sorted(self.unseen))
+        if not self.participants:
+            raise ValueError(f"all {num_clients} clients are unseen: no client is left to train")
 
     def start(
         self,

@@ -10,8 +10,9 @@ same decisions without saving any random state.
   was. In a deployment a client whose reply is lost after it trained keeps its trained state on
   its node (the server cannot undo it); the simulator models a client that fails before its
   result counts.
-* A straggler completes only ``straggler_work`` of the local steps of each of its fits that
-  round (rounded down, at least one): methods see their real step counts (``Fit.steps``).
+* A straggler completes only ``straggler_work`` of the local steps of each fit of its
+  ``local_train`` that round (rounded down, at least one): methods see their real step counts
+  (``Fit.steps``). Fits of the local initialisation (ALA, FedAS's alignment) are not shortened.
 """
 
 from __future__ import annotations

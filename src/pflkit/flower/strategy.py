@@ -188,9 +188,10 @@ class PflkitStrategy(Strategy):
         clients = {node: cid for cid, node in self.nodes.items()}
         replied = {clients.get(r.metadata.src_node_id) for r in ok}
         missing = [job.client_id for job in plan.jobs if job.client_id not in replied]
-        if len(ok) < min(self.min_replies, len(plan.jobs)):
+        trained = len(plan.jobs) - len(missing)  # newcomers' replies are scores, not uploads: not counted
+        if trained < min(self.min_replies, len(plan.jobs)):
             raise RuntimeError(
-                f"{self.state.algorithm} seed {self.state.seed} round {plan.round}: {len(ok)} of "
+                f"{self.state.algorithm} seed {self.state.seed} round {plan.round}: {trained} of "
                 f"{len(plan.jobs)} clients replied, fewer than min_replies = {self.min_replies}"
             )
         if missing:

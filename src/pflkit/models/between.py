@@ -54,10 +54,6 @@ class Between:
         """The entries of this kind that the client uploads and the server averages."""
         return {k: v for k, v in self.entries(params).items() if k[len(self.prefix) :] in self.shared}
 
-    def personal_entries(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """The entries of this kind that stay on the client."""
-        return {k: v for k, v in self.entries(params).items() if k[len(self.prefix) :] not in self.shared}
-
 
 KINDS: dict[str, Between] = {}
 Kind = TypeVar("Kind", bound=Between)
