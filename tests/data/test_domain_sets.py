@@ -302,3 +302,11 @@ def test_unseen_clients_and_heldout_domains_together_must_leave_a_participant() 
     with pytest.raises(Exception, match="2 unseen clients of 2 \\(held-out domains included\\) leave none to train"):
         build_config({**base, "run": {"unseen_clients": [0]}})
     assert build_config(base).unseen_client_ids() == [1]
+
+
+def test_a_split_file_cannot_name_an_image_outside_the_dataset_folder(tmp_path: Path) -> None:
+    root = domainnet_tree(tmp_path / "dn")
+    outside = jpg(tmp_path / "outside.jpg", seed=1)
+    (root / "clipart_test.txt").write_text(f"../{outside.name} 0\n")
+    with pytest.raises(DataError, match=r"clipart_test\.txt:1: names \.\./outside\.jpg, which is not under"):
+        read_domains("domainnet", root, DomainOptions(domains=("clipart",), image_size=8))

@@ -270,3 +270,12 @@ def test_a_sweep_over_synthetic_alpha_checks_each_cells_clients() -> None:
     )
     assert [a.key for a in axes] == ["data.synthetic_alpha"] and len(cells) == 2
     check_cells(cells)  # builds each cell's clients and checks its model fits them
+
+
+@pytest.mark.parametrize("label", [4.5, "4.9", 0.7, "0.3", True, "x"])
+def test_a_sent140_label_other_than_0_or_4_is_refused(label):
+    from pflkit.data.leaf import _sentiment
+
+    with pytest.raises(DataError, match="Sent140 labels must be 0"):
+        _sentiment([0, label], "file.json")
+    assert _sentiment([0, 4, "4", 4.0, "0.0"], "f").tolist() == [0, 1, 1, 1, 0]

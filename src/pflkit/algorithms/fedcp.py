@@ -62,7 +62,8 @@ class ConditionalPolicy(Between):
         return head({**params, **personal}, h * s[:, 0]) + head(params, h * s[:, 1])
 
     def route(self, params: Any, h: torch.Tensor, head: Head) -> torch.Tensor:
-        """The scored forward: no noise, τ = 1 (the temperature is the training's)."""
+        """The scored forward: no noise and τ = 1 whatever ``fedcp.tau`` is (the setting changes
+        training only; the authors use one τ, 1 by default, for both)."""
         return self.logits(params, h, head, 1.0, None)
 
 

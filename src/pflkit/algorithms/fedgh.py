@@ -123,7 +123,7 @@ class FedGH(Algorithm):
             self.weight,
             self.bias,
             x.to(old[self.weight]),
-            y.to(x.device),
+            y.to(old[self.weight].device),
             cfg.epochs,
             cfg.batch or self.train.batch_size,
             cfg.lr,

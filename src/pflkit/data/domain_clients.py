@@ -55,11 +55,12 @@ def domain_clients(
     records: list[dict[str, str]] = []
     heldout: list[int] = []
     for s in splits:
-        if len(s.train_y) < m:
-            raise DataError(
-                f"{dataset}: domain {s.name!r} has {len(s.train_y)} training images, fewer than "
-                f"clients_per_domain = {m}"
-            )
+        for split, labels in (("training", s.train_y), ("test", s.test_y)):
+            if len(labels) < m:
+                raise DataError(
+                    f"{dataset}: domain {s.name!r} has {len(labels)} {split} images, fewer than "
+                    f"clients_per_domain = {m}"
+                )
         train = _parts(len(s.train_y), m, seed, s.name, "train")
         test = _parts(len(s.test_y), m, seed, s.name, "test")
         for tr, te in zip(train, test):

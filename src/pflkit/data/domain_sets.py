@@ -235,7 +235,7 @@ def _tree_domain(
             kept = [(str(n), label[str(t)]) for n, t in zip(names, texts) if str(t) in label]
             images = []
             for name, _ in kept:
-                image = next((b / name for b in (splits, splits.parent) if (b / name).is_file()), None)
+                image = next((b / name for b in (splits, splits.parent) if _inside(b / name, b)), None)
                 if image is None:
                     raise DataError(f"{path} names {name}, which is not under {splits} nor {splits.parent}")
                 images.append(image)
@@ -287,7 +287,7 @@ def _split_file(root: Path, domain: str, part: str, classes: tuple[str, ...] | N
         if label is not None and name not in label:
             continue
         image = root / fields[0]
-        if not image.is_file():
+        if not _inside(image, root):
             raise DataError(f"{path}:{number}: names {fields[0]}, which is not under {root}")
         paths.append(image)
         ys.append(int(fields[1]) if label is None else label[name])
@@ -328,3 +328,8 @@ def read_domains(dataset: str, data_dir: str | Path, options: DomainOptions) -> 
         return splits, len(options.classes)
     top = max((int(t.max()) for s in splits for t in (s.train_y, s.test_y) if len(t)), default=-1)
     return splits, top + 1
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is a file under ``folder`` (a split file's name never reaches outside it)."""
+    return path.is_file() and path.resolve().is_relative_to(folder.resolve())

@@ -78,6 +78,7 @@ def read_leaf_split(folder: Path) -> dict[str, User]:
         if extra:
             raise DataError(f"{path}: user_data holds user {sorted(extra)[0]!r}, which users does not list")
         for name, count in zip(names, counts):
+            name = str(name)  # JSON object keys are strings
             entry = data.get(name)
             if not (isinstance(entry, dict) and isinstance(entry.get("x"), list) and isinstance(entry.get("y"), list)):
                 raise DataError(f"{path}: user {name!r} has no user_data entry with lists x and y")
@@ -168,7 +169,11 @@ def _tweet(row: Any, where: str) -> str:
 def _sentiment(y: list[Any], where: str) -> np.ndarray:
     out = []
     for value in y:
-        label = str(value).split(".")[0] if isinstance(value, (int, float, str)) else None
+        try:
+            number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        label = {0.0: "0", 4.0: "4"}.get(number) if number is not None else None
         if label not in ("0", "4"):
             raise DataError(f"{where}: Sent140 labels must be 0 (negative) or 4 (positive), found {value!r}")
         out.append(1 if label == "4" else 0)
