@@ -207,20 +207,6 @@ def data_folder(data_dir: str | Path) -> Path:
     return Path(text)
 
 
-#: the datasets of pflkit.data.natural (client by client), refused by load_dataset
-_NATURAL = (
-    "pfllib",
-    "femnist",
-    "shakespeare",
-    "sent140",
-    "leaf",
-    "fedprox_synthetic",
-    "digit5",
-    "office_caltech10",
-    "domainnet",
-)
-
-
 def load_dataset(
     name: str, data_dir: str | Path | None = None, *, official_test: bool = False, emnist_split: str = "balanced"
 ) -> Dataset:
@@ -252,7 +238,9 @@ def load_dataset(
         return readers[name](_require_dir(name, data_dir))
     if name == "emnist":
         return load_emnist(_require_dir(name, data_dir), emnist_split)
-    if name in _NATURAL:
+    from .natural import NATURAL_DATASETS  # (natural's readers import this module)
+
+    if name in NATURAL_DATASETS:
         raise DataError(
             f"dataset {name!r} holds per-client splits, not one pool: "
             f'run it with dataset = "{name}" (its clients are adopted) or read it with '
