@@ -229,6 +229,11 @@ def test_config_keys_name_unknown_domains_and_bad_counts() -> None:
         build_config({**base, "data": {"domains": ["mnist"]}, "feature_shift": {"transforms": ["invert"]}})
     with pytest.raises(DataError, match="holds per-client splits"):
         load_dataset("digit5", "/x")
+    # a dropout schedule counts the domains' clients (2 x 2), not num_clients
+    two = {**base, "num_clients": 20, "data": {"domains": ["mnist", "svhn"], "clients_per_domain": 2}}
+    assert build_config({**two, "run": {"dropout_schedule": [[1, 3]]}}).run.dropout_schedule == [[1, 3]]
+    with pytest.raises(ConfigError, match=r"names client 4 in round 1, but the run has clients 0\.\.3"):
+        build_config({**two, "run": {"dropout_schedule": [[1, 4]]}})
 
 
 def test_data_keys_of_the_domain_sets_are_named_unused_elsewhere() -> None:

@@ -22,6 +22,7 @@ from pflkit.data import DataError, generate_synthetic, load_clients, load_datase
 from pflkit.data.fedprox_synthetic import DIMENSION, fedprox_synthetic, synthetic_sizes
 from pflkit.data.leaf import LETTERS, split_line
 from pflkit.federation import build_partitions
+from pflkit.federation.reliability import reliability_of
 
 
 def leaf_file(path: Path, users: dict[str, tuple[list[Any], list[Any]]]) -> Path:
@@ -173,6 +174,20 @@ def test_leaf_experiment_adopts_the_users_and_bypasses_the_partition(tmp_path: P
         build_config({"dataset": "shakespeare", "data_dir": "/x", "test_set": "official"})
     with pytest.raises(ConfigError, match="dataset 'sent140' needs data_dir"):
         build_config({"dataset": "sent140"})
+
+
+def test_a_dropout_schedule_is_checked_against_the_leaf_folders_own_clients(tmp_path: Path) -> None:
+    """num_clients does not bound the schedule of a folder that brings its clients; once the folder
+    is read, a client it lacks is refused by name."""
+    root = write_leaf(tmp_path / "d", "femnist", users=4)
+    base = {"dataset": "femnist", "data_dir": str(root), "num_clients": 2, "rounds": 1}
+    config = build_config({**base, "run": {"dropout_schedule": [[1, 3]]}})  # client 3 of the 4 users
+    adopted, _ = build_partitions(config, torch.device("cpu"))
+    assert reliability_of(adopted.run, adopted.partition.num_clients) is not None
+    config = build_config({**base, "run": {"dropout_schedule": [[1, 4]]}})
+    adopted, _ = build_partitions(config, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"names client 4 in round 1, but the data has 4 clients \(0\.\.3\)"):
+        reliability_of(adopted.run, adopted.partition.num_clients)
 
 
 # ---------------------------------------------------------------- Synthetic(alpha, beta)

@@ -222,6 +222,27 @@ def test_a_round_whose_clients_all_dropped_keeps_the_server_state_and_says_so():
     assert math.isnan(record["train_loss"])
 
 
+def test_with_every_client_evaluated_the_dropped_clients_are_scored_too():
+    """``eval_all_clients``: a client that drops out of a round still holds its model, and the round's
+    evaluation scores it as it scores the clients that were not selected."""
+    data = make_data(SIZES)
+    setup, init = setup_for("fedavg", data)
+    driver = RoundDriver(
+        setup.algorithm,
+        num_clients=4,
+        seed=setup.seed,
+        rounds=3,
+        join_ratio=1.0,
+        eval_every=1,
+        evaluate_all=True,
+        reliability=Reliability.of(dropout_schedule=[[2, 1], [2, 3], [3, 0], [3, 1], [3, 2], [3, 3]]),
+    )
+    session = RunSession.open(driver, init, summaries(data))
+    records = session.run(lambda jobs, round: LoopEngine().run(setup, jobs, round)).history
+    assert [r["evaluated_clients"] for r in records] == [4, 4, 4, 4]
+    assert [r.get("dropped_clients") for r in records[1:]] == [0, 2, 4]
+
+
 def run_with(engine, rounds: int = 3):
     data = make_data(SIZES + [40, 25])
     setup, init = setup_for("scaffold", data)

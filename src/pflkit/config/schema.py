@@ -152,6 +152,16 @@ class BaseConfig(BaseModel):
         domains = self.data.domains or list(DOMAIN_DATASETS[self.dataset])
         return [i * m + j for i, d in enumerate(domains) if d in self.data.heldout_domains for j in range(m)]
 
+    def client_count(self) -> int | None:
+        """The number of clients the run will have: ``num_clients``, or a domain dataset's domains
+        times ``data.clients_per_domain``; None where only the data says (a PFLlib or LEAF folder's
+        clients replace ``num_clients`` once it is read)."""
+        if self.dataset in DOMAIN_DATASETS:
+            return len(self.data.domains or DOMAIN_DATASETS[self.dataset]) * self.data.clients_per_domain
+        if self.dataset in NATURAL_DATASETS and self.dataset != "fedprox_synthetic":
+            return None
+        return self.partition.num_clients
+
     def unseen_client_ids(self) -> list[int]:
         """The clients that never train: ``[run] unseen_clients`` and the clients of the held-out
         domains (``data.heldout_domains``), sorted."""
@@ -159,7 +169,7 @@ class BaseConfig(BaseModel):
         held = self.heldout_domain_ids()
         if self.dataset in DOMAIN_DATASETS:  # num_clients becomes the domains' count once the data is read
             domains = self.data.domains or list(DOMAIN_DATASETS[self.dataset])
-            clients = len(domains) * self.data.clients_per_domain
+            clients = self.client_count() or clients
             if set(domains) <= set(self.data.heldout_domains):
                 return held  # every domain held out: the domains' own check says so
         ids = sorted(set(self.run.unseen_ids(clients)) | set(held))
@@ -200,12 +210,13 @@ class BaseConfig(BaseModel):
                         f"algorithm {name!r} needs every client's upload in every round: it cannot run with "
                         f"{_named(info, 'run', key)} = {getattr(run, key)!r}"
                     )
-        clients, rounds = self.partition.num_clients, self.train.rounds
-        for r, c in run.dropout_schedule:
-            if not (0 <= c < clients and 1 <= r <= rounds):
+        clients, rounds = self.client_count(), self.train.rounds
+        for r, c in run.dropout_schedule:  # (a PFLlib or LEAF folder's clients are checked once it is read)
+            if not (0 <= c < (clients if clients is not None else c + 1) and 1 <= r <= rounds):
+                span = f"clients 0..{clients - 1} and " if clients is not None else ""
                 raise ValueError(
                     f"{_named(info, 'run', 'dropout_schedule')} names client {c} in round {r}, but the run has "
-                    f"clients 0..{clients - 1} and rounds 1..{rounds}"
+                    f"{span}rounds 1..{rounds}"
                 )
         return self
 

@@ -405,8 +405,8 @@ class RoundDriver:
         if rule is not None:
             for job in plan.jobs:
                 job.work = rule.work(self.seed, t, job.client_id)
-        if evaluate and self.evaluate_all:
-            others = sorted(set(self.participants) - set(selected))
+        if evaluate and self.evaluate_all:  # the dropped clients are scored too: their state did not go away
+            others = sorted(set(self.participants) - set(taking))
             plan.eval_jobs = self._jobs(state, others, t, True, False)
         return self._scored(state, plan)
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..config.errors import ConfigError
 from ..config.sections import RunSettings
 from ..engines.base import ClientJob
 from ..functional import numpy_generator
@@ -82,8 +83,16 @@ class Reliability:
         return float(numpy_generator(seed, purpose, round, client).random())
 
 
-def reliability_of(run: RunSettings) -> Reliability | None:
-    """The unreliable clients of a config's ``[run]`` section (None: every client is reliable)."""
+def reliability_of(run: RunSettings, num_clients: int) -> Reliability | None:
+    """The unreliable clients of a config's ``[run]`` section (None: every client is reliable) in a
+    run of ``num_clients`` clients: the count of the data as read, which a PFLlib or LEAF folder
+    sets (a schedule naming a client it lacks is refused here)."""
+    for round, client in run.dropout_schedule:
+        if not 0 <= client < num_clients:
+            raise ConfigError(
+                f"run.dropout_schedule names client {client} in round {round}, but the data has "
+                f"{num_clients} clients (0..{num_clients - 1})"
+            )
     return Reliability.of(run.dropout_rate, run.dropout_schedule, run.straggler_rate, run.straggler_work)
 
 

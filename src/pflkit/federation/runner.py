@@ -151,7 +151,7 @@ def open_session(
         local_test=config.partition.official,
         evaluate_all=config.run.eval_all_clients,
         newcomers=newcomers(config, setup.init if backend.keeps_client_states else None),
-        reliability=reliability_of(config.run),
+        reliability=reliability_of(config.run, config.partition.num_clients),
     )
     store = None
     if config.run.state_store == "disk" and backend.keeps_client_states:
