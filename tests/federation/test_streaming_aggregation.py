@@ -35,11 +35,8 @@ LIST_FORM = {
     "creff",
     "fednh",
     "local",
-    "fedproto",  # per-class means over the clients that hold each class (could stream: a sum)
     "fedgh",  # the server trains its head on every prototype of the round
-    "feddbe",  # the first round's global mean is set from every upload (could stream)
     "fedcac",  # collaborators chosen from every pair of clients' masks
-    "fedas",  # Fisher-weighted: the weights' total is known only at the end (could stream)
     "fedpac",  # a quadratic programme over every client's statistics
 }
 

@@ -286,6 +286,16 @@ class Algorithm:
             return None
         return WeightedAverage(server, total)
 
+    def fold(self, server: State, uploads: list[SentUpload], round: int) -> State:
+        """``aggregate`` by way of ``aggregator``: the uploads folded in in ``upload_order``, so that
+        a method whose server rule streams gets the same bits from a list of uploads (Flower)."""
+        step = self.aggregator(server, round, sum(u["num_samples"] for u in uploads))
+        if step is None:
+            raise TypeError(f"{self.name} has no streaming server rule to fold its uploads with")
+        for upload in sorted(uploads, key=upload_order):
+            step.add(upload)
+        return step.result()
+
     def global_params(self, server: State) -> Params:
         return server["global"]
 

@@ -12,14 +12,26 @@ weighted by the uploads' Fisher traces. Scored model: the aligned body with the 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from pydantic import Field
 
-from ..functional import SGD, Params, clone, weighted_average
+from ..functional import SGD, Params, WeightedSum, clone
 from ..functional.training import Batch, GradFn, LossFn, Net, cross_entropy, one_hot
-from .base import Algorithm, ClientContext, Init, Payload, SentUpload, Settings, State, Trained
+from .base import (
+    Aggregator,
+    Algorithm,
+    ClientContext,
+    Init,
+    Payload,
+    SentUpload,
+    Settings,
+    State,
+    Trained,
+    WeightedAverage,
+)
 from .card import Choice, MethodCard, Paper, Reference
 from .context import TrainBatches
 from .registry import register
@@ -138,14 +150,33 @@ class FedAS(Algorithm):
         return fit.params[FISHER].detach()
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        if not self.settings.fisher_weights:
-            return super().aggregate(server, uploads, round)
-        uploads = sorted(uploads, key=lambda u: u["client_id"])  # the authors' order
-        weights = [float(u["fisher"]) for u in uploads]  # type: ignore[typeddict-item]
-        if not sum(weights) > 0:  # no gradient anywhere: the sample-weighted average
-            return super().aggregate(server, uploads, round)
-        merged = weighted_average([u["params"] for u in uploads], weights)
-        return {**server, "global": {**server["global"], **merged}}
+        return self.fold(server, uploads, round)
+
+    def aggregator(self, server: State, round: int, total: float) -> Aggregator:
+        return FisherAverage(server, total) if self.settings.fisher_weights else WeightedAverage(server, total)
+
+
+class FisherAverage:
+    """FedAS's server rule as an ``Aggregator``: the uploads' bodies averaged with weights their
+    Fisher traces; where every trace is 0 (no gradient anywhere), the sample-weighted average. The
+    traces' total is known only once every upload is in, so the sum is divided at the end."""
+
+    def __init__(self, server: State, total: float) -> None:
+        self.server = server
+        self.by_fisher = WeightedSum()
+        self.by_samples = WeightedAverage(server, total)
+
+    def add(self, upload: SentUpload) -> None:
+        trace = float(upload["fisher"])  # type: ignore[typeddict-item]  # FedAS's own upload entry
+        if not math.isfinite(trace) or trace < 0:
+            raise ValueError(f"fedas: client {upload['client_id']} uploaded the Fisher trace {trace}")
+        self.by_fisher.add(upload["params"], trace)
+        self.by_samples.add(upload)
+
+    def result(self) -> State:
+        if not self.by_fisher.added > 0:
+            return self.by_samples.result()
+        return {**self.server, "global": {**self.server["global"], **self.by_fisher.result()}}
 
 
 def _batches(purpose: str, epochs: int, batch_size: int | None) -> TrainBatches:

@@ -20,11 +20,21 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from ..functional import Params, clone, weighted_average
+from ..functional import Params, WeightedSum, clone
 from ..functional.training import Batch, CarryLossFn, Net, cross_entropy
 from ..models import head_names
 from ..models.between import Between, Head, register_between, without_between
-from .base import Algorithm, ClientContext, Payload, SentUpload, Settings, State, Trained, upload_order
+from .base import (
+    Aggregator,
+    Algorithm,
+    ClientContext,
+    Payload,
+    SentUpload,
+    Settings,
+    State,
+    Trained,
+    WeightedAverage,
+)
 from .card import Choice, MethodCard, Paper, Reference
 from .context import TrainBatches
 from .registry import register
@@ -137,12 +147,26 @@ class FedDBE(Algorithm):
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         """The first round sets m_g (the sample-weighted mean of the clients' m) and keeps the global
         model; every later round is FedAvg's average."""
-        if MEAN in server:
-            return super().aggregate(server, uploads, round)
-        ordered = sorted(uploads, key=upload_order)
+        return self.fold(server, uploads, round)
+
+    def aggregator(self, server: State, round: int, total: float) -> Aggregator:
+        return WeightedAverage(server, total) if MEAN in server else GlobalMean(server, total)
+
+
+class GlobalMean:
+    """FedDBE's first server step as an ``Aggregator``: m_g, the sample-weighted mean of the
+    clients' running feature means; the global model stays as it was."""
+
+    def __init__(self, server: State, total: float) -> None:
+        self.server = server
+        self.sum = WeightedSum(total)
+
+    def add(self, upload: SentUpload) -> None:
         # the ignore: running_mean is FedDBE's own upload entry
-        means = [{MEAN: u["running_mean"]} for u in ordered]  # type: ignore[typeddict-item]
-        return {**server, **weighted_average(means, [u["num_samples"] for u in ordered])}
+        self.sum.add({MEAN: upload["running_mean"]}, upload["num_samples"])  # type: ignore[typeddict-item]
+
+    def result(self) -> State:
+        return {**self.server, **self.sum.result()}
 
 
 FedDBE.card = MethodCard(

@@ -112,12 +112,30 @@ def class_means(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return sums / counts.clamp(min=1)[..., None]
 
 
-def holder_mean(means: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The plain mean over the clients that hold each class of their class means ([M, C, d] and
-    counts [M, C]), and which classes any client holds [C] (1.0 / 0.0)."""
-    holders = (counts > 0).to(means.dtype)
-    held = holders.sum(0)
-    return (holders[..., None] * means).sum(0) / held.clamp(min=1)[:, None], (held > 0).to(means.dtype)
+class HolderMean:
+    """FedProto's server rule as an ``Aggregator``: per class, the plain mean of the uploaded class
+    means over the clients that hold the class (``class_counts`` > 0); ``known`` marks the classes
+    some client holds (1.0 / 0.0). Uploads are folded in one at a time."""
+
+    def __init__(self, server: State) -> None:
+        self.server = server
+        self.sums: torch.Tensor | None = None
+        self.held: torch.Tensor | None = None
+
+    def add(self, upload: SentUpload) -> None:
+        # the ignores: class_means and class_counts are FedProto's own upload entries
+        means: torch.Tensor = upload["class_means"]  # type: ignore[typeddict-item]
+        holders = (upload["class_counts"] > 0).to(means.dtype)  # type: ignore[typeddict-item]
+        if self.sums is None or self.held is None:
+            self.sums, self.held = torch.zeros_like(means), torch.zeros_like(holders)
+        self.sums.add_(holders[:, None] * means)
+        self.held.add_(holders)
+
+    def result(self) -> State:
+        if self.sums is None or self.held is None:
+            return self.server
+        prototypes = self.sums / self.held.clamp(min=1)[:, None]
+        return {**self.server, "prototypes": prototypes, "known": (self.held > 0).to(self.sums.dtype)}
 
 
 def nearest_prototype_head(
@@ -218,13 +236,10 @@ class FedProto(Algorithm):
         return {**state, "model": trained}, upload, {"train_loss": fit.loss}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        if not uploads:
-            return server
-        # the ignores: uploads are SentUpload to mypy, class_means/class_counts are FedProto's own keys
-        means = torch.stack([u["class_means"] for u in uploads])  # type: ignore[typeddict-item]
-        counts = torch.stack([u["class_counts"] for u in uploads])  # type: ignore[typeddict-item]
-        prototypes, known = holder_mean(means, counts)
-        return {**server, "prototypes": prototypes, "known": known}
+        return self.fold(server, uploads, round) if uploads else server
+
+    def aggregator(self, server: State, round: int, total: float) -> HolderMean:
+        return HolderMean(server)
 
     def eval_params(self, state: State) -> Params:
         model = state["model"]

@@ -38,7 +38,6 @@ from .base import (
     State,
     Trained,
     require_entry,
-    upload_order,
 )
 from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
@@ -141,10 +140,7 @@ class Scaffold(CountsClients):
         return {**super().downlink(server, client_id, round), CONTROL: server[CONTROL]}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
-        step = self.aggregator(server, round, sum(u["num_samples"] for u in uploads))
-        for upload in sorted(uploads, key=upload_order):
-            step.add(upload)
-        return step.result()
+        return self.fold(server, uploads, round)
 
     def aggregator(self, server: State, round: int, total: float) -> ScaffoldStep:
         return ScaffoldStep(self, server, round, total)
