@@ -151,12 +151,14 @@ def test_fedcp_without_noise_option_is_the_plain_softmax():
     assert_expected_close(new["model"], {k: v for k, v in model.items() if not k.startswith("fc.")})
 
 
-def test_fedcp_server_averages_body_cpn_and_uploaded_heads_and_scores_both_heads():
+@pytest.mark.parametrize("tau", [1.0, 0.5])
+def test_fedcp_server_averages_body_cpn_and_uploaded_heads_and_scores_both_heads(tau):
     """servercp: aggregate_parameters, global_head and global_cs are sample-weighted averages
-    (train_samples / total); the scored forward is Ensemble.forward (here without noise)."""
+    (train_samples / total); the scored forward is Ensemble.forward (without noise) at the τ of
+    training, the model's one ``tau``."""
     ctxs = [seeded_client(30, seed=1, client_id=0, lr=0.05), seeded_client(20, seed=2, client_id=1, lr=0.05)]
     glob = params_of(ctxs[0], 2)
-    alg = build("fedcp", ctxs[0])
+    alg = build("fedcp", ctxs[0], f"fedcp.tau={tau}")
     server = alg.prepare(alg.init_server(glob), summaries([30, 20]), 0)
     uploads, states = [], []
     for i, ctx in enumerate(ctxs):
@@ -181,7 +183,7 @@ def test_fedcp_server_averages_body_cpn_and_uploaded_heads_and_scores_both_heads
         head_g.weight.copy_(state["model"]["fc.weight"])
         head_g.bias.copy_(state["model"]["fc.bias"])
         theirs, _ = authors_forward(
-            model, AuthorsCS(between), head_g, between[CPN.name("context")], ctx.data.test_x, 1.0, 0.0
+            model, AuthorsCS(between), head_g, between[CPN.name("context")], ctx.data.test_x, tau, 0.0
         )
     ours = ctx.net(alg.eval_params(state), ctx.data.test_x, train=False)
     torch.testing.assert_close(ours, theirs, rtol=RTOL, atol=ATOL)

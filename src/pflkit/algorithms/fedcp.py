@@ -37,7 +37,12 @@ KERNEL_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)  # the authors' RBF kernels
 
 class FedCPSettings(Settings):
     lamda: float = Field(5.0, ge=0, description="λ, the weight of the MMD term (the authors' script: 5)")
-    tau: float = Field(1.0, gt=0, description="τ, the temperature of the CPN's (Gumbel) softmax (the authors': 1)")
+    tau: float = Field(
+        1.0,
+        gt=0,
+        description="τ, the temperature of the CPN's softmax, in training (with Gumbel noise) and in "
+        "scoring (the authors': 1)",
+    )
     gumbel: bool = Field(True, description="Gumbel noise in the CPN's training forward (the authors'); false: none")
 
 
@@ -62,9 +67,10 @@ class ConditionalPolicy(Between):
         return head({**params, **personal}, h * s[:, 0]) + head(params, h * s[:, 1])
 
     def route(self, params: Any, h: torch.Tensor, head: Head) -> torch.Tensor:
-        """The scored forward: no noise and τ = 1 whatever ``fedcp.tau`` is (the setting changes
-        training only; the authors use one τ, 1 by default, for both)."""
-        return self.logits(params, h, head, 1.0, None)
+        """The scored forward: no noise, at the τ the client trains with (its state's ``tau``; the
+        authors use one τ for both); 1 for a state without one."""
+        tau = params.get(self.name("tau"))
+        return self.logits(params, h, head, 1.0 if tau is None else tau, None)
 
 
 CPN = register_between(ConditionalPolicy())
@@ -181,9 +187,10 @@ class FedCP(RoutedMethod):
         placeholder = {k: torch.zeros_like(v) for k, v in self.fresh_modules(weight, 0).items()}
         personal = {CPN.name("head." + k): init_params[k].clone() for k in self.head}
         context = {CPN.name("context"): torch.zeros_like(weight[0])}
+        tau = {CPN.name("tau"): torch.tensor(self.settings.tau, dtype=weight.dtype, device=weight.device)}
         return {
             "model": clone(init_params),
-            "between": {**placeholder, **personal, **context},
+            "between": {**placeholder, **personal, **context, **tau},
             "trained": torch.tensor(0.0),
         }
 
