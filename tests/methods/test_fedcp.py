@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from pflkit.algorithms.fedcp import CPN, gumbel_noise, mmd
+from pflkit.algorithms.fedcp import CPN, gumbel_noise, mmd, open_unit
 from tests.support.builders import batch_pairs, build, params_of, seeded_client, summaries
 from tests.support.checks import ATOL, RTOL, assert_expected_close
 from tests.support.references import BODY, module_at, weights
@@ -200,6 +200,12 @@ def test_fedcp_mmd_and_gumbel_noise():
     assert float(noise.var()) == pytest.approx(math.pi**2 / 6, rel=0.05)
     assert not torch.equal(noise, gumbel_noise(torch.tensor(8), (200, 2, 50), x))
     assert torch.equal(noise, gumbel_noise(torch.tensor(7), (200, 2, 50), x))
+    # the extreme draws stay finite: a key whose draw held a 24-bit maximum gave +inf (a NaN loss
+    # in the digits demo's round 46)
+    assert torch.isfinite(gumbel_noise(torch.tensor(64114057), (10, 2, 512), x)).all()
+    edges = open_unit(torch.tensor([0, 2**23 - 1]))
+    assert 0 < float(edges[0]) and float(edges[1]) < 1
+    assert torch.isfinite(-torch.log(-torch.log(edges))).all()
 
 
 def test_fedcp_refuses_a_model_without_a_linear_head():

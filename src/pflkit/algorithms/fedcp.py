@@ -94,15 +94,20 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def open_unit(bits: torch.Tensor) -> torch.Tensor:
+    """Uniforms strictly inside (0, 1) in float32 from 23-bit integers: (bits + 0.5) / 2²³. (With
+    24 bits the largest, 1 − 2⁻²⁵, rounds to 1.0 in float32, and its Gumbel noise is infinite.)"""
+    return (bits.to(torch.float32) + 0.5) / 2**23
+
+
 def gumbel_noise(key: torch.Tensor, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """Standard Gumbel noise of ``shape``, a pure function of the integer ``key``."""
+    """Standard Gumbel noise of ``shape`` in ``like``'s dtype, a pure function of the integer ``key``."""
     count = 1
     for s in shape:
         count *= s
     counter = torch.arange(count, device=like.device, dtype=torch.int64)
-    bits = _mix32((counter + _mix32(key.to(torch.int64) & _M32)) & _M32) >> 8
-    u = (bits.to(like.dtype) + 0.5) / 2**24
-    return -torch.log(-torch.log(u)).reshape(shape)
+    bits = _mix32((counter + _mix32(key.to(torch.int64) & _M32)) & _M32) >> 9
+    return (-torch.log(-torch.log(open_unit(bits)))).to(like.dtype).reshape(shape)
 
 
 def mmd(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
