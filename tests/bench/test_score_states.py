@@ -2,25 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from pflkit.config import load_config
 from pflkit.run.experiment import run_experiment
-from tests.support.paths import REPO
+from tests.support.paths import load_script
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = REPO / "benchmarks" / "score_states.py"
 
 
 def _script():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("score_states", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/score_states.py")
 
 
 def test_the_scored_model_of_a_finished_run_matches_its_last_record(tmp_path) -> None:

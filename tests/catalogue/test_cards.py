@@ -109,6 +109,14 @@ def test_results_and_costs_go_on_the_page(tmp_path):
     assert "1.39× FedAvg's" in page and "config `c.toml`, 3 rounds, 1 worker" in page
     assert page.split("## Results\n", 1)[1].lstrip().startswith("| method | acc |")
     assert "Round cost" not in render_method_page("ditto", load_costs(costs))
+    more = tmp_path / "more.json"
+    methods = {"fedrep": {"cost_vs_fedavg": 9.0}, "ditto": {"cost_vs_fedavg": 2.5}}
+    more.write_text(json.dumps({"config": "d.toml", "rounds": 4, "workers": 2, "methods": methods}))
+    both = load_costs(costs, more)
+    assert "1.39× FedAvg's" in render_method_page("fedrep", both)  # the first file's
+    assert "2.50× FedAvg's in the same run (`cost_vs_fedavg` in `more.json`: config `d.toml`, 4 rounds, 2 workers" in (
+        render_method_page("ditto", both)
+    )
 
 
 def test_the_committed_costs_file_loads():

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from pflkit.cli import main
+from pflkit.cli.leaderboard import COSTS
 from pflkit.config import load_config, to_dict
 from pflkit.federation import ResultsFolder
 from pflkit.run.report.leaderboard import leaderboard_markdown, method_results_markdown
@@ -151,9 +152,27 @@ def test_the_command_writes_the_page_and_rejects_a_folder_without_tables(cells, 
     assert result.exit_code == 2 and "holds none of the leaderboard's tables" in result.output
 
 
+def test_cost_files_of_one_setting_merge_and_files_of_two_settings_are_refused(cells, tmp_path) -> None:
+    root, costs = cells
+    more = tmp_path / "more.json"
+    methods = {
+        "fedavg": {"cost_vs_fedavg": 1.0},
+        "fedprox+ala": {"cost_vs_fedavg": 1.5},
+        "fedala": {"cost_vs_fedavg": 9},
+    }
+    more.write_text(json.dumps({"config": "setting.toml", "rounds": 3, "workers": 1, "methods": methods}))
+    rows = table_rows(leaderboard_markdown(root, [costs, more]), "FedALA Table 7: MNIST Dir(0.1), 20 clients")
+    assert rows[0].endswith("| 1.18 | 99.71 |")  # fedala: the first file's number
+    assert rows[2] == "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | 1.50 | — |"  # only in the second file
+    more.write_text(json.dumps({"config": "other.toml", "rounds": 3, "workers": 1, "methods": methods}))
+    with pytest.raises(ValueError, match="measured its costs in another setting"):
+        leaderboard_markdown(root, [costs, more])
+
+
 def test_the_committed_leaderboard_is_what_the_command_makes_from_the_committed_cells(tmp_path) -> None:
     out = tmp_path / "leaderboard.md"
-    args = ["--results", str(REPO / "docs" / "results"), "--costs", str(REPO / "docs" / "method-costs-after.json")]
+    args = ["--results", str(REPO / "docs" / "results")]
+    args += [arg for path in COSTS for arg in ("--costs", str(REPO / path))]  # the command's default files
     pages = tmp_path / "methods"
     result = CliRunner().invoke(main, ["leaderboard", *args, "--out", str(out), "--methods-dir", str(pages)])
     assert result.exit_code == 0, result.output

@@ -18,20 +18,27 @@ DESIGN = "../../explanations/design.md"
 
 @dataclass(frozen=True)
 class Costs:
-    """Per-method round cost against FedAvg's, and the setting it was measured in."""
+    """Per-method round cost against FedAvg's, and where each was measured (``measured``: method ->
+    the file and its setting)."""
 
     ratios: dict[str, float]
-    setting: str
-    source: str
+    measured: dict[str, str]
 
 
-def load_costs(path: Path) -> Costs:
-    """The ``cost_vs_fedavg`` of every method in a ``benchmarks/method_costs.py`` output file."""
-    data = json.loads(path.read_text(encoding="utf-8"))
-    ratios = {name: float(m["cost_vs_fedavg"]) for name, m in data["methods"].items() if "cost_vs_fedavg" in m}
-    workers = data.get("workers", 1)
-    setting = f"config `{data.get('config')}`, {data.get('rounds')} rounds, {workers} worker{'s' * (workers != 1)}"
-    return Costs(ratios, setting, path.name)
+def load_costs(*paths: Path) -> Costs:
+    """The ``cost_vs_fedavg`` of every method in ``benchmarks/method_costs.py`` output files, each
+    relative to the FedAvg of its own run; a method in several files takes the first file's."""
+    ratios: dict[str, float] = {}
+    measured: dict[str, str] = {}
+    for path in paths:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        workers = data.get("workers", 1)
+        setting = f"config `{data.get('config')}`, {data.get('rounds')} rounds, {workers} worker{'s' * (workers != 1)}"
+        for name, m in data["methods"].items():
+            if "cost_vs_fedavg" in m and name not in ratios:
+                ratios[name] = float(m["cost_vs_fedavg"])
+                measured[name] = f"`{path.name}`: {setting}"
+    return Costs(ratios, measured)
 
 
 def page_names() -> list[str]:
@@ -148,8 +155,8 @@ def _support(e: Entry, costs: Costs | None) -> list[str]:
         lines.append("- Its server holds no model worth scoring: global-test metrics skip it.")
     if costs is not None and e.name in costs.ratios:
         lines.append(
-            f"- Round cost: {costs.ratios[e.name]:.2f}× FedAvg's (`cost_vs_fedavg` in `{costs.source}`: "
-            f"{costs.setting}, the parallel engine)."
+            f"- Round cost: {costs.ratios[e.name]:.2f}× FedAvg's in the same run (`cost_vs_fedavg` in "
+            f"{costs.measured[e.name]}, the parallel engine)."
         )
     return lines
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
 from .app import main
 from .common import USER_ERRORS, check_writable_file, fail
+
+#: the committed method-costs files: the first methods' run, then those of the baselines and of the
+#: representation-level methods added since (each ratio against the FedAvg of its own run)
+COSTS = (
+    Path("docs/method-costs-after.json"),
+    Path("docs/method-costs-baselines.json"),
+    Path("docs/method-costs-representation.json"),
+)
 
 
 @main.command(
@@ -25,9 +34,11 @@ from .common import USER_ERRORS, check_writable_file, fail
 @click.option(
     "--costs",
     type=click.Path(path_type=Path),
-    default=Path("docs/method-costs-after.json"),
+    multiple=True,
+    default=COSTS,
     show_default=True,
-    help="per-method round costs relative to FedAvg (benchmarks/method_costs.py's JSON)",
+    help="per-method round costs relative to FedAvg (benchmarks/method_costs.py's JSON); repeat it for "
+    "several files of one setting, a method in several taking the first's",
 )
 @click.option(
     "--out",
@@ -43,7 +54,7 @@ from .common import USER_ERRORS, check_writable_file, fail
     show_default=True,
     help="folder of the method pages (index.md and one page per method, with its rows of these tables)",
 )
-def leaderboard(results_root: Path, costs: Path, out: Path, methods_dir: Path) -> None:
+def leaderboard(results_root: Path, costs: tuple[Path, ...], out: Path, methods_dir: Path) -> None:
     """Write the leaderboard page from the result cells: FedALA's Table 7 on MNIST (best accuracy
     mean ± std over seeds, seeds, round of the best, rounds to the plateau, round cost relative to
     FedAvg, the paper's number) and FedACD's and SosicFL's protocol tables; and the method pages,
@@ -60,14 +71,15 @@ def leaderboard(results_root: Path, costs: Path, out: Path, methods_dir: Path) -
     click.echo(f"wrote {out} and {pages} method pages in {methods_dir}")
 
 
-def write_method_pages(folder: Path, results_root: Path, costs_path: Path) -> int:
+def write_method_pages(folder: Path, results_root: Path, costs_path: Path | Sequence[Path]) -> int:
     """Write ``index.md`` and one page per method into ``folder`` (a method page this command wrote
     for a method that no longer exists is removed; other files are left alone); returns the number
     of method pages."""
     from ..catalogue import load_costs, page_names, render_method_page, render_methods_index
     from ..run.report.leaderboard import method_results_markdown
 
-    costs = load_costs(costs_path) if costs_path.is_file() else None
+    paths = [p for p in ([costs_path] if isinstance(costs_path, Path) else costs_path) if p.is_file()]
+    costs = load_costs(*paths) if paths else None
     folder.mkdir(parents=True, exist_ok=True)
     names = page_names()
     for stale in set(folder.glob("*.md")) - {folder / f"{n}.md" for n in ["index", *names]}:

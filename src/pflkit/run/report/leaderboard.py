@@ -141,16 +141,30 @@ def read_table(results_root: Path, board: Board) -> Table | None:
     return Table(board, config, rows, paper, sorted(v for k, v in unfinished.items() if k not in histories))
 
 
-def read_costs(path: Path) -> dict[str, Any]:
-    """A method-costs file (``benchmarks/method_costs.py``'s JSON: its setting and, per method,
-    ``cost_vs_fedavg``), with a clear error where it is not one."""
-    try:
-        costs = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path} is not a readable method-costs file ({exc})") from None
-    if not isinstance(costs, dict) or not isinstance(costs.get("methods"), dict):
-        raise ValueError(f'{path} is not a method-costs file: it has no "methods" table')
-    return costs
+def read_costs(*paths: Path) -> dict[str, Any]:
+    """Method-costs files (``benchmarks/method_costs.py``'s JSON: its setting and, per method,
+    ``cost_vs_fedavg`` against the FedAvg of the same run) as one, with a clear error where one is
+    not such a file or the files were measured in different settings; a method in several files
+    takes the first file's numbers."""
+    merged: dict[str, Any] = {}
+    for path in paths:
+        try:
+            costs = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path} is not a readable method-costs file ({exc})") from None
+        if not isinstance(costs, dict) or not isinstance(costs.get("methods"), dict):
+            raise ValueError(f'{path} is not a method-costs file: it has no "methods" table')
+        setting = {k: costs.get(k) for k in ("config", "rounds", "workers")}
+        if not merged:
+            merged = {**setting, "methods": {}, "steady": {}}
+        elif setting != {k: merged[k] for k in setting}:
+            raise ValueError(
+                f"{path} measured its costs in another setting ({setting}) than {paths[0]} "
+                f"({ {k: merged[k] for k in setting} }): one leaderboard column cannot mix them"
+            )
+        merged["methods"] = {**costs["methods"], **merged["methods"]}
+        merged["steady"][path.name] = int(costs.get("steady_from", 3))
+    return merged
 
 
 def _mean(values: Sequence[float]) -> str:
@@ -229,9 +243,14 @@ def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
             ]
         )
     last, workers = costs.get("rounds", 3), costs.get("workers", 1)
-    steady = "round 3" if last == 3 else f"rounds 3-{last}, their median"
+
+    def steady(first: int) -> str:
+        return f"round {first}" if first == last else f"the median of rounds {first}-{last}"
+
+    files = costs.get("steady") or {"": 3}
+    where = "; ".join(f"{steady(first)}{f' in `{name}`' if len(files) > 1 else ''}" for name, first in files.items())
     notes.append(
-        f"Round cost: the time of a method's steady training round ({steady}; round 2 is ALA's start phase) "
+        f"Round cost: the time of a method's steady training round ({where}; round 2 is ALA's start phase) "
         f"over FedAvg's in the same run of `benchmarks/method_costs.py --rounds {last} --workers {workers}`, in "
         f"this setting (`configs/paper/{costs.get('config', '?')}`) on one CPU machine, the methods advanced "
         f"round by round in turn so that drift hits them alike; {NONE} where that run did not measure the method."
@@ -301,9 +320,10 @@ def read_tables(results_root: Path) -> list[Table]:
     return tables
 
 
-def leaderboard_markdown(results_root: Path, costs_path: Path) -> str:
-    """The leaderboard page for the cells under ``results_root`` and the round costs of ``costs_path``."""
-    costs = read_costs(costs_path)
+def leaderboard_markdown(results_root: Path, costs_path: Path | Sequence[Path]) -> str:
+    """The leaderboard page for the cells under ``results_root`` and the round costs of the
+    method-costs file(s) ``costs_path``."""
+    costs = read_costs(*([costs_path] if isinstance(costs_path, Path) else costs_path))
     lines = [
         "# pflkit leaderboard",
         "",
@@ -320,7 +340,7 @@ def leaderboard_markdown(results_root: Path, costs_path: Path) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write_leaderboard(results_root: Path, out: Path, costs_path: Path) -> Path:
+def write_leaderboard(results_root: Path, out: Path, costs_path: Path | Sequence[Path]) -> Path:
     """Write the leaderboard page to ``out``."""
     text = leaderboard_markdown(results_root, costs_path)
     out.write_text(text)
