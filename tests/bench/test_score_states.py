@@ -13,7 +13,6 @@ from tests.support.paths import load_script
 pytestmark = pytest.mark.integration
 
 
-
 def _script():  # type: ignore[no-untyped-def]
     return load_script("benchmarks/score_states.py")
 
