@@ -7,9 +7,10 @@ same decisions without saving any random state.
 * A dropped client is absent from its round: its job is never run (no training, no upload, no
   evaluation in that round's reply), so its state stays as it was. The round aggregates the
   uploads that arrived; a round whose selected clients all dropped leaves the server state as it
-  was. In a deployment a client whose reply is lost after it trained keeps its trained state on
-  its node (the server cannot undo it); the simulator models a client that fails before its
-  result counts.
+  was. With ``eval_all_clients`` the simulator still scores a dropped client's unchanged state, as
+  it scores the clients not selected. In a deployment a client whose reply is lost after it
+  trained keeps its trained state on its node (the server cannot undo it); the simulator models a
+  client that fails before its result counts.
 * A straggler completes only ``straggler_work`` of the local steps of each fit of its
   ``local_train`` that round (rounded down, at least one): methods see their real step counts
   (``Fit.steps``). Fits of the local initialisation (ALA, FedAS's alignment) are not shortened.
