@@ -212,8 +212,9 @@ class BaseConfig(BaseModel):
                     )
         clients, rounds = self.client_count(), self.train.rounds
         for r, c in run.dropout_schedule:  # (a PFLlib or LEAF folder's clients are checked once it is read)
-            if not (0 <= c < (clients if clients is not None else c + 1) and 1 <= r <= rounds):
-                span = f"clients 0..{clients - 1} and " if clients is not None else ""
+            known = c >= 0 and (clients is None or c < clients)
+            if not (known and 1 <= r <= rounds):
+                span = "" if clients is None else f"clients 0..{clients - 1} and "
                 raise ValueError(
                     f"{_named(info, 'run', 'dropout_schedule')} names client {c} in round {r}, but the run has "
                     f"{span}rounds 1..{rounds}"
