@@ -83,6 +83,27 @@ def test_sgd_momentum_and_weight_decay_match_torch_optim():
     torch.testing.assert_close(ours["w"], ref.detach())
 
 
+def test_sgd_own_weight_decays_match_torch_optims_parameter_groups():
+    """``decays`` with ``plain``: GPFL's CoV under SGD(weight_decay=μ) beside a model under the run's
+    momentum and weight decay, as two torch optimisers."""
+    g = torch.Generator().manual_seed(1)
+    w0, v0 = torch.randn(5, generator=g), torch.randn(3, generator=g)
+    steps = [(torch.randn(5, generator=g), torch.randn(3, generator=g)) for _ in range(4)]
+    ours = {"w": w0.clone(), "cov": v0.clone()}
+    opt = SGD(0.1, momentum=0.9, weight_decay=0.01, plain=frozenset({"cov"}), decays={"cov": 0.3})
+    state = opt.init(ours)
+    w, cov = torch.nn.Parameter(w0.clone()), torch.nn.Parameter(v0.clone())
+    model_opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01)
+    cov_opt = torch.optim.SGD([cov], lr=0.1, weight_decay=0.3)
+    for gw, gv in steps:
+        opt.update_(ours, {"w": gw, "cov": gv}, state)
+        w.grad, cov.grad = gw.clone(), gv.clone()
+        model_opt.step()
+        cov_opt.step()
+    torch.testing.assert_close(ours["w"], w.detach())
+    torch.testing.assert_close(ours["cov"], cov.detach())
+
+
 def test_sgd_clips_the_global_gradient_norm_like_torch_per_client_when_batched():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(3, 4, generator=g) * 5, torch.randn(4, generator=g) * 5]

@@ -16,6 +16,7 @@ is head(CoV(h, p_i)).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -70,8 +71,9 @@ class ConditionalValve(Between):
 COV = register_between(ConditionalValve())
 
 
-def gpfl_loss(body: int, lamda: float, mu: float) -> LossFn:
-    """CE(head(f_p)) + CE(cos(f_g, E)) + λ ||f_g - E_0[y]||_2 + μ/2 ||CoV, GCE||² (SGD's weight decay)."""
+def gpfl_loss(body: int, lamda: float) -> LossFn:
+    """CE(head(f_p)) + CE(cos(f_g, E)) + λ ||f_g - E_0[y]||_2 (μ is CoV's and GCE's weight decay in the
+    optimiser, as the authors' SGD(weight_decay=μ))."""
     n = COV.name
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
@@ -84,9 +86,7 @@ def gpfl_loss(body: int, lamda: float, mu: float) -> LossFn:
         gap = generic - aux["gce"][batch.y]
         if batch.mask is not None:
             gap = gap * batch.mask[:, None].to(gap.dtype)
-        value = value + lamda * gap.pow(2).sum().sqrt()
-        decay = sum(params[n(k)].pow(2).sum() for k in COV.shared)
-        return value + 0.5 * mu * decay
+        return value + lamda * gap.pow(2).sum().sqrt()
 
     return loss
 
@@ -145,10 +145,11 @@ class GPFL(RoutedMethod):
         fit = self.train_model(
             {**state["model"], **state["between"]},
             ctx,
-            gpfl_loss(self.body, cfg.lamda, cfg.mu),
+            gpfl_loss(self.body, cfg.lamda),
             aux={"gce": payload["global"][COV.name("gce")]},
             trainable=[*self.parameter_names, *shared],
-            optimizer=ctx.train.optimizer(plain=shared),  # CoV and GCE: plain SGD, μ in the loss (the authors')
+            # CoV and GCE: their own SGD with weight decay μ (the authors'), no momentum
+            optimizer=replace(ctx.train.optimizer(plain=shared), decays=dict.fromkeys(shared, cfg.mu)),
         )
         model = {k: fit.params[k] for k in state["model"]}
         between = {k: fit.params[k] for k in state["between"]}
@@ -207,7 +208,7 @@ GPFL.card = MethodCard(
     ),
     choices=(Choice("λ and μ", "0.01 and 0.1, the authors' script for the 4-layer CNN", "`gpfl.lamda`, `gpfl.mu`"),),
     notes=(
-        "`train_loss` includes both alignments and μ/2 ||CoV, GCE||² (the weight decay as a loss term).",
+        "`train_loss` includes both alignments; μ is a weight decay, as in the authors' optimisers, and not in it.",
         "CoV, GCE, p_i and g_i are entries between body and head (`between.gpfl.*`); checkpoints carry them.",
         "No `+ala`: the scored model reads the body's features through CoV, which ALA's objective on the "
         "plain model does not see.",

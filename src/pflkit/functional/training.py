@@ -206,7 +206,9 @@ class SGD:
     """Mini-batch SGD as ``torch.optim.SGD`` (no dampening, no Nesterov): with weight decay
     g <- g + wd * w; with momentum b <- m * b + g (b = g at the first step); w <- w - lr * b.
     ``lrs`` gives some parameters their own learning rate; ``plain`` names parameters stepped
-    by plain SGD (no weight decay, no momentum: FedROD's personal head). ``clip_norm`` first scales the
+    by plain SGD (no weight decay, no momentum: FedROD's personal head); ``decays`` gives some
+    parameters their own weight decay in place of ``weight_decay`` (GPFL's CoV and GCE, which are also
+    ``plain``: their own optimiser in the authors' code). ``clip_norm`` first scales the
     gradients so that their global L2 norm is at most ``clip_norm``
     (``torch.nn.utils.clip_grad_norm_``: coefficient min(1, clip_norm / (norm + 1e-6)); per client
     in a batched context). Its state (the momentum buffers) is created fresh by every ``fit``
@@ -218,6 +220,7 @@ class SGD:
     lrs: Mapping[str, float] = field(default_factory=dict)
     clip_norm: float | None = None
     plain: frozenset[str] = frozenset()
+    decays: Mapping[str, float] = field(default_factory=dict)
 
     def init(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
         return {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
@@ -237,11 +240,13 @@ class SGD:
         if self.clip_norm is not None:
             steps = clip_by_global_norm(steps, self.clip_norm, batched=rows is not None)
         shaped = [i for i, k in enumerate(names) if k not in self.plain]  # weight decay and momentum apply
-        if self.weight_decay and shaped:
-            decayed = torch._foreach_add(
-                [steps[i] for i in shaped], [leaves[i] for i in shaped], alpha=self.weight_decay
-            )
-            steps = _put(steps, shaped, decayed)
+        groups: dict[float, list[int]] = {}
+        for i, k in enumerate(names):
+            decay = self.decays.get(k, self.weight_decay if i in shaped else 0.0)
+            if decay:
+                groups.setdefault(decay, []).append(i)
+        for decay, at in groups.items():
+            steps = _put(steps, at, torch._foreach_add([steps[i] for i in at], [leaves[i] for i in at], alpha=decay))
         if self.momentum and shaped:
             buffers = [state[names[i]] if rows is None else state[names[i]][rows] for i in shaped]
             torch._foreach_mul_(buffers, self.momentum)
