@@ -54,18 +54,25 @@ def squared_norm(params: Params) -> torch.Tensor:
     return cast(torch.Tensor, sum((v**2).sum() for v in params.values()))  # (sum's start 0 is absorbed)
 
 
+def squared_norms(params: Params, client_shape: tuple[int, ...]) -> torch.Tensor:
+    """Σ_k ‖params_k‖² of each client: a tensor of shape ``client_shape`` (the leading dimensions of
+    the parameters in a batched context, none for one client)."""
+    lead = len(client_shape)
+    return cast(torch.Tensor, sum((v**2).flatten(lead).sum(-1) for v in params.values()))
+
+
 def feddyn_loss(alpha: float) -> LossFn:
-    """CE − ⟨g, θ⟩ + α/2 ‖θ − anchor‖² over the parameters of ``aux["anchor"]`` (``aux["grad"]``: g).
+    """CE − ⟨g, θ⟩ + α/2 ‖θ − anchor‖² over the parameters of ``aux["coef"]``, which holds
+    g + α·anchor (``aux["anchor_sq"]``: ‖anchor‖²), both computed once per fit.
 
     Its gradient is that of CE − ⟨g + α·anchor, θ⟩: the quadratic part α/2 (‖θ‖² + ‖anchor‖²) enters
     the value only, since the optimiser adds its gradient α θ as weight decay (``FedDyn.optimizer``)."""
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
-        anchor, grad = aux["anchor"], aux["grad"]
-        trained = {k: params[k] for k in anchor}
-        linear = sum(((grad[k] + alpha * anchor[k]) * p).sum() for k, p in trained.items())
-        quadratic = alpha / 2 * (squared_norm(trained) + squared_norm(anchor))
-        return cross_entropy(net(params, batch.x), batch) - linear + quadratic.detach()
+        coef = aux["coef"]
+        linear = sum((c * params[k]).sum() for k, c in coef.items())
+        quadratic = alpha / 2 * (squared_norm({k: params[k].detach() for k in coef}) + aux["anchor_sq"])
+        return cross_entropy(net(params, batch.x), batch) - linear + quadratic
 
     return loss
 
@@ -125,7 +132,8 @@ class FedDyn(CountsClients):
     def local_train(self, payload: Payload, state: State, ctx: ClientContext) -> Trained:
         anchor = self.parameters_of(payload["global"])
         alpha = self.settings.alpha
-        aux = {"anchor": anchor, "grad": state["grad"]}
+        coef = {k: state["grad"][k] + alpha * a for k, a in anchor.items()}
+        aux = {"coef": coef, "anchor_sq": squared_norms(anchor, ctx.client_shape)}
         fit = self.train_model(state["model"], ctx, feddyn_loss(alpha), aux=aux, optimizer=self.optimizer(ctx))
         grad = {**state["grad"], **{k: state["grad"][k] - alpha * (fit.params[k] - a) for k, a in anchor.items()}}
         return (
