@@ -6,8 +6,11 @@ Called by ``benchmarks/pfllib_compare.py`` in a fresh process, one per method:
 
 PFLlib reads its data from ``../dataset/<name>/`` relative to the working directory, so the
 process runs in ``WORK/system`` with the exported partition in ``WORK/dataset``. Nothing of PFLlib
-is changed: its server class's ``select_clients`` (the first call of every round) and
-``save_results`` (after the last round) are wrapped to take timestamps, and its ``train_metrics``
+is changed: its server class's ``select_clients`` (the first call of every round) is wrapped to take
+timestamps, and its ``__init__`` to keep the server, whose ``Budget`` (PFLlib's own time of each
+round) ends the last round; a server without one ends it at ``save_results``. (PFLlib's FedBABU
+fine-tunes every client after the last round and before ``save_results``: that is no round's work.)
+Its ``train_metrics``
 (the pass over every client's training data that PFLlib's evaluation adds to each round) to time
 that pass. PFLlib's ``main.py`` imports torchvision only for models this benchmark does not use;
 where torchvision is not installed an empty module stands in for it.
@@ -68,6 +71,14 @@ def main() -> int:
     starts: list[float] = []
     ends: list[float] = []
     passes: list[tuple[float, float]] = []
+    servers: list[object] = []
+    original_init = base.__init__
+
+    def keep(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        servers.append(self)
+        original_init(self, *args, **kwargs)
+
+    base.__init__ = keep
     wrap(base, "select_clients", starts, span=False)
     wrap(base, "save_results", ends, span=False)
     wrap(base, "train_metrics", passes, span=True)
@@ -88,9 +99,14 @@ def main() -> int:
     expected = int(flags[flags.index("-gr") + 1]) + 1 if "-gr" in flags else len(starts)
     if len(starts) % expected:
         raise SystemExit(f"select_clients was called {len(starts)} times in {expected} rounds")
-    bounds = [*starts[:: len(starts) // expected], ends[0]]  # PFLlib's Local selects twice a round
+    firsts = starts[:: len(starts) // expected]  # PFLlib's Local selects twice a round
+    budget = list((getattr(servers[-1], "Budget", None) if servers else None) or [])
+    if len(budget) == expected:
+        windows = [(begin, begin + b) for begin, b in zip(firsts, budget)]
+    else:
+        windows = list(zip(firsts, [*firsts[1:], ends[0]]))
     rounds = []
-    for begin, end in zip(bounds, bounds[1:]):
+    for begin, end in windows:
         inside = sum(b - a for a, b in passes if begin <= a < end)
         rounds.append({"wall": end - begin, "train_loss_pass": inside})
     args.out.write_text(json.dumps({"threads": args.threads, "flags": flags, "rounds": rounds}))

@@ -44,8 +44,9 @@ FAKE_SERVER = """
 import time
 
 class Server:
-    def __init__(self, rounds, selects):
-        self.rounds, self.selects = rounds, selects
+    def __init__(self, rounds, selects, budget, after):
+        self.rounds, self.selects, self.after = rounds, selects, after
+        self.Budget = [] if budget else None
 
     def select_clients(self):
         return []
@@ -58,10 +59,14 @@ class Server:
 
     def train(self):
         for _ in range(self.rounds + 1):
+            start = time.time()
             for _ in range(self.selects):
                 self.select_clients()
             self.train_metrics()
             time.sleep(0.03)  # the clients' training
+            if self.Budget is not None:
+                self.Budget.append(time.time() - start)
+        time.sleep(self.after)  # FedBABU: every client fine-tunes after the last round
         self.save_results()
 """
 
@@ -72,7 +77,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("-gr", type=int)
 parser.add_argument("-algo")
 args = parser.parse_args()
-Server(args.gr, 2 if args.algo == "Local" else 1).train()
+Server(args.gr, 2 if args.algo == "Local" else 1, args.algo != "FedPHP", 2.0 if args.algo == "FedBABU" else 0.0).train()
 """
 
 
@@ -92,8 +97,10 @@ def _fake_pfllib(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("algo", ["FedAvg", "Local"])
+@pytest.mark.parametrize("algo", ["FedAvg", "Local", "FedBABU", "FedPHP"])
 def test_pfllib_rounds_times_each_round_and_its_training_loss_pass(tmp_path, algo) -> None:
+    """Rounds end where PFLlib's ``Budget`` says (FedBABU's fine-tuning after the last round is no
+    round's), or at ``save_results`` for a server without one (FedPHP's)."""
     pfllib = _fake_pfllib(tmp_path / "PFLlib")
     out = tmp_path / "times.json"
     command = [sys.executable, str(REPO / "benchmarks" / "pfllib_rounds.py"), "--pfllib", str(pfllib)]
@@ -104,6 +111,7 @@ def test_pfllib_rounds_times_each_round_and_its_training_loss_pass(tmp_path, alg
     for r in rounds:
         assert r["train_loss_pass"] >= 0.06
         assert r["wall"] >= r["train_loss_pass"] + 0.03
+    assert rounds[-1]["wall"] < 1.5  # FedBABU's 2 s of fine-tuning are left out
 
 
 def test_the_ratios_are_steady_medians_with_and_without_pfllibs_training_loss_pass() -> None:
