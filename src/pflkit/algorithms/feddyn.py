@@ -57,8 +57,7 @@ def squared_norm(params: Params) -> torch.Tensor:
 def squared_norms(params: Params, client_shape: tuple[int, ...]) -> torch.Tensor:
     """Σ_k ‖params_k‖² of each client: a tensor of shape ``client_shape`` (the leading dimensions of
     the parameters in a batched context, none for one client)."""
-    lead = len(client_shape)
-    return cast(torch.Tensor, sum((v**2).flatten(lead).sum(-1) for v in params.values()))
+    return cast(torch.Tensor, sum((v**2).reshape(*client_shape, -1).sum(-1) for v in params.values()))
 
 
 def feddyn_loss(alpha: float) -> LossFn:
