@@ -22,13 +22,10 @@ from pathlib import Path
 
 import torch
 
-from pflkit.algorithms import ClientSummary
-from pflkit.bench import bench_session, driver_rounds
+from pflkit.bench import driver_rounds, method_run
 from pflkit.config import load_config
-from pflkit.engines import RoundSetup, build_engine
-from pflkit.federation import build_partitions, initial_params
-from pflkit.federation.session import on_engine
-from pflkit.methods import build_algorithm
+from pflkit.engines import build_engine
+from pflkit.federation import build_partitions
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "paper" / "mnist-dir0.1-all.toml"
 FORWARD = 1 / 3  # a no-grad forward pass, in training steps of the same samples
@@ -175,17 +172,11 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict]]:
     device = torch.device("cpu")
     config, partitions = build_partitions(config, device)
     data = next(iter(partitions.values()))
-    summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
     engine = build_engine("parallel", workers=args.workers, device="cpu")
     runs = {}
     for name in methods:
-        model, init = initial_params(config, data, 0, device)
-        alg = build_algorithm(name, config.algorithm_sections(), config.train, model.units())
-        setup = RoundSetup(alg, data, model, model.units(), config.train, 0)
-        session = bench_session(
-            alg, init, summaries, num_clients=data.num_clients, rounds=args.rounds, final_pass=False
-        )
-        runs[name] = (session, on_engine(engine, setup), [])
+        session, execute = method_run(config, data, name, engine, args.rounds, device)
+        runs[name] = (session, execute, [])
     failed: dict[str, str] = {}
     try:
         for t in range(1, args.rounds + 1):

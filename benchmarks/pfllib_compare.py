@@ -38,14 +38,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pflkit.algorithms import ClientSummary
-from pflkit.bench import bench_session, driver_rounds
+from pflkit.bench import driver_rounds, method_run
 from pflkit.config import load_config
 from pflkit.data.federated import FederatedData
-from pflkit.engines import RoundSetup, build_engine
-from pflkit.federation import build_partitions, initial_params
-from pflkit.federation.session import on_engine
-from pflkit.methods import build_algorithm
+from pflkit.engines import build_engine
+from pflkit.federation import build_partitions
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "configs" / "paper" / "mnist-dir0.1-all.toml"
@@ -132,7 +129,7 @@ class Pflkit:
         torch.set_num_threads(1)
         self.args = args
         self.device = torch.device("cpu")
-        self.config, partitions = build_partitions(self.config_for("fedavg"), self.device)
+        _config, partitions = build_partitions(self.config_for("fedavg"), self.device)
         self.data = next(iter(partitions.values()))
         self.engine = build_engine("parallel", workers=args.workers, device="cpu")
 
@@ -143,16 +140,10 @@ class Pflkit:
         return load_config(str(CONFIG), [*settings, f"algorithms={json.dumps([method])}", *METHODS[method][2]])
 
     def rounds(self, method: str) -> list[dict]:
-        config = self.config_for(method)
-        data = self.data
-        summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
-        model, init = initial_params(config, data, 0, self.device)
-        alg = build_algorithm(method, config.algorithm_sections(), config.train, model.units())
-        setup = RoundSetup(alg, data, model, model.units(), config.train, 0)
-        session = bench_session(
-            alg, init, summaries, num_clients=data.num_clients, rounds=self.args.rounds, final_pass=False
+        """pflkit's rounds of ``method`` (``wall`` seconds each), a fresh run."""
+        session, execute = method_run(
+            self.config_for(method), self.data, method, self.engine, self.args.rounds, self.device
         )
-        execute = on_engine(self.engine, setup)
         rows = []
         for _ in range(self.args.rounds):
             start = time.perf_counter()

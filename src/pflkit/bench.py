@@ -23,14 +23,14 @@ import torch
 from torch.nn import functional as F
 
 from .algorithms import Algorithm, ClientSummary, TrainSettings
-from .config import load_config
+from .config import BaseConfig, load_config
 from .data import Dataset, PartitionError, PartitionSpec, load_dataset
 from .data.federated import FederatedData
 from .data.partition.spec import TestSet
 from .engines import Engine, RoundSetup, build_engine, default_workers
 from .federation.driver import Callback, RoundDriver
 from .federation.evaluation import GlobalEvaluation
-from .federation.preparation import initial_model
+from .federation.preparation import initial_model, initial_params
 from .federation.session import RunJobs, RunSession, on_engine
 from .federation.state_store import ClientStore
 from .functional import SGD, Batch, classification_loss, forward, net_of
@@ -203,6 +203,20 @@ def bench_session(
         global_evaluation=global_evaluation,
     )
     return RunSession.open(driver, init, summaries, store=store, callbacks=callbacks)
+
+
+def method_run(
+    config: BaseConfig, data: FederatedData, method: str, engine: Engine, rounds: int, device: torch.device
+) -> tuple[RunSession, RunJobs]:
+    """A fresh benchmark run of ``method`` on ``data`` with ``config``'s settings (seed 0): its
+    session (:func:`bench_session`, ``rounds`` training rounds, no final pass) and what runs its
+    client jobs on ``engine`` (the benchmark scripts' one way to start a method)."""
+    summaries = [ClientSummary(i, c.num_train, data.train_label_counts(i)) for i, c in enumerate(data.clients)]
+    model, init = initial_params(config, data, 0, device)
+    alg = build_algorithm(method, config.algorithm_sections(), config.train, model.units())
+    setup = RoundSetup(alg, data, model, model.units(), config.train, 0)
+    session = bench_session(alg, init, summaries, num_clients=data.num_clients, rounds=rounds, final_pass=False)
+    return session, on_engine(engine, setup)
 
 
 def bench_partition(
