@@ -583,7 +583,7 @@ def test_every_algorithm_trains_a_model_whose_classifier_has_no_bias(name, model
 
 
 def test_fast_pooling_gives_max_pool2d_numbers():
-    """max_pool_2x2 without autograd equals F.max_pool2d (ties, NaN, odd sizes); with autograd it is it."""
+    """max_pool_2x2 equals F.max_pool2d (ties, NaN, odd sizes), without autograd and with it."""
     import torch.nn.functional as F
 
     from pflkit.models.pooling import max_pool_2x2
@@ -595,8 +595,21 @@ def test_fast_pooling_gives_max_pool2d_numbers():
         assert torch.equal(max_pool_2x2(x).nan_to_num(9.0), F.max_pool2d(x, 2).nan_to_num(9.0))
         odd = torch.randn(2, 3, 7, 7, generator=g)
         assert torch.equal(max_pool_2x2(odd), F.max_pool2d(odd, 2))
-    tracked = torch.randn(2, 3, 8, 8, generator=g, requires_grad=True)
-    assert type(max_pool_2x2(tracked).grad_fn).__name__.startswith("MaxPool2D")
+    # with autograd (channels-last on a plain tensor, the default layout under vmap): the same values and
+    # gradients, bit for bit, ties and NaN included (the gradient goes to each window's first maximum)
+    upstream = torch.randn(4, 3, 4, 4, generator=g)
+    ours, theirs = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out, expected = max_pool_2x2(ours), F.max_pool2d(theirs, 2)
+    assert out.grad_fn is not None
+    assert torch.equal(out.nan_to_num(9.0), expected.nan_to_num(9.0))
+    out.backward(upstream)
+    expected.backward(upstream)
+    assert torch.equal(ours.grad, theirs.grad)
+    # as the batched engine differentiates: grad under vmap
+    clients, weights = torch.stack([x, -x]), torch.stack([upstream, upstream.flip(0)])
+    grads = torch.func.vmap(torch.func.grad(lambda t, u: (max_pool_2x2(t) * u).sum()))(clients, weights)
+    expected_grads = torch.func.vmap(torch.func.grad(lambda t, u: (F.max_pool2d(t, 2) * u).sum()))(clients, weights)
+    assert torch.equal(grads, expected_grads)
 
 
 def test_fedavg_cnn_pools_before_its_relu_with_the_same_values_and_gradients():
