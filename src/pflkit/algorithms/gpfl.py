@@ -50,7 +50,8 @@ class ConditionalValve(Between):
     )
 
     def valve(self, params: Any, h: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        """CoV(h, c) = ReLU(h * (γ(c) + 1) + β(c)) for features ``h`` [b, d] and input ``c`` [d]."""
+        """CoV(h, c) = ReLU(h * (γ(c) + 1) + β(c)) for features ``h`` [b, d] and input ``c`` [d], or
+        ``c`` [m, d] for m inputs at once (one d x d product per branch), giving [m, b, d]."""
         n = self.name
         gamma, beta = (
             F.layer_norm(
@@ -61,6 +62,8 @@ class ConditionalValve(Between):
             )
             for b in BRANCHES
         )
+        if context.dim() == 2:
+            gamma, beta = gamma[:, None], beta[:, None]
         return F.relu(h * (gamma + 1) + beta)
 
     def route(self, params: Any, h: torch.Tensor, head: Head) -> torch.Tensor:
@@ -78,9 +81,9 @@ def gpfl_loss(body: int, lamda: float) -> LossFn:
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         h = net(params, batch.x, stop=body)
-        personal = COV.valve(params, h, params[n("personal_input")])
+        # both conditional inputs through CoV at once
+        personal, generic = COV.valve(params, h, torch.stack([params[n("personal_input")], params[n("generic_input")]]))
         value = cross_entropy(net(without_between(params), personal, start=body), batch)
-        generic = COV.valve(params, h, params[n("generic_input")])
         cosine = F.linear(F.normalize(generic), F.normalize(params[n("gce")]))
         value = value + cross_entropy(cosine, batch)
         gap = generic - aux["gce"][batch.y]
