@@ -1,5 +1,5 @@
 #!/bin/bash
-# Result cells and the loop-vs-vmap bench on a lent GPU machine, inside a fixed time budget.
+# Result cells and the loop-vs-vmap bench on a GPU machine, inside a fixed time budget.
 #
 # Cells run in parallel, one process and one --out folder each (a small model leaves the GPU mostly
 # idle; two SosicFL cells side by side on an H200 took 0.21-0.25 s a round each); every sweep is sent

@@ -1,4 +1,4 @@
-"""What each method's round costs against the work it must do (issue 23 §2).
+"""What each method's round costs against the work it must do (docs/explanations/performance.md).
 
 FedALA's MNIST setting (configs/paper/mnist-dir0.1-all.toml: 20 clients, Dir(0.1), FedAvgCNN,
 batch 10, one local epoch, every method with its Appendix G settings), the parallel engine. All

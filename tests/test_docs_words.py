@@ -63,13 +63,19 @@ def _command_docstrings(tree: ast.Module) -> set[int]:
     return found
 
 
-def message_hits(path: Path) -> Iterator[str]:
+def message_hits(path: Path, scripts: bool = False) -> Iterator[str]:
     """``file:line: 'word'`` for every hit in a module's user-facing strings: every string but the
-    docstrings of modules, classes and functions (a click command's docstring is its help: kept)."""
+    docstrings of modules, classes and functions (a click command's docstring is its help: kept; so
+    is a script's module docstring, its ``--help`` description, with ``scripts``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docstrings = set()
+    kinds = (
+        (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        if scripts
+        else (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    )
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+        if isinstance(node, kinds) and node.body:
             first = node.body[0]
             if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
                 docstrings.add(id(first.value))
@@ -89,6 +95,13 @@ def test_readme_and_documentation_pages_describe_the_product() -> None:
 def test_messages_and_command_help_describe_the_product() -> None:
     found = [hit for path in sorted((REPO / "src" / "pflkit").rglob("*.py")) for hit in message_hits(path)]
     assert not found, "words about how pflkit was developed, in user-facing strings:\n" + "\n".join(found)
+
+
+def test_benchmark_scripts_help_and_messages_describe_the_product() -> None:
+    scripts = sorted((REPO / "benchmarks").glob("*.py"))
+    assert scripts
+    found = [hit for path in scripts for hit in message_hits(path, scripts=True)]
+    assert not found, "words about how pflkit was developed, in the benchmark scripts:\n" + "\n".join(found)
 
 
 def test_the_word_check_finds_what_it_should_and_allows_the_products_own_sessions() -> None:
