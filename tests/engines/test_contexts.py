@@ -82,3 +82,57 @@ def test_lr_decay_is_a_config_key_that_reaches_training():
     assert config.train.lr_decay == 0.99
     with pytest.raises(Exception, match="lr_decay"):
         load_config(None, ["lr_decay=1.5"])
+
+
+# ---- closed-form loss terms (FedProx's pull, SCAFFOLD's correction, FedDyn's terms) ----------------
+
+
+def _objectives():
+    """(loss with closed-form terms, the aux it reads) for each kind of term, from parameter dicts."""
+    from pflkit.algorithms.feddyn import feddyn_loss
+    from pflkit.algorithms.scaffold import corrected_loss
+
+    def feddyn_aux(anchor, grad):
+        coef = {k: grad[k] + 0.1 * a for k, a in anchor.items()}
+        return {"coef": coef, "anchor_sq": sum((a**2).sum() for a in anchor.values())}
+
+    return [
+        (proximal_loss(classification_loss, 0.3), lambda anchor, other: {"anchor": anchor}),
+        (corrected_loss(classification_loss), lambda anchor, other: {"correction": other}),
+        (feddyn_loss(0.1), feddyn_aux),
+    ]
+
+
+def test_closed_form_terms_train_as_autograd_of_the_whole_objective_bit_for_bit():
+    """A loss with closed-form terms trains to the numbers of the same objective differentiated
+    whole by autograd, parameters and losses bit for bit, on one client and on a batched context
+    of clients with unequal step counts."""
+    from pflkit.data.federated import FederatedData
+    from pflkit.engines.batched import BatchedClientContext
+    from pflkit.engines.stacking import stack, unstack
+    from pflkit.functional.training import WithTerms
+    from tests.support.builders import client_context, perturbed
+
+    contexts = [
+        client_context(i, n_train=n, data_seed=i, batch_size=10, lr=0.2, local_epochs=2)
+        for i, n in enumerate((30, 14, 50))
+    ]
+    p0 = params_of(contexts[0], 1)
+    fed = FederatedData.from_clients([c.data for c in contexts], 10, "toy")
+    batched = BatchedClientContext([0, 1, 2], 1, 0, fed, contexts[0].model, contexts[0].units, contexts[0].train, "t")
+    for loss, make_aux in _objectives():
+        assert isinstance(loss, WithTerms)
+        whole = lambda *args, loss=loss: loss(*args)  # noqa: E731  (a plain function: autograd of every part)
+        auxes = [
+            make_aux(perturbed(p0, 10 + i, 0.1), perturbed({k: 0 * v for k, v in p0.items()}, 20 + i, 0.05))
+            for i in range(3)
+        ]
+        for ctx, aux in zip(contexts, auxes):
+            ours, theirs = ctx.fit(p0, loss, aux=aux), ctx.fit(p0, whole, aux=aux)
+            assert all(torch.equal(ours.params[k], theirs.params[k]) for k in p0), loss
+            assert torch.equal(torch.as_tensor(ours.loss), torch.as_tensor(theirs.loss))
+        start, aux = stack([p0] * 3), stack(auxes)
+        ours, theirs = batched.fit(start, loss, aux=aux), batched.fit(start, whole, aux=aux)
+        assert all(torch.equal(ours.params[k], theirs.params[k]) for k in p0), loss
+        assert torch.equal(ours.loss, theirs.loss)
+        assert not torch.equal(unstack(ours.params, 0, p0)["fc.weight"], p0["fc.weight"])  # it trained

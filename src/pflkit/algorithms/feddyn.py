@@ -13,14 +13,14 @@ added as weight decay, with the run's ``weight_decay``.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import torch
 from pydantic import Field
 
 from ..functional import Params, WeightedSum, clone
-from ..functional.training import SGD, Batch, LossFn, Net, cross_entropy
+from ..functional.training import SGD, ClosedFormTerm, LossFn, WithTerms, classification_loss
 from .base import (
     ClientContext,
     CountsClients,
@@ -60,20 +60,29 @@ def squared_norms(params: Params, client_shape: tuple[int, ...]) -> torch.Tensor
     return cast(torch.Tensor, sum((v**2).reshape(*client_shape, -1).sum(-1) for v in params.values()))
 
 
-def feddyn_loss(alpha: float) -> LossFn:
-    """CE − ⟨g, θ⟩ + α/2 ‖θ − anchor‖² over the parameters of ``aux["coef"]``, which holds
-    g + α·anchor (``aux["anchor_sq"]``: ‖anchor‖²), both computed once per fit.
+@dataclass(frozen=True)
+class DynamicTerms(ClosedFormTerm):
+    """FedDyn's terms −⟨g, θ⟩ + α/2 ‖θ − anchor‖² over the parameters of ``aux["coef"]``, which holds
+    g + α·anchor (``aux["anchor_sq"]``: ‖anchor‖²), both computed once per fit: the value
+    −⟨g + α·anchor, θ⟩ + α/2 (‖θ‖² + ‖anchor‖²). The gradient added is −(g + α·anchor); the
+    optimiser adds the quadratic part's α θ as weight decay (``FedDyn.optimizer``)."""
 
-    Its gradient is that of CE − ⟨g + α·anchor, θ⟩: the quadratic part α/2 (‖θ‖² + ‖anchor‖²) enters
-    the value only, since the optimiser adds its gradient α θ as weight decay (``FedDyn.optimizer``)."""
+    alpha: float
 
-    def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
+    def add_value(self, value: torch.Tensor, params: Params, aux: Any) -> torch.Tensor:
         coef = aux["coef"]
         linear = sum((c * params[k]).sum() for k, c in coef.items())
-        quadratic = alpha / 2 * (squared_norm({k: params[k].detach() for k in coef}) + aux["anchor_sq"])
-        return cross_entropy(net(params, batch.x), batch) - linear + quadratic
+        quadratic = self.alpha / 2 * (squared_norm({k: params[k].detach() for k in coef}) + aux["anchor_sq"])
+        return value - linear + quadratic
 
-    return loss
+    def gradient(self, params: Params, aux: Any) -> dict[str, torch.Tensor]:
+        return {k: -c for k, c in aux["coef"].items()}
+
+
+def feddyn_loss(alpha: float) -> LossFn:
+    """CE − ⟨g, θ⟩ + α/2 ‖θ − anchor‖² (:class:`DynamicTerms`): training differentiates the CE and
+    adds the rest in closed form."""
+    return WithTerms(classification_loss, (DynamicTerms(alpha),))
 
 
 class FedDynStep:

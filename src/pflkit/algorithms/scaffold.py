@@ -21,13 +21,14 @@ an error naming the client, the round and the control variates' size.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, cast
 
 import torch
 from pydantic import Field
 
 from ..functional import Params, WeightedSum, scale
-from ..functional.training import Batch, LossFn, Net, NonFiniteLossError
+from ..functional.training import ClosedFormTerm, LossFn, NonFiniteLossError, WithTerms
 from .base import NUM_CLIENTS as NUM_CLIENTS
 from .base import (
     ClientContext,
@@ -61,17 +62,27 @@ class ScaffoldSettings(Settings):
     )
 
 
-def corrected_loss(loss: LossFn) -> LossFn:
-    """``loss`` whose gradient gains ``aux["correction"]`` (c − c_i) on the parameters it names; the
-    added term is 0 in value, so the reported loss stays ``loss``."""
+@dataclass(frozen=True)
+class Correction(ClosedFormTerm):
+    """SCAFFOLD's correction as a loss term: ⟨w − sg(w), c − c_i⟩ (``aux["correction"]``), 0 in value,
+    whose gradient c − c_i is added to the loss's."""
 
-    def with_correction(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
-        value = loss(net, params, batch, aux)
+    def add_value(self, value: torch.Tensor, params: Params, aux: Any) -> torch.Tensor:
         for k, v in aux["correction"].items():
             value = value + ((params[k] - params[k].detach()) * v).sum()
         return value
 
-    return with_correction
+    def gradient(self, params: Params, aux: Any) -> dict[str, torch.Tensor]:
+        return dict(aux["correction"])
+
+    def add_value_only(self, value: torch.Tensor, params: Params, aux: Any) -> torch.Tensor:
+        return value  # each added term is 0
+
+
+def corrected_loss(loss: LossFn) -> LossFn:
+    """``loss`` whose gradient gains ``aux["correction"]`` (c − c_i) on the parameters it names; the
+    added term is 0 in value, so the reported loss stays ``loss``."""
+    return WithTerms(loss, (Correction(),))
 
 
 def norms(params: Params, ctx: ClientContext) -> torch.Tensor:

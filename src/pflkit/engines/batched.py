@@ -45,9 +45,12 @@ from ..functional.training import (
     SGD,
     Batch,
     CarryLossFn,
+    ClosedFormTerm,
     Ensemble,
     LossFn,
     Net,
+    add_terms,
+    base_loss,
     features_of,
     forward,
     net_of,
@@ -349,7 +352,7 @@ class BatchedClientContext:
             assert loss is not None
 
             def objective(tp: Params, fz: Params, b: Any, a: Any) -> tuple[Tensor, Params]:
-                return loss_value(loss, net, {**fz, **tp}, b, a, carry)
+                return loss_value(base_loss(loss), net, {**fz, **tp}, b, a, carry)
 
             batched = _vmapped(grad_and_value(objective, has_aux=True), aux)
         elif vectorized:
@@ -390,8 +393,15 @@ class BatchedClientContext:
                 head.update({k: v[:n] for k, v in sub_carried.items()})
                 prefix_aux = tree_map(lambda t, n=n: t[:n], sub_aux) if sub_aux is not None else None
                 if step is None:
-                    grads, (values, updates) = batched(
-                        {k: v[:n] for k, v in sub_train.items()}, head, batch, prefix_aux
+                    running_train = {k: v[:n] for k, v in sub_train.items()}
+                    grads, (values, updates) = batched(running_train, head, batch, prefix_aux)
+                    values, grads = add_terms(
+                        loss,
+                        values,
+                        grads,
+                        running_train,
+                        prefix_aux,
+                        partial(_add_term_value, train=running_train, frozen=head, aux=prefix_aux),
                     )
                     opt.update_(sub_train, grads, sub_state, rows=slice(0, n))
                     with torch.no_grad():
@@ -455,6 +465,13 @@ def check_full_batches(table: EpochTable, model: UnitModel) -> None:
                 f"{type(model).__name__} has batch norm and a client's batch here is smaller than the others' "
                 "(padded): batched training would count the padding in the batch statistics"
             )
+
+
+def _add_term_value(term: ClosedFormTerm, values: Tensor, train: Params, frozen: Params, aux: Any) -> Tensor:
+    """Each running client's loss ``values`` with a closed-form term's value added."""
+    dims = (0, 0, 0, None if aux is None else 0)
+    add = vmap(lambda v, tp, fz, a: term.add_value_only(v, {**fz, **tp}, a), in_dims=dims)
+    return add(values, train, frozen, aux)
 
 
 def _vmapped(fn: Callable[..., Any], aux: Any) -> Callable[..., Any]:

@@ -39,7 +39,9 @@ from ..functional.training import (
     Ensemble,
     LossFn,
     Net,
+    add_terms,
     autograd_value_and_grad,
+    base_loss,
     features_of,
     net_of,
 )
@@ -239,10 +241,13 @@ class SingleClientContext:
                 batch = materialize(rows, x, y)
                 if step is None:
                     assert loss is not None
-                    value, updates = loss_value(loss, net, current, batch, aux, carry)
+                    value, updates = loss_value(base_loss(loss), net, current, batch, aux, carry)
                     if carry:
                         current.update({k: updates[k].detach() for k in carry})
                     grads = dict(zip(train, torch.autograd.grad(value, leaves)))
+                    value, grads = add_terms(
+                        loss, value, grads, train, aux, lambda term, v: term.add_value_only(v, current, aux)
+                    )
                     opt.update_(train, grads, opt_state)
                     value = value.detach()
                 else:

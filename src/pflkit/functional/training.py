@@ -13,6 +13,7 @@ context carries a ``mask`` of real samples because clients smaller than a batch 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, cast
@@ -172,17 +173,91 @@ def squared_distance(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> Tensor
     return cast(Tensor, sum(((a[k] - b[k]) ** 2).sum() for k in a))  # (sum's start 0 is absorbed by a tensor)
 
 
+class ClosedFormTerm(ABC):
+    """A term of a local objective whose gradient is known in closed form (a proximal pull, a fixed
+    linear correction). ``fit`` adds that gradient to the autograd gradient of the rest, instead of
+    differentiating the term at every step (one elementwise pass where autograd takes several); the
+    numbers are the same bit for bit when ``gradient`` computes what autograd would."""
+
+    @abstractmethod
+    def add_value(self, value: Tensor, params: Params, aux: Any) -> Tensor:
+        """``value`` with the term added, as the whole objective computes it (differentiable)."""
+
+    @abstractmethod
+    def gradient(self, params: Params, aux: Any) -> dict[str, Tensor]:
+        """The term's gradient for the parameters it reads (``params`` may have leading client dims)."""
+
+    def add_value_only(self, value: Tensor, params: Params, aux: Any) -> Tensor:
+        """``add_value`` for the reported loss, without autograd (a term may skip work here)."""
+        return self.add_value(value, params, aux)
+
+
+@dataclass(frozen=True)
+class WithTerms:
+    """``base`` plus closed-form ``terms``: called, the whole objective (autograd differentiates every
+    part); ``fit`` differentiates ``base`` only and adds each term's gradient."""
+
+    base: LossFn
+    terms: tuple[ClosedFormTerm, ...]
+
+    def __call__(self, net: Net, params: Params, batch: Batch, aux: Any) -> Tensor:
+        value = self.base(net, params, batch, aux)
+        for term in self.terms:
+            value = term.add_value(value, params, aux)
+        return value
+
+
+@dataclass(frozen=True)
+class ProximalTerm(ClosedFormTerm):
+    """``mu / 2 * ||w - anchor||^2`` over the anchor's parameters (``aux[anchor_key]``); its
+    gradient is ``mu * (w - anchor)``."""
+
+    mu: float
+    anchor_key: str = "anchor"
+
+    def add_value(self, value: Tensor, params: Params, aux: Any) -> Tensor:
+        anchor = aux[self.anchor_key]
+        return value + self.mu / 2 * squared_distance({k: params[k] for k in anchor}, anchor)
+
+    def gradient(self, params: Params, aux: Any) -> dict[str, Tensor]:
+        anchor = aux[self.anchor_key]
+        return {k: self.mu * (params[k] - a) for k, a in anchor.items()}
+
+
 def proximal_loss(loss: LossFn, mu: float, anchor_key: str = "anchor") -> LossFn:
     """``loss + mu / 2 * ||w - anchor||^2`` over the trained parameters (FedProx, Ditto, FedAMP);
-    the anchor is ``aux[anchor_key]``, a parameter dict."""
+    the anchor is ``aux[anchor_key]``, a parameter dict. Training adds the proximal gradient
+    ``mu (w - anchor)`` in closed form (:class:`WithTerms`)."""
     if not mu:
         return loss
+    return WithTerms(loss, (ProximalTerm(mu, anchor_key),))
 
-    def with_proximal(net: Net, params: Params, batch: Batch, aux: Any) -> Tensor:
-        anchor = aux[anchor_key]
-        return loss(net, params, batch, aux) + mu / 2 * squared_distance({k: params[k] for k in anchor}, anchor)
 
-    return with_proximal
+def base_loss(loss: Any) -> Any:
+    """The part of ``loss`` that autograd differentiates in ``fit`` (a :class:`WithTerms`'s base)."""
+    return loss.base if isinstance(loss, WithTerms) else loss
+
+
+def add_terms(
+    loss: Any,
+    value: Tensor,
+    grads: dict[str, Tensor],
+    params: Params,
+    aux: Any,
+    add_value: Callable[[ClosedFormTerm, Tensor], Tensor],
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``value`` and ``grads`` of a :class:`WithTerms` loss's base made the whole objective's: each
+    term's closed-form gradient added on the trained parameters, and its value by ``add_value(term,
+    value)`` (one client's, or each client's). Any other loss: unchanged."""
+    if not isinstance(loss, WithTerms):
+        return value, grads
+    with torch.no_grad():
+        for term in loss.terms:
+            for k, g in term.gradient(params, aux).items():
+                if k in grads:
+                    grads[k] = grads[k] + g
+            value = add_value(term, value)
+    return value, grads
 
 
 GradFn = Callable[..., tuple[dict[str, Tensor], Tensor]]
