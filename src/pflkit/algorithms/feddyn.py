@@ -78,6 +78,16 @@ class DynamicTerms(ClosedFormTerm):
     def gradient(self, params: Params, aux: Any) -> dict[str, torch.Tensor]:
         return {k: -c for k, c in aux["coef"].items()}
 
+    def apply(self, value: torch.Tensor, params: Params, grads: dict[str, torch.Tensor], aux: Any) -> torch.Tensor:
+        coef = aux["coef"]
+        names = list(coef)
+        theta = [params[k].detach() for k in names]
+        linear = sum(s.sum() for s in torch._foreach_mul([coef[k] for k in names], theta))
+        quadratic = self.alpha / 2 * (sum(s.sum() for s in torch._foreach_mul(theta, theta)) + aux["anchor_sq"])
+        trained = [k for k in names if k in grads]
+        grads.update(zip(trained, torch._foreach_sub([grads[k] for k in trained], [coef[k] for k in trained])))
+        return value - linear + quadratic
+
 
 def feddyn_loss(alpha: float) -> LossFn:
     """CE − ⟨g, θ⟩ + α/2 ‖θ − anchor‖² (:class:`DynamicTerms`): training differentiates the CE and

@@ -399,7 +399,7 @@ class BatchedClientContext:
                         loss,
                         values,
                         grads,
-                        running_train,
+                        {**head, **running_train},
                         prefix_aux,
                         partial(_add_term_value, train=running_train, frozen=head, aux=prefix_aux),
                     )

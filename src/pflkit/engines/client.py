@@ -245,9 +245,7 @@ class SingleClientContext:
                     if carry:
                         current.update({k: updates[k].detach() for k in carry})
                     grads = dict(zip(train, torch.autograd.grad(value, leaves)))
-                    value, grads = add_terms(
-                        loss, value, grads, train, aux, lambda term, v: term.add_value_only(v, current, aux)
-                    )
+                    value, grads = add_terms(loss, value, grads, current, aux)
                     opt.update_(train, grads, opt_state)
                     value = value.detach()
                 else:

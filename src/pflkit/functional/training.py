@@ -191,6 +191,15 @@ class ClosedFormTerm(ABC):
         """``add_value`` for the reported loss, without autograd (a term may skip work here)."""
         return self.add_value(value, params, aux)
 
+    def apply(self, value: Tensor, params: Params, grads: dict[str, Tensor], aux: Any) -> Tensor:
+        """One client's step: its gradient added to ``grads`` (the trained parameters' entries, in
+        place) and the value with the term added. A term may override it with multi-tensor
+        (``torch._foreach_*``) forms of the same arithmetic."""
+        for k, g in self.gradient(params, aux).items():
+            if k in grads:
+                grads[k] = grads[k] + g
+        return self.add_value_only(value, params, aux)
+
 
 @dataclass(frozen=True)
 class WithTerms:
@@ -223,6 +232,17 @@ class ProximalTerm(ClosedFormTerm):
         anchor = aux[self.anchor_key]
         return {k: self.mu * (params[k] - a) for k, a in anchor.items()}
 
+    def apply(self, value: Tensor, params: Params, grads: dict[str, Tensor], aux: Any) -> Tensor:
+        anchor = aux[self.anchor_key]
+        names = list(anchor)
+        gaps = torch._foreach_sub([params[k] for k in names], [anchor[k] for k in names])
+        value = value + self.mu / 2 * sum(s.sum() for s in torch._foreach_mul(gaps, gaps))
+        torch._foreach_mul_(gaps, self.mu)
+        trained = [i for i, k in enumerate(names) if k in grads]
+        summed = torch._foreach_add([grads[names[i]] for i in trained], [gaps[i] for i in trained])
+        grads.update(zip((names[i] for i in trained), summed))
+        return value
+
 
 def proximal_loss(loss: LossFn, mu: float, anchor_key: str = "anchor") -> LossFn:
     """``loss + mu / 2 * ||w - anchor||^2`` over the trained parameters (FedProx, Ditto, FedAMP);
@@ -244,15 +264,19 @@ def add_terms(
     grads: dict[str, Tensor],
     params: Params,
     aux: Any,
-    add_value: Callable[[ClosedFormTerm, Tensor], Tensor],
+    add_value: Callable[[ClosedFormTerm, Tensor], Tensor] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``value`` and ``grads`` of a :class:`WithTerms` loss's base made the whole objective's: each
-    term's closed-form gradient added on the trained parameters, and its value by ``add_value(term,
-    value)`` (one client's, or each client's). Any other loss: unchanged."""
+    term's closed-form gradient added on the trained parameters, and its value. One client
+    (``add_value`` None): ``term.apply``; clients with a leading dim: each client's value by
+    ``add_value(term, value)``. Any other loss: unchanged."""
     if not isinstance(loss, WithTerms):
         return value, grads
     with torch.no_grad():
         for term in loss.terms:
+            if add_value is None:
+                value = term.apply(value, params, grads, aux)
+                continue
             for k, g in term.gradient(params, aux).items():
                 if k in grads:
                     grads[k] = grads[k] + g
