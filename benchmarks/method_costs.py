@@ -26,6 +26,7 @@ from pflkit.bench import driver_rounds, method_run
 from pflkit.config import load_config
 from pflkit.engines import build_engine
 from pflkit.federation import build_partitions
+from pflkit.federation.results import machine
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "paper" / "mnist-dir0.1-all.toml"
 FORWARD = 1 / 3  # a no-grad forward pass, in training steps of the same samples
@@ -82,7 +83,14 @@ def report(runs: dict[str, list[dict]], rounds: int, workers: int, steady_from: 
     the driver's ``*_seconds``), the median of its steady rounds (``steady_from`` on) and that over
     FedAvg's and over its inherent work."""
     first = steady_from - 1
-    out = {"config": str(CONFIG.name), "rounds": rounds, "workers": workers, "steady_from": steady_from, "methods": {}}
+    out = {
+        "config": str(CONFIG.name),
+        "machine": machine(),
+        "rounds": rounds,
+        "workers": workers,
+        "steady_from": steady_from,
+        "methods": {},
+    }
     short = next((name for name, rows in runs.items() if len(rows) < steady_from), None)
     if short is not None:
         raise SystemExit(f"{short}: no round from {steady_from} on among its {len(runs[short])}")

@@ -43,6 +43,7 @@ from pflkit.config import load_config
 from pflkit.data.federated import FederatedData
 from pflkit.engines import build_engine
 from pflkit.federation import build_partitions
+from pflkit.federation.results import machine
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "configs" / "paper" / "mnist-dir0.1-all.toml"
@@ -277,6 +278,7 @@ def record(args: argparse.Namespace, threads: int, tried: dict[int, float], resu
         "pfllib_threads": threads,
         "pfllib_fedavg_by_threads": tried,
         "cpu_count": os.cpu_count(),
+        "machine": machine(),
         "torch": torch.__version__,
         "methods": results,
     }
