@@ -10,9 +10,12 @@ import click
 from .app import main
 from .common import USER_ERRORS, check_writable_file, fail
 
-#: the committed method-costs files: the first methods' run, then those of the baselines and of the
-#: representation-level methods added since (each ratio against the FedAvg of its own run)
+#: the committed method-costs files, newest first (a method in several takes the first's): the runs
+#: after the closed-form terms and after the lighter steps, the first methods' run, then those of the
+#: baselines and of the representation-level methods (each ratio against the FedAvg of its own run)
 COSTS = (
+    Path("docs/method-costs-terms.json"),
+    Path("docs/method-costs-lighter.json"),
     Path("docs/method-costs-after.json"),
     Path("docs/method-costs-baselines.json"),
     Path("docs/method-costs-representation.json"),
