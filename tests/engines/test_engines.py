@@ -208,6 +208,22 @@ def test_a_batched_context_gathers_client_states_onto_its_device():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedala", "ditto", "scaffold", "feddyn", "fedrep", "moon"])
+def test_cuda_graphs_engine_runs_as_the_vmap_engine(name):
+    """The vmap-graphs engine replays each epoch's steps as CUDA graphs: three rounds (ALA's start
+    phase and a steady round included) score as on the vmap engine, within float reassociation."""
+    sizes = [300, 450, 120, 600, 70]  # batch 10: stretches of steps long enough to be recorded
+    eager = run_rounds(name, build_engine("vmap", device="cuda"), make_data(sizes, device="cuda"), 3, device="cuda")
+    graphs = run_rounds(
+        name, build_engine("vmap-graphs", device="cuda"), make_data(sizes, device="cuda"), 3, device="cuda"
+    )
+    for ra, rb in zip(eager.history, graphs.history, strict=True):
+        assert ra["round"] == rb["round"]
+        if "accuracy" in ra:
+            assert abs(ra["accuracy"] - rb["accuracy"]) <= 2 / 20 + 1e-9
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ALL_ALGORITHMS)
 def test_every_algorithm_runs_on_cuda_with_the_default_engine_as_on_the_cpu(name):
     """CUDA's default engine (vmap; client by client for per-client code) runs three rounds, the ALA

@@ -22,7 +22,12 @@ Examples:
 )
 @click.option("--data-dir", default=None, help="MNIST folder (IDX files); default: an MNIST-shaped stand-in")
 @click.option("--clients", default="20", show_default=True, help="comma-separated client counts")
-@click.option("--engines", default="loop,parallel", show_default=True, help="comma-separated engines")
+@click.option(
+    "--engines",
+    default="loop,parallel",
+    show_default=True,
+    help="comma-separated engines: loop, parallel, vmap, vmap-graphs (CUDA only)",
+)
 @click.option("--algorithms", "algos", default="fedavg,fedala", show_default=True)
 @click.option(
     "--rounds",
@@ -96,10 +101,12 @@ def bench(
         check_writable_file(out)
     except USER_ERRORS as exc:
         fail(exc)
-    unknown = sorted(set(engines.split(",")) - {"loop", "parallel", "vmap"})
+    from ..engines import ENGINES
+
+    unknown = sorted(set(engines.split(",")) - set(ENGINES))
     if unknown:
         raise click.BadParameter(
-            f"unknown engine(s) {', '.join(unknown)}; choose from loop, parallel, vmap", param_hint="--engines"
+            f"unknown engine(s) {', '.join(unknown)}; choose from {', '.join(ENGINES)}", param_hint="--engines"
         )
     if scale:
         from ..bench_scale import ScaleSettings, format_scale_report, run_scale_bench

@@ -64,10 +64,11 @@ class RunSettings(BaseModel):
         description="epochs of local SGD (cross-entropy, the run's train settings) an unseen client runs "
         "on its training split from what the method gives a newcomer, before it is scored (0: scored as received)",
     )
-    engine: Literal["auto", "loop", "parallel", "vmap"] = Field(
+    engine: Literal["auto", "loop", "parallel", "vmap", "vmap-graphs"] = Field(
         "auto",
         description="loop: one client at a time; parallel: clients over worker threads; vmap: "
-        "many clients batched with torch.func (for GPUs); auto: vmap on CUDA, parallel on CPU",
+        "many clients batched with torch.func (for GPUs); vmap-graphs: vmap with each epoch's steps "
+        "replayed as CUDA graphs (CUDA only); auto: vmap on CUDA, parallel on CPU",
     )
     workers: int | None = Field(None, ge=1, description="parallel engine workers (default: all cores)")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")

@@ -7,7 +7,7 @@ from .batched import BatchedClientContext
 from .client import SingleClientContext
 from .executor import ClientExecutor, LoopEngine, ParallelEngine, VmapEngine, default_workers, run_client
 
-ENGINES = ("loop", "parallel", "vmap")
+ENGINES = ("loop", "parallel", "vmap", "vmap-graphs")
 
 
 def build_engine(name: str, *, workers: int | None = None, device: str = "cpu") -> Engine:
@@ -20,6 +20,10 @@ def build_engine(name: str, *, workers: int | None = None, device: str = "cpu") 
         return ParallelEngine(workers)
     if name == "vmap":
         return VmapEngine()
+    if name == "vmap-graphs":
+        if not str(device).startswith("cuda"):
+            raise ValueError(f"engine vmap-graphs replays CUDA graphs: it needs device cuda, not {device!r}")
+        return VmapEngine(graphs=True)
     raise ValueError(f"unknown engine {name!r}; available: auto, {', '.join(ENGINES)}")
 
 

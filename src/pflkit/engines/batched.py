@@ -59,6 +59,7 @@ from ..functional.training import (
 from ..models import UnitModel, Units, buffer_names, num_outputs
 from .client import cached_prefix, class_sums, from_unit
 from .fitting import FitTotals, check_cancel, check_fit_arguments, loss_value, run_epochs
+from .graphs import Recorder, StepGraphs
 from .plan import ClientPlan, EpochTable
 from .schedule import holdout_positions, sample_positions
 from .stacking import stack, unstack
@@ -96,9 +97,13 @@ class BatchedClientContext:
         train: TrainSettings,
         algorithm: str = "",
         cancel: threading.Event | None = None,
+        graphs: Callable[[torch.device], Recorder] | None = None,
     ) -> None:
-        """``cancel``: once set, training stops at its next step (JobsAbandoned)."""
+        """``cancel``: once set, training stops at its next step (JobsAbandoned); ``graphs``: the
+        recorder of each epoch's steps (``CudaGraphRecorder``: replay them as CUDA graphs), None:
+        every step eager."""
         self.cancel = cancel
+        self.graphs = graphs
         if data.x is None or data.y is None:
             raise ValueError("a batched context needs FederatedData with the dataset tensors (x, y)")
         self._ids = list(client_ids)
@@ -306,6 +311,16 @@ class BatchedClientContext:
         ]
 
     # ---- training --------------------------------------------------------------------------
+    def _step_graphs(self, stage: str, step: StepFn | None, transform: Transform | None) -> StepGraphs | None:
+        """An epoch's step graphs, or None where its steps run eagerly: no recorder, or a step
+        function or transform of the algorithm's own (Python code a graph would not re-run)."""
+        if self.graphs is None:
+            return None
+        if step is not None or transform is not None:
+            _log_once(f"{self.algorithm}'s {stage} has its own step or transform: its steps run without CUDA graphs")
+            return None
+        return StepGraphs(self.graphs(self.device), self.device, self.where(stage))
+
     def fit(
         self,
         params: Params,
@@ -385,9 +400,9 @@ class BatchedClientContext:
             sub_state = {k: pick(v) for k, v in opt_state.items()}
             sub_aux = tree_map(pick, aux) if aux is not None else None
             sub_steps = steps[torch.tensor(running)]
-            for s in range(int(sub_steps.max()) if len(running) else 0):
-                check_cancel(self.cancel, self.where(stage))
-                n = int((sub_steps > s).sum())
+
+            def take_step(s: int | Tensor, n: int) -> None:
+                """Step ``s`` of the first ``n`` running clients, every result written in place."""
                 batch = table.batch(x, y, s, slice(0, n) if whole else idx[:n])
                 head = {k: v[:n] for k, v in sub_frozen.items()}
                 head.update({k: v[:n] for k, v in sub_carried.items()})
@@ -419,6 +434,15 @@ class BatchedClientContext:
                     totals.loss_sum[idx[:n]] += values.detach()
                     totals.count[idx[:n]] += 1
                     totals.last[idx[:n]] = values.detach()
+
+            graphs = self._step_graphs(stage, step, transform)
+            for s in range(int(sub_steps.max()) if len(running) else 0):
+                check_cancel(self.cancel, self.where(stage))
+                n = int((sub_steps > s).sum())
+                if graphs is None:
+                    take_step(s, n)
+                else:
+                    graphs.run(n, s, int(sub_steps[n - 1]) - s, partial(take_step, graphs.step_index, n))
             ran = [k for k in running if int(steps[k]) > 0]
             with torch.no_grad():
                 if epoch_end is not None and ran:

@@ -11,7 +11,8 @@ results back per client. The engines are this executor with other numbers:
   (``Algorithm.trains_on_receive``) that step first on batched groups of ``receive_chunk``
   clients, since its many tiny steps would serialise on Python's GIL (a wave of clients at a
   time, received then trained);
-* ``vmap``: batched groups of ``chunk_size`` clients (made for GPUs).
+* ``vmap``: batched groups of ``chunk_size`` clients (made for GPUs);
+* ``vmap-graphs``: ``vmap`` with each epoch's steps recorded once as CUDA graphs and replayed.
 
 Groups are cut from the clients sorted by training-set size (largest first): within a batched
 group the clients that still have batches at a step are then a prefix (no padding work), and the
@@ -41,6 +42,7 @@ from ..models import UnitModel, buffer_names
 from .base import ClientJob, ClientResult, RoundSetup
 from .batched import BatchedClientContext
 from .client import SingleClientContext
+from .graphs import CudaGraphRecorder, Recorder
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,8 +82,15 @@ def size_order(data: FederatedData, client_ids: Sequence[int]) -> list[int]:
     return sorted(range(len(client_ids)), key=lambda j: -data.client(client_ids[j]).num_train)
 
 
-def group_context(setup: RoundSetup, client_ids: Sequence[int], round: int, batched: bool) -> Context:
-    """The context of a group: the reference per-client context, or a batched one."""
+def group_context(
+    setup: RoundSetup,
+    client_ids: Sequence[int],
+    round: int,
+    batched: bool,
+    graphs: Callable[[Any], Recorder] | None = None,
+) -> Context:
+    """The context of a group: the reference per-client context, or a batched one (``graphs``: the
+    recorder that replays its steps as CUDA graphs, module ``graphs``)."""
     if batched:
         return BatchedClientContext(
             list(client_ids),
@@ -93,6 +102,7 @@ def group_context(setup: RoundSetup, client_ids: Sequence[int], round: int, batc
             setup.train,
             setup.algorithm.name,
             cancel=setup.cancel,
+            graphs=graphs,
         )
     (client_id,) = client_ids
     return setup.context(client_id, round)
@@ -195,10 +205,20 @@ class ClientExecutor:
     ``chunk_size``: clients per group (1: per-client contexts; more: batched contexts);
     ``workers``: threads the groups are spread over (each with its own model skeleton);
     ``receive_chunk``: batch the ``receive`` step of algorithms that train in it in groups of
-    this size first (None: no separate receive step)."""
+    this size first (None: no separate receive step); ``graphs``: the recorder of batched groups'
+    steps (CUDA graphs), None: eager steps."""
 
-    def __init__(self, name: str, *, chunk_size: int = 1, workers: int = 1, receive_chunk: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        chunk_size: int = 1,
+        workers: int = 1,
+        receive_chunk: int | None = None,
+        graphs: Callable[[Any], Recorder] | None = None,
+    ) -> None:
         self.name = name
+        self.graphs = graphs
         self.chunk_size = chunk_size
         self.workers = workers
         self.receive_chunk = receive_chunk
@@ -316,7 +336,14 @@ class ClientExecutor:
         """The setup (this thread's model skeleton), jobs, round and context of a group."""
         if self._pool is not None:
             setup = replace(setup, model=self._model(setup.model))
-        return setup, group_jobs, round, group_context(setup, [job.client_id for job in group_jobs], round, batched)
+        return (
+            setup,
+            group_jobs,
+            round,
+            group_context(
+                setup, [job.client_id for job in group_jobs], round, batched, self.graphs if batched else None
+            ),
+        )
 
     def _model(self, model: UnitModel) -> UnitModel:
         """This worker thread's copy of the model skeleton (module calls swap its parameters)."""
@@ -389,7 +416,15 @@ class ParallelEngine(ClientExecutor):
 
 
 class VmapEngine(ClientExecutor):
-    """Chunks of clients batched with ``torch.func.vmap`` (default 64 per chunk, which bounds memory)."""
+    """Chunks of clients batched with ``torch.func.vmap`` (default 64 per chunk, which bounds
+    memory); ``graphs``: on CUDA, each epoch's steps replayed as CUDA graphs (``vmap-graphs``)."""
 
-    def __init__(self, chunk_size: int = 64) -> None:
-        super().__init__("vmap", chunk_size=chunk_size)
+    def __init__(self, chunk_size: int = 64, graphs: bool = False) -> None:
+        name = "vmap-graphs" if graphs else "vmap"
+        super().__init__(name, chunk_size=chunk_size, graphs=_cuda_recorder if graphs else None)
+
+
+def _cuda_recorder(device: Any) -> Recorder:
+    if device.type != "cuda":
+        raise ValueError(f"the vmap-graphs engine replays CUDA graphs and needs device cuda, not {device.type}")
+    return CudaGraphRecorder(device)

@@ -174,7 +174,7 @@ class Table:
     lam: Tensor | None = None
     perm: Tensor | None = None
 
-    def batch(self, x: Tensor, y: Tensor, step: int, clients: Tensor | slice) -> Batch:
+    def batch(self, x: Tensor, y: Tensor, step: int | Tensor, clients: Tensor | slice) -> Batch:
         rows = self.rows[clients, step]
         mask = self.mask[clients, step]
         if self.lam is None or self.perm is None:
@@ -206,7 +206,7 @@ class EpochTable:
             steps, [_table(m, to_rows, max(int(steps.max()), 1) if len(steps) else 1, device) for m in members], paired
         )
 
-    def batch(self, x: Tensor, y: Tensor, step: int, clients: Tensor | slice) -> Batch | tuple[Batch, ...]:
+    def batch(self, x: Tensor, y: Tensor, step: int | Tensor, clients: Tensor | slice) -> Batch | tuple[Batch, ...]:
         batches = [t.batch(x, y, step, clients) for t in self.tables]
         return tuple(batches) if self.paired else batches[0]
 
