@@ -31,6 +31,7 @@ from .engines import Engine, RoundSetup, build_engine, default_workers
 from .federation.driver import Callback, RoundDriver
 from .federation.evaluation import GlobalEvaluation
 from .federation.preparation import initial_model, initial_params
+from .federation.results import machine
 from .federation.session import RunJobs, RunSession, on_engine
 from .federation.state_store import ClientStore
 from .functional import SGD, Batch, classification_loss, forward, net_of
@@ -340,6 +341,7 @@ def run_bench(settings: BenchSettings, echo: Callable[[str], None] = print) -> d
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),
+            "description": machine(),
             "torch": torch.__version__,
             "cpus": default_workers(),
         },
