@@ -136,7 +136,11 @@ def test_bad_arguments_are_named() -> None:
         script.main(["--data-dir", "x"])
 
 
-@pytest.mark.parametrize("path", [COMMITTED, REPO / "docs" / "pfllib-compare-epyc.json"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [COMMITTED, REPO / "docs" / "pfllib-compare-epyc.json", REPO / "docs" / "pfllib-compare-short.json"],
+    ids=lambda p: p.name,
+)
 def test_the_committed_comparison_is_what_its_round_times_give(path) -> None:
     committed = json.loads(path.read_text())
     again = _script().rescore(path)
