@@ -26,6 +26,7 @@ import torch
 log = logging.getLogger(__name__)
 
 Step = Callable[[], None]
+_warned: set[str] = set()
 
 
 class Replay(Protocol):
@@ -99,7 +100,10 @@ class StepGraphs:
             graph = self.recorder.capture(step)
         except RuntimeError as exc:  # e.g. "operation not permitted when stream is capturing"
             self.failed = True
-            log.warning("CUDA graphs: a step of %s could not be recorded (%s); it runs eagerly", self.where, exc)
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if reason not in _warned:  # once per reason, not once per epoch
+                _warned.add(reason)
+                log.warning("CUDA graphs: a step of %s could not be recorded (%s); it runs eagerly", self.where, reason)
             return None
         self.graphs[n] = graph
         self.counts["captured"] += 1
