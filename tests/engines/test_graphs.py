@@ -120,8 +120,12 @@ def test_the_graphs_of_an_epoch_follow_the_number_of_running_clients():
 
 
 def test_vmap_graphs_is_refused_off_cuda():
+    from pflkit.engines.graphs import CudaGraphRecorder
+
     with pytest.raises(ValueError, match="needs device cuda"):
         build_engine("vmap-graphs", device="cpu")
+    with pytest.raises(ValueError, match="not on cpu"):  # the engine built by hand, its data on the CPU
+        CudaGraphRecorder(torch.device("cpu"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")

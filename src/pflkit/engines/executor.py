@@ -421,10 +421,4 @@ class VmapEngine(ClientExecutor):
 
     def __init__(self, chunk_size: int = 64, graphs: bool = False) -> None:
         name = "vmap-graphs" if graphs else "vmap"
-        super().__init__(name, chunk_size=chunk_size, graphs=_cuda_recorder if graphs else None)
-
-
-def _cuda_recorder(device: Any) -> Recorder:
-    if device.type != "cuda":
-        raise ValueError(f"the vmap-graphs engine replays CUDA graphs and needs device cuda, not {device.type}")
-    return CudaGraphRecorder(device)
+        super().__init__(name, chunk_size=chunk_size, graphs=CudaGraphRecorder if graphs else None)

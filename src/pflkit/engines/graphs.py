@@ -45,6 +45,8 @@ class CudaGraphRecorder:
     """Warm-up on a side stream, then ``torch.cuda.graph`` capture (PyTorch's recipe)."""
 
     def __init__(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs replay steps on a CUDA device, not on {device.type}: use engine vmap")
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for an epoch's graphs
 
