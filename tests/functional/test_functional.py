@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from pflkit.functional import SGD, WeightedSum, weighted_average
-from pflkit.functional.training import Batch, clip_by_global_norm, cross_entropy, mix
+from pflkit.functional.training import (
+    Batch,
+    clip_by_global_norm,
+    cross_entropy,
+    evaluate,
+    forward,
+    in_row_chunks,
+    mix,
+    prediction_logits,
+)
+from pflkit.models import build_model
 from tests.support.builders import params_of, tiny_context
 
 
@@ -160,3 +170,36 @@ def test_an_ensemble_is_scored_by_its_mean_softmax() -> None:
     assert out["loss_sum"] == pytest.approx(
         float(torch.nn.functional.nll_loss(probs.log(), y, reduction="sum")), rel=1e-5
     )
+
+
+def test_row_chunks_split_cpu_forwards_and_keep_other_devices_whole():
+    calls: list[int] = []
+
+    def double(x: torch.Tensor) -> torch.Tensor:
+        calls.append(len(x))
+        return x * 2
+
+    x = torch.arange(150.0)[:, None]
+    torch.testing.assert_close(in_row_chunks(double, x), x * 2, rtol=0, atol=0)
+    assert calls == [64, 64, 22]
+    calls.clear()
+    in_row_chunks(double, torch.empty(150, 1, device="meta"))
+    assert calls == [150]
+
+
+@pytest.mark.parametrize(
+    "name, shape",
+    [("fedavg_cnn", (1, 28, 28)), ("digits_cnn", (1, 8, 8)), ("fedbn_cnn", (3, 28, 28)), ("dnn", (1, 28, 28))],
+)
+def test_chunked_evaluation_scores_the_bits_of_one_batch(name: str, shape: tuple[int, ...]):
+    torch.manual_seed(0)
+    model = build_model(name, shape, 10)
+    params = {k: v.detach() for k, v in model.state_dict().items()}
+    x, y = torch.randn(300, *shape), torch.randint(0, 10, (300,))
+    with torch.no_grad():
+        whole = forward(model, params, x, train=False)
+        chunked = prediction_logits(model, params, x)
+    assert torch.equal(whole, chunked)
+    scores = evaluate(model, params, x, y, batch_size=1000)
+    assert scores["correct"] == int((whole.argmax(1) == y).sum())
+    assert scores["loss_sum"] == float(torch.nn.functional.cross_entropy(whole, y, reduction="sum"))

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..functional import Ensemble, forward, prediction_logits
-from ..functional.training import probability_matrix, probability_sums, template_kl
+from ..functional.training import in_row_chunks, probability_matrix, probability_sums, template_kl
 
 
 class GlobalEvaluation:
@@ -80,7 +80,8 @@ class GlobalEvaluation:
     @torch.no_grad()
     def _batch(self, model: nn.Module, params: Mapping[str, torch.Tensor], i: int) -> tuple[np.ndarray, float]:
         """Per-class correct counts and the summed loss of test batch ``i``."""
-        logits = forward(model, params, self.x[i : i + self.batch_size], train=False)
+        inputs = self.x[i : i + self.batch_size]
+        logits = in_row_chunks(lambda rows: forward(model, params, rows, train=False), inputs)
         target = self.y[i : i + self.batch_size]
         correct = torch.bincount(target[logits.argmax(1) == target], minlength=self.num_classes)
         return correct.cpu().numpy(), float(F.cross_entropy(logits, target, reduction="sum"))

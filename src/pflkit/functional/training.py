@@ -87,10 +87,20 @@ def forward(
     return functional_call(model, dict(params), (x,), {"start": start, "stop": stop})
 
 
-#: Rows per forward when a CPU computes features without gradients: convolution and pooling over
-#: larger batches become memory-bound (FedAvgCNN on MNIST: 1,600 rows in one batch take 1.8x the
-#: time of 64-row chunks).
+#: Rows per forward when a CPU computes without gradients (features, evaluation): one large batch's
+#: activations are larger than what ``malloc`` keeps, so they are mapped afresh and page-faulted in
+#: at every call (FedAvgCNN on MNIST: 1,600 rows in one batch take 1.8x the time of 64-row chunks).
 CPU_FEATURE_ROWS = 64
+
+
+def in_row_chunks(fn: Callable[[Tensor], Tensor], x: Tensor, rows: int | None = None) -> Tensor:
+    """``fn(x)`` over chunks of ``rows`` rows, concatenated (default: ``CPU_FEATURE_ROWS`` on the
+    CPU, one call elsewhere). For a forward without batch statistics each row's output is its own,
+    so only the memory changes (pflkit's CNNs give the same bits; ``tests/functional``)."""
+    rows = rows or (CPU_FEATURE_ROWS if x.device.type == "cpu" else len(x))
+    if len(x) <= rows:
+        return fn(x)
+    return torch.cat([fn(x[i : i + rows]) for i in range(0, len(x), rows)])
 
 
 @torch.no_grad()
@@ -98,11 +108,8 @@ def features_of(
     model: nn.Module, params: Mapping[str, Tensor], x: Tensor, stop: int, *, rows: int | None = None
 ) -> Tensor:
     """Units ``0..stop-1`` over ``x`` (training-mode forward, no gradient), in chunks of ``rows``
-    (default: ``CPU_FEATURE_ROWS`` on the CPU, one batch elsewhere)."""
-    rows = rows or (CPU_FEATURE_ROWS if x.device.type == "cpu" else len(x))
-    if len(x) <= rows:
-        return forward(model, params, x, stop=stop, train=True)
-    return torch.cat([forward(model, params, x[i : i + rows], stop=stop, train=True) for i in range(0, len(x), rows)])
+    (:func:`in_row_chunks`)."""
+    return in_row_chunks(lambda inputs: forward(model, params, inputs, stop=stop, train=True), x, rows)
 
 
 def net_of(model: nn.Module) -> Net:
@@ -397,8 +404,9 @@ def prediction_logits(
 ) -> Tensor:
     """Evaluation-mode logits of ``params``; an :class:`Ensemble` gives the log of its members'
     mean softmax (so argmax and cross-entropy score the ensemble). ``run(params, x)`` replaces
-    the forward (a vmapped one for batched clients)."""
-    run = run or (lambda p, inputs: forward(model, p, inputs, train=False))
+    the forward (a vmapped one for batched clients); the default one runs in
+    :func:`in_row_chunks`."""
+    run = run or (lambda p, inputs: in_row_chunks(lambda rows: forward(model, p, rows, train=False), inputs))
     if isinstance(params, Ensemble):
         probs = torch.stack([torch.softmax(run(p, x), dim=-1) for p in params]).mean(0)
         return probs.clamp_min(1e-30).log()
