@@ -2,6 +2,7 @@
 and backward), alternating, median milliseconds a step.
 
     python benchmarks/compile_step.py --repeats 7 --steps 100
+    python benchmarks/compile_step.py --profile     # the eager step's operators instead (PyTorch's profiler)
 
 Both models start from the same weights and take plain SGD steps (lr 0.1) on the same random
 MNIST-shaped batches; the compiled one is warmed up (compiled) first, and the time that takes is
@@ -24,6 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=100, help="timed steps per repeat and setting")
+    parser.add_argument("--profile", action="store_true", help="profile --steps eager steps by operator and shape")
     args = parser.parse_args()
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -43,6 +45,15 @@ def main() -> None:
         with torch.no_grad():
             torch._foreach_add_(list(net.parameters()), grads, alpha=-0.1)
 
+    if args.profile:
+        for i in range(20):
+            step(eager, eager, i)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+            for i in range(args.steps):
+                step(eager, eager, i)
+        table = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=15)
+        print(f"{args.steps} eager steps:\n{table}")
+        return
     t0 = time.perf_counter()
     for i in range(3):
         step(*runs["compiled"], i)

@@ -138,7 +138,12 @@ def test_bad_arguments_are_named() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [COMMITTED, REPO / "docs" / "pfllib-compare-epyc.json", REPO / "docs" / "pfllib-compare-short.json"],
+    [
+        COMMITTED,
+        REPO / "docs" / "pfllib-compare-epyc.json",
+        REPO / "docs" / "pfllib-compare-short.json",
+        REPO / "docs" / "pfllib-compare-chunked.json",
+    ],
     ids=lambda p: p.name,
 )
 def test_the_committed_comparison_is_what_its_round_times_give(path) -> None:
