@@ -33,6 +33,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
+import torch
+
 from ..algorithms.base import Algorithm, Upload
 from ..algorithms.context import Metrics, TrainBatches
 from ..data.federated import FederatedData
@@ -203,7 +205,8 @@ class ClientExecutor:
     """Runs the client jobs of a round in groups (see the module docstring); results in job order.
 
     ``chunk_size``: clients per group (1: per-client contexts; more: batched contexts);
-    ``workers``: threads the groups are spread over (each with its own model skeleton);
+    ``workers``: threads the groups are spread over (each with its own model skeleton and the
+    intra-op thread count the executor was built under);
     ``receive_chunk``: batch the ``receive`` step of algorithms that train in it in groups of
     this size first (None: no separate receive step); ``graphs``: the recorder of batched groups'
     steps (CUDA graphs), None: eager steps."""
@@ -222,7 +225,18 @@ class ClientExecutor:
         self.chunk_size = chunk_size
         self.workers = workers
         self.receive_chunk = receive_chunk
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pflkit-client") if workers > 1 else None
+        # A new thread's OpenMP team has OMP_NUM_THREADS (or all cores) until torch sets it, and
+        # oneDNN's convolutions read it first: their sums would then depend on which thread ran them.
+        self._pool = (
+            ThreadPoolExecutor(
+                workers,
+                thread_name_prefix="pflkit-client",
+                initializer=torch.set_num_threads,
+                initargs=(torch.get_num_threads(),),
+            )
+            if workers > 1
+            else None
+        )
         self._local = threading.local()
         self._logged: set[str] = set()
         self._abandon = threading.Event()  # set when the caller stops taking results: jobs in flight stop

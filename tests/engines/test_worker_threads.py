@@ -1,0 +1,37 @@
+"""The parallel engine's worker threads run with the run's intra-op thread count from their first
+operation on. A fresh thread's OpenMP team otherwise has OMP_NUM_THREADS until torch first sets it,
+and oneDNN's convolutions read it before that: a client evaluated first on a worker summed in
+another order than the same client on a warmed-up thread (a resumed run's scores moved in the last bits)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+LIBGOMP = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+
+SCRIPT = textwrap.dedent(
+    f"""
+    import ctypes
+    import torch
+    from pflkit.engines.executor import ClientExecutor
+
+    gomp = ctypes.CDLL({str(LIBGOMP)!r})
+    torch.set_num_threads(1)
+    executor = ClientExecutor("probe", workers=2)
+    print([executor._pool.submit(gomp.omp_get_max_threads).result() for _ in range(4)])
+    """
+)
+
+
+@pytest.mark.skipif(not LIBGOMP.exists(), reason="this torch build does not ship GNU OpenMP")
+def test_worker_threads_start_with_the_callers_thread_count():
+    env = {"OMP_NUM_THREADS": "3", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[1, 1, 1, 1]", out.stdout
