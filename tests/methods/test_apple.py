@@ -32,6 +32,7 @@ from pflkit.algorithms import ClientSummary
 from pflkit.algorithms.apple import loss_scale
 from pflkit.config import load_config
 from pflkit.engines import SingleClientContext
+from pflkit.functional.training import NonFiniteLossError
 from pflkit.methods import build_algorithm
 from tests.support.builders import (
     batch_pairs,
@@ -190,7 +191,7 @@ def test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_
 @XFAIL_DIFFERS(
     reason="PFLlib starts every client's p at 1/N (clientapple.py __init__, "
     "self.ps) and uses the data shares p0 only in the proximal term; pflkit starts p at p0 "
-    "(apple.py:107)"
+    "(apple.py, Apple.receive)"
 )
 def test_apple_first_p_is_uniform_as_in_pfllib():
     ctx, alg, payload, cores, ref = apple_setup()
@@ -201,7 +202,7 @@ def test_apple_first_p_is_uniform_as_in_pfllib():
 @XFAIL_DIFFERS(
     reason="PFLlib's client uploads model_c = deepcopy(self.model), the mixture "
     "sum_j p_j w_j^c of its last batch (clientapple.py train, end), not its trained core, and its next "
-    "evaluate() scores that same model; pflkit uploads the core (apple.py:136-138)"
+    "evaluate() scores that same model; pflkit uploads the core (apple.py, Apple.local_train)"
 )
 def test_apple_upload_is_pfllibs_model_c():
     ctx, alg, payload, cores, ref = apple_setup()
@@ -214,7 +215,7 @@ def test_apple_upload_is_pfllibs_model_c():
 @XFAIL_DIFFERS(
     reason="PFLlib's proximal step on p is lamda*mu*(p - p0) (the gradient of "
     "lamda*mu/2 ||p - p0||^2); pflkit's loss lamda*mu*||p - p0||^2 steps 2*lamda*mu*(p - p0) "
-    "(apple.py:80)"
+    "(apple.py, apple_loss)"
 )
 def test_apple_proximal_step_on_p_is_pfllibs():
     rounds, r = 10, 3
@@ -231,7 +232,7 @@ def test_apple_proximal_step_on_p_is_pfllibs():
 @XFAIL_DIFFERS(
     reason="PFLlib's lamda is 1 in its first round (R = 0) and, in round R >= 1, "
     "(cos((R-1) pi / int(L T)) + 1) / 2, set at the end of the previous round; pflkit's round r "
-    "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py:39-46, 130): two rounds ahead"
+    "(= R + 1) uses (cos(r pi / (L T)) + 1) / 2 (apple.py, loss_scale, called by Apple.local_train): two rounds ahead"
 )
 def test_apple_lambda_schedule_is_pfllibs():
     rounds, l_frac = 10, 0.5
@@ -610,3 +611,25 @@ def test_apple_lambda_schedule_is_pfllibs_two_rounds_later_and_the_authors_one_r
         assert ours == pytest.approx([authors_reg_coef(1.0, rounds, l_frac, r) for r in range(1, rounds + 1)])
         assert pfllib[:2] == [1.0, 1.0] and authors_reg_coef(1.0, rounds, l_frac, 0) == 1.0
         assert ours[0] < 1.0
+
+
+def test_apple_reports_the_sum_of_each_clients_mixture_weights_and_the_largest():
+    ctx = client(round=1, rounds=10)
+    alg, _, payload = setup(ctx)
+    _, state, _, metrics = run_round(alg, payload, ctx)
+    assert float(metrics["p_sum"]) == pytest.approx(float(state["p"].sum()), rel=1e-6)
+    assert float(metrics["p_sum"]) != pytest.approx(1.0, abs=1e-4)  # p moved from the data shares
+    assert alg.round_metrics({3: {"p_sum": 1.2}, 5: {"p_sum": 2.5}, 7: {"train_loss": 0.1}}) == {
+        "p_sum_max": 2.5,
+        "p_sum_max_client": 5,
+    }
+
+
+def test_a_diverging_apple_client_is_named_with_its_weight_sum_and_the_setting_to_lower():
+    ctx = client(round=1, rounds=10)
+    alg, _, payload = setup(ctx, "apple.dr_lr=1e6")
+    with pytest.raises(NonFiniteLossError) as error:
+        run_round(alg, payload, ctx, p=[0.5, 1.5, 0.5])
+    message = str(error.value)
+    assert f"client {OWN}'s mixture weights p_i summed to 2.5 at the start of round 1" in message
+    assert "lower apple.dr_lr" in message

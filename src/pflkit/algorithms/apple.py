@@ -14,6 +14,7 @@ are downloaded.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -21,7 +22,7 @@ from pydantic import Field
 from torch.nn import functional as F
 
 from ..functional import Params, scale
-from ..functional.training import Batch, LossFn, Net, cross_entropy
+from ..functional.training import Batch, LossFn, Net, NonFiniteLossError, cross_entropy
 from .base import Algorithm, ClientContext, ClientSummary, Init, Payload, SentUpload, Settings, State, Trained
 from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
@@ -51,6 +52,20 @@ def loss_scale(r: int, total_rounds: int, L: float, scheduler: str) -> float:
 
 
 P = "apple.p"  # the DR vector among the tensors a fit trains
+P_SUM = "p_sum"  # a client's sum_j p_ij after its training (1 at the start: the data shares)
+LOWER_DR_LR = "lower apple.dr_lr (the authors' code uses 0.001) or the learning rate (lr)"
+
+
+def weight_sums(p: torch.Tensor, ctx: ClientContext) -> str:
+    """Where the clients' mixture weights stood when their training diverged, and why they grow."""
+    sums = p.double().sum(-1).reshape(-1)
+    worst = int(sums.argmax())
+    return (
+        f"apple: client {ctx.client_ids[worst]}'s mixture weights p_i summed to {float(sums[worst]):.3g} at the "
+        f"start of round {ctx.round} (they start at 1, the data shares; '{P_SUM}' in the records is each "
+        f"round's mean over the clients). Each gradient ∂L/∂p_ij = ⟨∇L(w_i^p), w_j⟩ sums over every "
+        f"parameter, so the weights can grow together and scale the mixed model up: {LOWER_DR_LR}"
+    )
 
 
 def stacked_cores(cores: list[Params], lead: int) -> Params:
@@ -148,18 +163,29 @@ class Apple(Algorithm):
             "own": self.own_onehot(payload, ctx),
         }
         names = self.parameter_names
-        fit = self.train_model(
-            {**state["model"], P: state["p"]},
-            ctx,
-            apple_loss(scale_p),
-            aux=aux,
-            trainable=[*names, P],
-            # the ignore: a per-parameter rate, as **{P: ...} since P is no identifier
-            optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}),  # type: ignore[arg-type]
-        )
+        try:
+            fit = self.train_model(
+                {**state["model"], P: state["p"]},
+                ctx,
+                apple_loss(scale_p),
+                aux=aux,
+                trainable=[*names, P],
+                # the ignore: a per-parameter rate, as **{P: ...} since P is no identifier
+                optimizer=self.train.optimizer(core_lr, **{P: cfg.dr_lr}),  # type: ignore[arg-type]
+            )
+        except NonFiniteLossError as error:
+            raise NonFiniteLossError(f"{error}. {weight_sums(state['p'], ctx)}") from error
         core = {k: fit.params[k] for k in state["model"]}
         new_state = {**state, "model": core, "p": fit.params[P]}
-        return new_state, self.upload(core, ctx), {"train_loss": fit.loss}
+        return new_state, self.upload(core, ctx), {"train_loss": fit.loss, P_SUM: fit.params[P].sum(-1)}
+
+    def round_metrics(self, client_metrics: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+        """The largest sum of a client's mixture weights (``p_sum_max``) and its client."""
+        sums = {c: float(m[P_SUM]) for c, m in client_metrics.items() if P_SUM in m}
+        if not sums:
+            return {}
+        worst = max(sums, key=lambda c: sums[c])
+        return {f"{P_SUM}_max": sums[worst], f"{P_SUM}_max_client": worst}
 
 
 Apple.card = MethodCard(
@@ -236,5 +262,9 @@ Apple.card = MethodCard(
         "still pulls p toward p⁰ is no convergence. On FedALA's MNIST Table 7 setting (R = 200 as a cap), "
         "the rule had stopped APPLE at round 34 of its 40-round schedule.",
         "`train_loss` includes the proximal term.",
+        "Each round's records carry `p_sum`, the clients' mean of Σ_j p_ij (1 at the start, the data "
+        "shares), and `p_sum_max` with its client (`p_sum_max_client`). The true gradient ∂L/∂p_ij = "
+        "⟨∇L(w_i^p), w_j⟩ sums over every parameter, so the weights can grow together and scale the mixed "
+        "model up. A client whose training diverges is named with its sum; `dr_lr` is the setting to lower.",
     ),
 )
