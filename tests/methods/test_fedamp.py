@@ -172,7 +172,7 @@ def test_fedamp_cloud_coefficients_and_client_step_match_pfllib():
 @XFAIL_DIFFERS(
     reason="PFLlib f1e313a clientAMP.set_parameters weighs the client's *previous "
     "cloud model* u_i by coef_self (u_i <- sum_j xi_ij w_j + xi_ii u_i; the initial model until "
-    "round 2), fixed in PFLlib 0998c54 (2023-04-08) to xi_ii w_i; pflkit: xi_ii w_i (fedamp.py:86)"
+    "round 2), fixed in PFLlib 0998c54 (2023-04-08) to xi_ii w_i; pflkit: xi_ii w_i (fedamp.py, FedAMP.coefficients)"
 )
 def test_fedamp_two_rounds_match_pfllib_f1e313a():
     model = client_ctx(0).model

@@ -157,7 +157,7 @@ def test_fedfomo_weights_combination_and_training_match_pfllib_for_the_same_base
     reason="PFLlib f1e313a clientFomo weighs against its *previous combined model* "
     "(old_model, cloned before training) and counts its own trained model among the received "
     "ones; pflkit weighs the other clients' models against its own trained model "
-    "(fedfomo.py:57, 64)"
+    "(fedfomo.py, FedFomo.receive)"
 )
 def test_fedfomo_two_rounds_combine_as_pfllib():
     model = client_ctx(0).model
@@ -179,7 +179,7 @@ def test_fedfomo_two_rounds_combine_as_pfllib():
 @XFAIL_DIFFERS(
     reason="PFLlib's FedFomo.evaluate() runs before client.train(), which combines "
     "first: it scores the model each client trained in the previous round; pflkit scores the "
-    "combined model before training (fedfomo.py:82, eval_params)"
+    "combined model before training (fedfomo.py, FedFomo.receive and eval_params)"
 )
 def test_fedfomo_evaluated_model_is_pfllibs():
     model = client_ctx(0).model
@@ -195,7 +195,7 @@ def test_fedfomo_evaluated_model_is_pfllibs():
 @XFAIL_DIFFERS(
     reason="PFLlib adds the raw (unclipped) weight vector to P[i] (serverfomo.py "
     "receive_models, clientfomo.weight_vector_update); pflkit adds the clipped weights "
-    "(fedfomo.py:75, 87): only the top-M choice with num_models < N depends on it"
+    "(fedfomo.py, FedFomo.receive and aggregate): only the top-M choice with num_models < N depends on it"
 )
 def test_fedfomo_affinity_accumulates_raw_weights_as_pfllib():
     ctx = client_ctx(0, n_train=40, batch_size=10, lr=0.1)

@@ -198,7 +198,7 @@ def test_perfedavg_matches_pfllib_two_train_calls_on_split_double_batches_and_fe
 @XFAIL_DIFFERS(
     reason="PFLlib's evaluate_one_step adapts the received model with two steps "
     "(lr on one test batch, then beta at that point on a second test batch, no restore) on the "
-    "client's test data; pflkit takes one alpha step on one training batch (perfedavg.py:122-126)"
+    "client's test data; pflkit takes one alpha step on one training batch (perfedavg.py, PerFedAvg.after_receive)"
 )
 def test_perfedavg_evaluated_model_is_pfllib_train_one_step():
     ctx = client_ctx(0, n_train=20, batch_size=4, lr=0.1)
