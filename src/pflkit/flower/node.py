@@ -66,6 +66,7 @@ class NodeSetup:
     init: dict[str, torch.Tensor]
     train: TrainSettings
     device: torch.device
+    threads: int  # torch intra-op threads of this node's work
 
     @property
     def client(self) -> ClientData:
@@ -107,8 +108,12 @@ def _shared_partition(config_text: str, data_dir: str | None, seed: int, device:
 
 
 def node_setup(config_text: str, node_config: Mapping[str, Any], seed: int) -> NodeSetup:
-    """Build (and cache in this process) what this node needs for one seed of the experiment."""
-    return _node_setup(config_text, tuple(sorted(node_config.items())), seed)
+    """Build (and cache in this process) what this node needs for one seed of the experiment, and
+    give the calling thread the node's intra-op thread count (a message may run on another thread
+    than the one that built the setup)."""
+    setup = _node_setup(config_text, tuple(sorted(node_config.items())), seed)
+    torch.set_num_threads(setup.threads)
+    return setup
 
 
 @functools.lru_cache(maxsize=8)
@@ -126,7 +131,8 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
     if not 0 <= client_id < clients:
         raise ValueError(f"partition-id {client_id} is outside 0..{clients - 1}")
     device = resolve_device(str(node.get("device", config.run.device)))
-    torch.set_num_threads(int(node.get("threads", config.run.threads)))
+    threads = int(node.get("threads", config.run.threads))
+    torch.set_num_threads(threads)
     if "client-data" in node:
         if config.dataset not in NUM_CLASSES:
             raise ValueError(
@@ -137,7 +143,7 @@ def _node_setup(config_text: str, node_items: tuple, seed: int) -> NodeSetup:
     else:
         data = _shared_partition(config_text, node.get("data-dir"), seed, str(device))
     model, init = initial_params(config, data, seed, device)
-    return NodeSetup(client_id, data, model, init, config.train, device)
+    return NodeSetup(client_id, data, model, init, config.train, device, threads)
 
 
 @dataclass
@@ -150,8 +156,11 @@ class NodeRun:
 
 
 def node_run(config_text: str, node_config: Mapping[str, Any], name: str, seed: int) -> NodeRun:
-    """Build (and cache in this process) one run's node setup and round setup (with its algorithm)."""
-    return _node_run(config_text, tuple(sorted(node_config.items())), name, seed)
+    """Build (and cache in this process) one run's node setup and round setup (with its algorithm),
+    and give the calling thread the node's intra-op thread count (see :func:`node_setup`)."""
+    run = _node_run(config_text, tuple(sorted(node_config.items())), name, seed)
+    torch.set_num_threads(run.setup.threads)
+    return run
 
 
 @functools.lru_cache(maxsize=8)
