@@ -191,7 +191,10 @@ def test_row_chunks_split_cpu_forwards_and_keep_other_devices_whole():
     "name, shape",
     [("fedavg_cnn", (1, 28, 28)), ("digits_cnn", (1, 8, 8)), ("fedbn_cnn", (3, 28, 28)), ("dnn", (1, 28, 28))],
 )
-def test_chunked_evaluation_scores_the_bits_of_one_batch(name: str, shape: tuple[int, ...]):
+def test_chunked_evaluation_scores_what_one_batch_scores(name: str, shape: tuple[int, ...]):
+    """Each row's logits are its own, so the chunks agree with one forward. Only to float rounding
+    in general: a chunk's convolution may take another kernel than the whole batch's (on the CPUs
+    measured the bits were the same; ``benchmarks/eval_chunks.py`` prints it)."""
     torch.manual_seed(0)
     model = build_model(name, shape, 10)
     params = {k: v.detach() for k, v in model.state_dict().items()}
@@ -199,7 +202,9 @@ def test_chunked_evaluation_scores_the_bits_of_one_batch(name: str, shape: tuple
     with torch.no_grad():
         whole = forward(model, params, x, train=False)
         chunked = prediction_logits(model, params, x)
-    assert torch.equal(whole, chunked)
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
     scores = evaluate(model, params, x, y, batch_size=1000)
     assert scores["correct"] == int((whole.argmax(1) == y).sum())
-    assert scores["loss_sum"] == float(torch.nn.functional.cross_entropy(whole, y, reduction="sum"))
+    assert scores["loss_sum"] == pytest.approx(
+        float(torch.nn.functional.cross_entropy(whole, y, reduction="sum")), rel=1e-6
+    )

@@ -96,7 +96,8 @@ CPU_FEATURE_ROWS = 64
 def in_row_chunks(fn: Callable[[Tensor], Tensor], x: Tensor, rows: int | None = None) -> Tensor:
     """``fn(x)`` over chunks of ``rows`` rows, concatenated (default: ``CPU_FEATURE_ROWS`` on the
     CPU, one call elsewhere). For a forward without batch statistics each row's output is its own,
-    so only the memory changes (pflkit's CNNs give the same bits; ``tests/functional``)."""
+    so only the memory changes (up to the convolution kernel a chunk's shape selects: the same
+    bits on the CPUs measured, float rounding in general)."""
     rows = rows or (CPU_FEATURE_ROWS if x.device.type == "cpu" else len(x))
     if len(x) <= rows:
         return fn(x)
