@@ -146,7 +146,10 @@ APFL.card = MethodCard(
         "(1 − α) w. It starts α at 1.0 and scores the received global (later versions score v).",
         "The authors' code (FedTorch) mixes outputs, α v(x) + (1 − α) w(x), not parameters. It steps v after "
         "w on the same batch. By default α stays at 0.5; with `fed_adaptive_alpha` it steps α once per "
-        "round, with PFLlib's formula.",
+        "round, with PFLlib's formula, fed the gradients of the mixed output's loss. It scores the personal "
+        "model with the client's trained w, not the received global.",
+        "The server: FedTorch averages the uploaded w uniformly over the round's clients (`fedavg_aggregation`); "
+        "PFLlib and pflkit weight them by training-set size.",
     ),
     choices=(
         Choice("initial α", "0.5 (FedTorch's default; PFLlib's is 1.0)", "`apfl.alpha`"),

@@ -56,7 +56,7 @@ from ..functional.training import (
     net_of,
     prediction_logits,
 )
-from ..models import UnitModel, Units, buffer_names, num_outputs
+from ..models import UnitModel, Units, num_outputs, statistic_entries
 from .client import cached_prefix, class_sums, from_unit
 from .fitting import FitTotals, check_cancel, check_fit_arguments, loss_value, run_epochs
 from .graphs import Recorder, StepGraphs
@@ -345,7 +345,7 @@ class BatchedClientContext:
         start = cached_prefix(self.model, self.units, self.train, data, start, trainable or list(params))
         # batch norm's training-mode forwards update the running statistics in place, client by
         # client under vmap (each client's rows of the stacked statistics): the caller's stay untouched
-        buffers = [k for k in buffer_names(self.model) if k in params]
+        buffers = statistic_entries(self.model, params)
         if buffers and vectorized:
             raise NotImplementedError(
                 f"a vectorized step cannot train {type(self.model).__name__}: its batch norm needs each "

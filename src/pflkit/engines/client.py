@@ -45,7 +45,7 @@ from ..functional.training import (
     features_of,
     net_of,
 )
-from ..models import UnitModel, Units, buffer_names, num_outputs
+from ..models import UnitModel, Units, buffer_names, num_outputs, statistic_entries
 from .fitting import FitTotals, check_cancel, check_fit_arguments, loss_value, run_epochs
 from .plan import ClientPlan, materialize
 from .schedule import holdout_positions, sample_positions
@@ -212,7 +212,7 @@ class SingleClientContext:
                 self.data.train_y,
             )
         plan = self.plan(data, data.sample if isinstance(data, SampleBatches) else None)
-        buffers = [k for k in buffer_names(self.model) if k in params]
+        buffers = statistic_entries(self.model, params)
         skip = set(buffers) | set(carry)
         names = [k for k in (params if trainable is None else trainable) if k not in skip]
         train = {k: params[k].detach().clone() for k in names}

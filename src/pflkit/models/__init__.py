@@ -15,6 +15,7 @@ from .base import (
     num_outputs,
     parameter_names,
     reference_layer_idx,
+    statistic_entries,
     top_unit_names,
 )
 from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, FedBNCNN, SimpleCNN
@@ -128,4 +129,5 @@ __all__ = [
     "head_names",
     "count_parameters",
     "reference_layer_idx",
+    "statistic_entries",
 ]

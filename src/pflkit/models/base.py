@@ -146,6 +146,14 @@ def buffer_names(model: nn.Module) -> list[str]:
     return [n for n, b in model.named_buffers() if b.is_floating_point()]
 
 
+def statistic_entries(model: nn.Module, keys: Iterable[str]) -> list[str]:
+    """The entries of ``keys`` that hold ``model``'s batch-norm statistics: a buffer's own name, or
+    one under a method's prefix ending in ``/`` (APFL's personal model in the same dict,
+    ``apfl.v/bn1.running_mean``). A training-mode forward updates them in place."""
+    names = set(buffer_names(model))
+    return [k for k in keys if k in names or ("/" in k and k.rsplit("/", 1)[1] in names)]
+
+
 def norm_layers(names: Iterable[str]) -> set[str]:
     """The batch-norm layers among a model's entry ``names``: each known by its ``running_mean``."""
     suffix = ".running_mean"
