@@ -4,8 +4,9 @@ per-prototype server loop.
 References read (written from reading them, not copied): TsingZ0/PFLlib d832e76,
 ``system/flcore/clients/clientgh.py`` (``set_parameters`` copies the server's head into the
 client's; ``train``: plain SGD on cross-entropy over the whole model; ``collect_protos``: evaluation
-mode, no gradient, every training sample's base output appended under its label, then ``agg_func``'s
-mean) and ``system/flcore/servers/servergh.py`` (``receive_protos``: a (prototype, label) pair per
+mode, no gradient, over ``load_train_data()`` (shuffled, ``drop_last=True``: the n mod B samples of
+the last partial batch are left out), each sample's base output appended under its label, then
+``agg_func``'s mean) and ``system/flcore/servers/servergh.py`` (``receive_protos``: a (prototype, label) pair per
 class per client; ``train_head``: a shuffled DataLoader of the run's batch size, CrossEntropyLoss,
 SGD at the server learning rate). LipingYi/FedGH ff50ac0 ``FedGH_Codes/experiments/FLHetero/FedGH.py``
 (the server loop: one cross-entropy step per (client, class) prototype).
@@ -20,7 +21,7 @@ from torch import nn
 
 from pflkit.functional import torch_generator
 from pflkit.models import build_model
-from tests.support.builders import batch_pairs, build, client_context, params_of
+from tests.support.builders import batch_pairs, build, client_context, params_of, stream
 from tests.support.checks import assert_params_close, moved
 
 HEAD = ("fc.weight", "fc.bias")
@@ -48,12 +49,12 @@ def pfllib_clientgh_round(ctx, local: dict, head: nn.Linear, lr: float) -> tuple
     net.eval()
     protos: dict = {}
     with torch.no_grad():
-        x = ctx.data.train_x  # model.base(x): conv1, pool, conv2, pool, fc1 (ReLU after each)
-        x = torch.relu(torch.max_pool2d(net.conv1(x), 2))
-        x = torch.relu(torch.max_pool2d(net.conv2(x), 2))
-        rep = torch.relu(net.fc1(x.flatten(1)))
-        for i, yy in enumerate(ctx.data.train_y):
-            protos.setdefault(yy.item(), []).append(rep[i, :])
+        for x, y in stream(ctx, "train"):  # full batches only, as PFLlib's drop_last loader
+            x = torch.relu(torch.max_pool2d(net.conv1(x), 2))  # model.base(x): conv1, pool, conv2, pool, fc1
+            x = torch.relu(torch.max_pool2d(net.conv2(x), 2))
+            rep = torch.relu(net.fc1(x.flatten(1)))
+            for i, yy in enumerate(y):
+                protos.setdefault(yy.item(), []).append(rep[i, :])
     return {k: v.detach().clone() for k, v in net.named_parameters()}, {c: sum(p) / len(p) for c, p in protos.items()}
 
 
@@ -79,7 +80,9 @@ def linear_at(params: dict) -> nn.Linear:
 
 
 def test_fedgh_client_round_is_pfllibs_clientgh_train_and_collect_protos():
-    ctx = client_context(0, n_train=33, data_seed=4, batch_size=8, local_epochs=2, lr=0.05, classes=[0, 2, 5, 7])
+    # 32 samples in batches of 8: PFLlib's drop_last pass sees every sample, so its prototype is
+    # pflkit's (with 33 it would leave one sample out: a recorded difference)
+    ctx = client_context(0, n_train=32, data_seed=4, batch_size=8, local_epochs=2, lr=0.05, classes=[0, 2, 5, 7])
     alg = build("fedgh", ctx)
     server = alg.init_server(params_of(ctx, 1))
     payload = alg.downlink(server, 0, 1)
@@ -94,7 +97,7 @@ def test_fedgh_client_round_is_pfllibs_clientgh_train_and_collect_protos():
     held = torch.nonzero(upload["class_counts"] > 0).flatten().tolist()
     assert held == sorted(protos) == [0, 2, 5, 7]
     assert_params_close({c: upload["class_means"][c] for c in held}, protos)
-    assert float(upload["class_counts"].sum()) == 33
+    assert float(upload["class_counts"].sum()) == 32
 
 
 def uploads_of(holdings, seed: int = 0):

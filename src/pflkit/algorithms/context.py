@@ -63,7 +63,7 @@ class TrainSettings(BaseModel):
     )
     bn_buffers: Literal["local", "global"] = Field(
         "local",
-        description="batch-norm running statistics: kept by each client (local, reference behaviour) "
+        description="batch-norm running statistics: kept by each client (local, PFLlib's behaviour) "
         "or downloaded with the global model (global); the server averages them either way",
     )
 

@@ -235,6 +235,10 @@ FedAS.card = MethodCard(
         "the aligned body with the local head.",
         "If every upload's Fisher trace is 0, the server averages by training-set size; the authors' "
         "weights divide by zero there.",
+        "Batch norm: pflkit aligns in evaluation mode with the client's own running statistics (the download "
+        "carries none by default). The authors' server model is a copy of the lowest-numbered uploader's, left "
+        "in evaluation mode by its Fisher pass, so from round 2 their clients align with that client's "
+        "statistics (in round 1, in training mode). The two differ only on models with batch norm or dropout.",
     ),
     choices=(
         Choice("parameter alignment", "on", "`fedas.align = false` (the authors' wo_local)"),

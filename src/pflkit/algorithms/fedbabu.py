@@ -68,7 +68,8 @@ FedBABU.card = MethodCard(
     personalised=True,
     shares="The body (every unit but the head) and the training-set size; the server averages the bodies. "
     "The head stays at its initialisation, the same on every client.",
-    keeps="Nothing between rounds: the received model overwrites the local one.",
+    keeps='Nothing between rounds but its batch-norm statistics (with the default `bn_buffers = "local"`): '
+    "the received body overwrites the local one.",
     scored="the received model fine-tuned",
     scored_detail="The whole model fine-tuned for `ft_epochs` = 5 epochs at the local lr.",
     client_round="Receive the global model. Fine-tune all of it for 5 epochs of SGD (`ft_epochs`) and score "
@@ -97,6 +98,11 @@ FedBABU.card = MethodCard(
         "default). The authors fine-tune the whole model for 5 epochs.",
         "The authors fine-tune at lr 0.001 with momentum 0.9 after training at lr 0.1; pflkit uses the "
         "local lr and the run's momentum unless `fedbabu.ft_lr` is set.",
+        "The authors (jhoon-oh/FedBABU at e34c15b, `main_fed.py`) average the bodies uniformly over the "
+        "round's clients, batch-norm statistics included, and broadcast them to every client; pflkit weights "
+        "by training-set size (PFLlib's) and keeps each client's statistics unless `bn_buffers = \"global\"`. "
+        "The authors decay the lr by 10 at half and three quarters of the rounds, and fine-tune the model "
+        "saved at the round of best test accuracy, not the last one.",
     ),
     choices=(
         Choice("what fine-tuning trains", "the whole model (the authors')", '`fedbabu.ft_part = "head"`'),

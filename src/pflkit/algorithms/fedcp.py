@@ -283,10 +283,14 @@ FedCP.card = MethodCard(
         "not torch's global generator.",
         "The authors' loader does not shuffle; pflkit's reshuffles every epoch.",
         "The authors send the body to every client each round; pflkit sends it to the round's clients.",
+        "The authors (and PFLlib) give the averaged head_g and CPN back, at the end of a round, to that round's "
+        "clients only: a client picked in a later round trains and is scored with the head_g and CPN of the "
+        "last round it took part in. pflkit sends the current ones to a client when it takes part. With every "
+        "client in every round (the paper's setting) the two are the same.",
         "A model whose head is no linear layer (squeezenet1_1) is refused.",
     ),
     choices=(
-        Choice("λ (PFLlib's default: 0)", "5, the authors' script", "`fedcp.lamda`"),
+        Choice("λ (PFLlib's default: 1; the FedCP repository's main.py: 0)", "5, the authors' script", "`fedcp.lamda`"),
         Choice("Gumbel noise in training", "on (τ = 1), the authors'", "`fedcp.gumbel`, `fedcp.tau`"),
     ),
     notes=(

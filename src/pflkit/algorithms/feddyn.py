@@ -212,6 +212,10 @@ FedDyn.card = MethodCard(
         "The authors train on every batch, the last partial one too. pflkit trains on full batches.",
         "Batch-norm statistics: pflkit takes their unweighted mean without correction. PFLlib takes them from the "
         "first upload.",
+        "The scored model: pflkit and PFLlib score the server's corrected model, mean(θ_i) − h/α. The authors' "
+        "code never scores it: it reports the mean of the round's client models (`tst_perf_sel`) and the mean "
+        "of every client's latest model (`tst_perf_all`, the curve their example plots). The two differ by "
+        "the accumulated h/α.",
     ),
     choices=(
         Choice("α, the regulariser's weight (the paper: 0.1, 0.01 or 0.001; PFLlib: 1)", "0.01", "feddyn.alpha"),

@@ -165,13 +165,20 @@ FedGH.card = MethodCard(
     differences=(
         "The authors' server loop steps the clients' optimiser instead of the head's, so their global head "
         "never leaves its initialisation; pflkit trains it, as PFLlib does.",
-        "The authors' client prototype is the mean of per-batch class means, in training mode; pflkit's is "
-        "the exact class mean in evaluation mode, as PFLlib's (the same on models without dropout or batch norm "
-        "when every batch is full).",
+        "The authors' client prototype is the mean of per-batch class means over a pass of their shuffled "
+        "training loader (evaluation mode, the last batch smaller): the class mean only when every batch holds "
+        "as many samples of the class. PFLlib's is the class mean over a pass of its `drop_last` training "
+        "loader, which leaves out the n mod B samples of the last partial batch (a class among them alone "
+        "sends no prototype that round). pflkit's is the class mean over every training sample, in evaluation "
+        "mode; the test compares it with PFLlib's on a client of whole batches.",
         "PFLlib's server head is client 0's head module itself, so client 0's local training also moves it; "
         "pflkit's server head changes only by the server's training.",
         "The authors clip gradients at norm 50 and train with momentum 0.9 and weight decay 1e-3; pflkit uses "
         "the run's optimiser settings.",
+        "The authors' server loop (`fedgh.batch = 1`) visits the prototypes in a fixed order (clients, then "
+        "their classes) with one optimiser for every round, whose gradients are never zeroed; pflkit's "
+        "shuffles them and starts each step from a zero gradient (moot for the authors' numbers, whose step "
+        "never moves the head).",
     ),
     choices=(
         Choice(

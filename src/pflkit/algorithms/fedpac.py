@@ -301,6 +301,9 @@ FedPAC.card = MethodCard(
         "phases reshuffle one loader, pflkit's draw separate shuffles (the same distribution).",
         "The authors set the non-participants' bodies to the global one at the end of each round; pflkit "
         "sends the body when a client takes part, before it is scored (the same scored model).",
+        "A class no client of the previous round held has no global prototype: pflkit aligns the client's "
+        "features of that class with its own mean before training. The authors' code stops there (a "
+        "KeyError in `update_global_protos`).",
     ),
     choices=(
         Choice(

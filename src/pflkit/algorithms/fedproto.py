@@ -296,6 +296,10 @@ FedProto.card = MethodCard(
     differences=(
         "The authors score once after the last round; pflkit scores every evaluation round. Before the "
         "first aggregation no class has a prototype, and every class gets the same logit.",
+        "The authors' `test_inference_new_het_lt` never resets its counts between clients or between its two "
+        "passes, so each reported accuracy is a running ratio over the clients before it, the local head's "
+        "pass included; pflkit scores each client on its own test split. Compare with the paper's numbers "
+        "with that in mind.",
         "A class out of the candidates gets the logit −10⁴; the authors give it the distance 100, PFLlib an "
         "infinite one.",
         "The authors train with SGD momentum 0.5, lr 0.01 and batch 4; pflkit uses the run's optimiser settings.",

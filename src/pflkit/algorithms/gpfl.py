@@ -209,7 +209,14 @@ GPFL.card = MethodCard(
         "The authors' loader does not shuffle; pflkit's reshuffles every epoch.",
         "A model whose head is no linear layer (squeezenet1_1) is refused.",
     ),
-    choices=(Choice("λ and μ", "0.01 and 0.1, the authors' script for the 4-layer CNN", "`gpfl.lamda`, `gpfl.mu`"),),
+    choices=(
+        Choice(
+            "λ and μ",
+            "0.01 and 0.1, the authors' script for the 4-layer CNN (their ResNet-18 and fastText runs: 0.0001 "
+            "and 0; HAR-CNN: 0.01 and 1)",
+            "`gpfl.lamda`, `gpfl.mu`",
+        ),
+    ),
     notes=(
         "`train_loss` includes both alignments; μ is a weight decay, as in the authors' optimisers, and not in it.",
         "CoV, GCE, p_i and g_i are entries between body and head (`between.gpfl.*`); checkpoints carry them.",

@@ -44,8 +44,15 @@ LGFedAvg.card = MethodCard(
     tests=("tests/methods/test_lgfedavg.py::test_lgfedavg_is_pfllib_clientlg_joint_epochs_and_a_head_only_server",),
     differences=(
         "PFLlib f1e313a has no LG-FedAvg: the reference is ad7bcd6, the commit that adds it.",
-        "The global part is the model's last unit (its linear head), as in PFLlib. The paper chooses how "
-        "many top layers are global per model.",
+        "The global part is the model's last unit (its linear head), as in PFLlib. The authors' code "
+        "(pliang279/LG-FedAvg at 7af0568, `main_lg.py`) makes the last `num_layers_keep` entries of a model's "
+        "`weight_keys` global: the MLP's top three layers on MNIST, but on CIFAR-10 its CNN lists its layers "
+        "as fc1, fc2, fc3, conv2, conv1, so the two convolutions are global and the fully connected layers local.",
+        "The authors start every client from a pretrained FedAvg checkpoint (`--load_fed`), average the "
+        "global layers uniformly over the round's clients, train with SGD momentum 0.5 on every batch (the "
+        "last one smaller), and report each client's best model so far by test accuracy. pflkit starts from "
+        "the run's initial model, weights by training-set size (PFLlib's), uses the run's optimiser and "
+        "scores every client's current model.",
         "PFLlib's loader at ad7bcd6 does not shuffle: every epoch visits the batches in one order. pflkit "
         "reshuffles every epoch; the transcription test feeds both the same batches.",
         "A client with fewer samples than one batch trains on one batch of all of them. PFLlib's "

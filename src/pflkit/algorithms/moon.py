@@ -118,6 +118,10 @@ MOON.card = MethodCard(
         "training mode (different only with batch norm).",
         "The authors train with SGD momentum 0.9 and weight decay 1e-5; pflkit uses the run's optimiser settings.",
         "The authors keep a buffer of previous models (size 1 by default); pflkit keeps one.",
+        "Batch norm: the authors load the whole averaged state, running statistics included, into the global "
+        "model and into each client's start. With the default `bn_buffers = \"local\"` (PFLlib's), pflkit's "
+        'download carries no statistics, so z_glob runs with the client\'s own; `bn_buffers = "global"` '
+        "is the authors' form.",
     ),
     choices=(
         Choice("μ (the paper: 5 on CIFAR-10, 1 on CIFAR-100 and Tiny-ImageNet; PFLlib: 0)", "1", "moon.mu"),

@@ -257,7 +257,10 @@ Scaffold.card = MethodCard(
         "PFLlib's optimiser is plain SGD. pflkit adds c − c_i to the gradient before the run's optimiser: "
         "weight decay is added to the corrected gradient and momentum accumulates it.",
         "Only option II is implemented (option I would take a gradient pass over the client's data at x).",
-        "Batch-norm statistics carry no control variate and take the average, as in FedAvg.",
+        "Batch-norm statistics carry no control variate and take the average, as in FedAvg (PFLlib never "
+        "synchronises them).",
+        "Option II divides by the round's local lr, decayed with `lr_decay`; PFLlib divides by the initial "
+        "lr whatever its scheduler does (the same without decay).",
     ),
     choices=(
         Choice("server learning rate η_g", "1", "scaffold.server_lr"),
