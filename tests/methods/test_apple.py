@@ -135,8 +135,8 @@ class PfllibAppleMixingClient:
                 for q, g in zip(cores[self.cid].parameters(), grads):
                     q.sub_(self.core_lr * g * self.ps[self.cid])
             for j in range(self.n):
-                if self.p_rule == "pfllib":
-                    tensors = list(cores[j].parameters())
+                if self.p_rule.startswith("pfllib"):  # "pfllib_at_batch": the own core before its step
+                    tensors = before[j] if self.p_rule == "pfllib_at_batch" else list(cores[j].parameters())
                     g_j = sum(float(torch.mean(g * q.detach())) for g, q in zip(grads, tensors)) / len(tensors)
                 else:
                     g_j = sum(float(torch.sum(g * q)) for g, q in zip(grads, before[j]))
@@ -186,6 +186,30 @@ def test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_
     _, _, _, cores2, theirs = apple_setup("pfllib")
     theirs.train(1, [module_at(ctx.model, c) for c in cores2], batches)
     assert max(abs(a - b) for a, b in zip(theirs.ps, new["p"].tolist())) > 1e-4
+
+
+def test_apple_layer_mean_gradient_of_p_is_pfllibs():
+    """``apple.p_gradient = "layer_mean"``: p steps on PFLlib's mean over the tensors of mean(grad *
+    core_j), with the own core at the batch (PFLlib: after its step, a recorded difference)."""
+    ctx, alg, payload, cores, ref = apple_setup("pfllib_at_batch", **{"apple.p_gradient": '"layer_mean"'})
+    state = {**alg.init_client(cores[0], 0), "p": torch.full((3,), 1 / 3)}
+    state, _ = alg.local_init(payload, state, ctx)
+    new, _, _ = alg.local_train(payload, state, ctx)
+    core_mods = [module_at(ctx.model, c) for c in cores]
+    batches = stream(ctx, "train")
+    ref.train(1, core_mods, batches)
+    assert_params_close(new["model"], weights(core_mods[0]))
+    # p barely moves on this gradient (3e-5 here): compare the moves, to 1% (float32 p near 1/3)
+    moved_by = new["p"].double() - 1 / 3
+    theirs = torch.tensor(ref.ps, dtype=torch.float64) - 1 / 3
+    assert float(theirs.abs().max()) > 1e-5
+    torch.testing.assert_close(moved_by, theirs, rtol=1e-2, atol=1e-8)
+    # the recorded difference is real: PFLlib's own core after its step changes the move by 40%
+    _, _, _, cores2, after = apple_setup("pfllib", **{"apple.p_gradient": '"layer_mean"'})
+    after.train(1, [module_at(ctx.model, c) for c in cores2], batches)
+    assert float((torch.tensor(after.ps, dtype=torch.float64) - 1 / 3 - theirs).abs().max()) > 0.1 * float(
+        theirs.abs().max()
+    )
 
 
 @XFAIL_DIFFERS(
@@ -633,3 +657,24 @@ def test_a_diverging_apple_client_is_named_with_its_weight_sum_and_the_setting_t
     message = str(error.value)
     assert f"client {OWN}'s mixture weights p_i summed to 2.5 at the start of round 1" in message
     assert "lower apple.dr_lr" in message
+
+
+def test_apple_layer_mean_gradient_batches_on_vmap_as_client_by_client():
+    """The per-tensor factors of ``p_gradient = "layer_mean"`` read a client's tensor sizes without
+    the batched context's client dimension: the vmap engine gives the loop engine's numbers."""
+    from pflkit.engines import LoopEngine, VmapEngine
+    from tests.support.builders import make_data, run_rounds
+    from tests.support.checks import assert_states_close
+
+    data = make_data([30, 45, 20])
+    over = ['apple.p_gradient="layer_mean"']
+    loop = run_rounds("apple", LoopEngine(), data, rounds=2, overrides=over)
+    vmap = run_rounds("apple", VmapEngine(), data, rounds=2, overrides=over)
+    assert_states_close(loop, vmap, atol=1e-5)
+    p0 = loop.server["p0"].double()
+    for c in range(3):  # p moves little on this gradient: its moves agree too
+        ours, batched = loop.clients[c]["p"].double() - p0, vmap.clients[c]["p"].double() - p0
+        assert float(ours.abs().max()) > 1e-6
+        torch.testing.assert_close(batched, ours, rtol=1e-2, atol=1e-8)
+    true = run_rounds("apple", LoopEngine(), data, rounds=2)
+    assert float((true.clients[0]["p"].double() - p0 - (loop.clients[0]["p"].double() - p0)).abs().max()) > 1e-4

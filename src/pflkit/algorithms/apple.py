@@ -39,6 +39,12 @@ class AppleSettings(Settings):
         description="eta_1, core learning rate; None = the local lr. "
         "PFLlib's lr x N diverges with the true gradient of p (docs/reference/methods/apple.md)",
     )
+    p_gradient: Literal["true", "layer_mean"] = Field(
+        "true",
+        description="the gradient p_i steps on: the true one, sum over every parameter of grad * w_j (the "
+        "authors' autograd), or PFLlib's, the mean over the parameter tensors of each tensor's mean of "
+        "grad * w_j (the step FedALA's Table 7 ran)",
+    )
 
 
 def loss_scale(r: int, total_rounds: int, L: float, scheduler: str) -> float:
@@ -74,14 +80,24 @@ def stacked_cores(cores: list[Params], lead: int) -> Params:
     return {k: torch.stack([core[k] for core in cores], dim=lead) for k in cores[0]}
 
 
-def mixture(p: torch.Tensor, stacked: Params, own: Params, own_onehot: torch.Tensor) -> Params:
+def mixture(
+    p: torch.Tensor,
+    stacked: Params,
+    own: Params,
+    own_onehot: torch.Tensor,
+    grad_scale: Mapping[str, float] | None = None,
+) -> Params:
     """w^p = sum_j p_j w_j^c with the client's own core in its own slot (p [N], or [K, N]; ``stacked``
     from :func:`stacked_cores`): the other cores are frozen, so each parameter is one tensordot of the
-    weights with the stack (gradient of p: the same contraction with the gradient) plus the own term."""
+    weights with the stack (gradient of p: the same contraction with the gradient) plus the own term.
+    ``grad_scale``: per parameter, a factor on what its term adds to p's gradient (the values stay p's)."""
     others = p * (1 - own_onehot)
     self_weight = (p * own_onehot).sum(-1)
     out = {}
     for k, value in own.items():
+        if grad_scale is not None and k in grad_scale:
+            scaled = p.detach() + grad_scale[k] * (p - p.detach())  # p itself, its gradient times the factor
+            others, self_weight = scaled * (1 - own_onehot), (scaled * own_onehot).sum(-1)
         cores = stacked[k]
         lead = others.dim() - 1
         flat = cores.reshape(*cores.shape[: lead + 1], -1)  # [..., N, numel]
@@ -90,13 +106,18 @@ def mixture(p: torch.Tensor, stacked: Params, own: Params, own_onehot: torch.Ten
     return out
 
 
-def apple_loss(scale_p: float) -> LossFn:
+def layer_mean_scales(params: Params, names: list[str], lead: int) -> dict[str, float]:
+    """PFLlib's gradient of p as factors on the true one: 1 / (number of tensors x a tensor's size)."""
+    return {k: 1.0 / (len(names) * math.prod(params[k].shape[lead:])) for k in names}
+
+
+def apple_loss(scale_p: float, grad_scale: Mapping[str, float] | None = None) -> LossFn:
     """CE of the personalised mixture + lambda(r) mu ||p - p0||^2."""
 
     def loss(net: Net, params: Params, batch: Batch, aux: Any) -> torch.Tensor:
         p = params[P]
         own = {k: v for k, v in params.items() if k != P}
-        value = cross_entropy(net(mixture(p, aux["stacked"], own, aux["own"]), batch.x), batch)
+        value = cross_entropy(net(mixture(p, aux["stacked"], own, aux["own"], grad_scale), batch.x), batch)
         return value + scale_p * torch.sum((p - aux["p0"]) ** 2) if scale_p else value
 
     return loss
@@ -163,11 +184,13 @@ class Apple(Algorithm):
             "own": self.own_onehot(payload, ctx),
         }
         names = self.parameter_names
+        lead = len(ctx.client_shape)
+        grad_scale = layer_mean_scales(state["model"], names, lead) if cfg.p_gradient == "layer_mean" else None
         try:
             fit = self.train_model(
                 {**state["model"], P: state["p"]},
                 ctx,
-                apple_loss(scale_p),
+                apple_loss(scale_p, grad_scale),
                 aux=aux,
                 trainable=[*names, P],
                 # the ignore: a per-parameter rate, as **{P: ...} since P is no identifier
@@ -221,6 +244,7 @@ Apple.card = MethodCard(
     tests=(
         "tests/methods/test_apple.py::test_apple_client_round_matches_pfllib_with_core_lr_n_times_lr_and_the_true_gradient_of_p",
         "tests/methods/test_apple.py::test_apple_round_with_the_proximal_term_matches_the_authors_client_under_momentum",
+        "tests/methods/test_apple.py::test_apple_layer_mean_gradient_of_p_is_pfllibs",
     ),
     pinned=(
         "tests/methods/test_apple.py::test_apple_first_p_is_uniform_as_in_pfllib",
@@ -229,9 +253,11 @@ Apple.card = MethodCard(
         "tests/methods/test_apple.py::test_apple_lambda_schedule_is_pfllibs",
     ),
     differences=(
-        "PFLlib (ffb17a9, the first commit with APPLE) is compared at `core_lr` = N·lr, with the true "
-        "gradient of p and μ = 0. The authors' client is compared at the default core lr, with μ = 1 in a "
-        "round with λ > 0 and momentum 0.9.",
+        "PFLlib (ffb17a9, the first commit with APPLE) is compared at `core_lr` = N·lr and μ = 0, with the "
+        'true gradient of p and, under `p_gradient = "layer_mean"`, with its own. The authors\' client is '
+        "compared at the default core lr, with μ = 1 in a round with λ > 0 and momentum 0.9.",
+        "PFLlib's gradient of p_ii reads the own core after that batch's step; pflkit's (`layer_mean` too) "
+        "the core the batch ran on. On the test's clients that changes p's small move by about 40%.",
         "PFLlib starts p at 1/N; pflkit at the data shares p⁰.",
         "PFLlib uploads the mixture formed at its last batch instead of the trained core. It also shares "
         "cores in place within a round (undone upstream in 7101091).",
@@ -253,6 +279,12 @@ Apple.card = MethodCard(
             "clients), because with the true gradient of p (not PFLlib's mean of element-wise products) "
             "p_ii grows from n_i/n within a round. The authors' code also steps the cores at a plain rate.",
             "`core_lr` (e.g. `apple.core_lr = 2.0` for lr × N at lr 0.1)",
+        ),
+        Choice(
+            "the gradient p steps on",
+            "the true one, Σ over every parameter of ∇L ⊙ w_j (the authors' autograd)",
+            '`p_gradient = "layer_mean"`: PFLlib\'s mean over the tensors of mean(∇L ⊙ w_j), the step '
+            "FedALA's Table 7 ran; p then barely moves from p⁰",
         ),
         Choice("λ schedule", "cos", '`scheduler = "exp"`'),
     ),
