@@ -136,3 +136,19 @@ def test_closed_form_terms_train_as_autograd_of_the_whole_objective_bit_for_bit(
         assert all(torch.equal(ours.params[k], theirs.params[k]) for k in p0), loss
         assert torch.equal(ours.loss, theirs.loss)
         assert not torch.equal(unstack(ours.params, 0, p0)["fc.weight"], p0["fc.weight"])  # it trained
+
+
+@pytest.mark.parametrize("name", ["fedlc", "fedrod"])
+def test_a_padding_row_of_a_class_the_client_lacks_leaves_the_loss_finite_on_vmap(name):
+    """FedLC and FedRoD give a class the client lacks the logit -inf. The vmap engine pads a short
+    batch with row 0 of the data, here of class 9, which client 4 lacks: its infinite loss is
+    dropped from the batch mean (0 * inf was NaN and stopped the run), and vmap gives the loop
+    engine's numbers."""
+    from pflkit.engines import LoopEngine, VmapEngine
+    from tests.support.builders import make_data, run_rounds
+    from tests.support.checks import assert_states_close
+
+    data = make_data([30, 45, 12, 60, 7], seed=2)
+    assert int(data.y[0]) == 9 and 9 not in data.clients[4].train_y.tolist()
+    loop = run_rounds(name, LoopEngine(), data, rounds=1)
+    assert_states_close(loop, run_rounds(name, VmapEngine(), data, rounds=1), atol=1e-5)

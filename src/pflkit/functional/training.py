@@ -125,10 +125,12 @@ def net_of(model: nn.Module) -> Net:
 
 
 def batch_mean(values: Tensor, batch: Batch) -> Tensor:
-    """Mean of per-sample ``values`` over the batch's real samples."""
+    """Mean of per-sample ``values`` over the batch's real samples. A padding row's value is
+    dropped, not multiplied by 0: it may be infinite (a method's -inf logit of a class the client
+    lacks, on a padding row of another class)."""
     if batch.mask is None:
         return values.mean()
-    return (values * batch.mask).sum() / batch.mask.sum()
+    return torch.where(batch.mask > 0, values * batch.mask, 0.0).sum() / batch.mask.sum()
 
 
 def cross_entropy(logits: Tensor, batch: Batch) -> Tensor:
