@@ -73,7 +73,10 @@ FedLC.card = MethodCard(
     differences=(
         "The test runs τ = 1 and 2.",
         "FL-bench counts a class the client lacks as 1e-8, so it stays in the softmax with weight e^(−100τ). "
-        "pflkit leaves it out. The two are equal in float32 for τ ≥ 0.2.",
+        "pflkit leaves it out. The two are equal in float32 for τ ≥ 0.2 while an absent class's logit is not "
+        "far above the present ones'.",
+        "The paper's loss leaves the true class out of the softmax denominator. FL-bench keeps the ordinary "
+        "softmax (its code notes that training collapsed with the paper's form), and pflkit follows FL-bench.",
     ),
     choices=(Choice("calibration strength τ", "1", "`fedlc.tau`"),),
 )

@@ -238,6 +238,9 @@ FedNH.card = MethodCard(
     differences=(
         "Their clients' prototype estimate sees augmented images.",
         "Their personalised accuracy scores the model after local training.",
+        "pflkit scores the linear head s·W·h on the body's unnormalised features: the same predictions as "
+        "their cosine classifier s·⟨h/|h|, W⟩, so the accuracies are equal, but the test loss (and any "
+        "probability metric) is that of softmax(s·|h|·cos), not softmax(s·cos).",
     ),
     choices=(
         Choice(

@@ -76,6 +76,10 @@ FedNova.card = MethodCard(
         "Their script hard-codes weight decay 1e-4; pflkit uses the run's.",
         "Their server momentum `gmf` and their FedProx variant are not in pflkit.",
         "Their p_i is over all workers (equal under full participation).",
-        "They keep batch-norm statistics per worker.",
+        "Their average touches the optimiser's parameters only, so batch-norm statistics stay per worker; "
+        'pflkit averages them, and with the default `bn_buffers = "local"` each client keeps its own on '
+        "download (the same as theirs).",
+        "Their script divides the lr by 10 at half the rounds and by 100 at three quarters; pflkit has no "
+        "step schedule (`lr_decay` is exponential).",
     ),
 )

@@ -86,5 +86,7 @@ FedNTD.card = MethodCard(
         "The test runs τ = β = 1 and τ = 3, β = 0.3.",
         "Their teacher runs in the mode the client model was left in. This differs only for a batch-norm "
         "model on the first client.",
+        "Their teacher is a copy of the loaded global model, with the averaged batch-norm statistics. With "
+        'the default `bn_buffers = "local"`, pflkit\'s runs with the client\'s own (`"global"` is theirs).',
     ),
 )

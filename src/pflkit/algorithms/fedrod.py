@@ -109,7 +109,10 @@ FedROD.card = MethodCard(
         "FedNH clips the generic gradients at norm 10; pflkit does not clip.",
         "PFLlib counts n_j over its `drop_last` loader, and FedNH puts 1e-12 for absent classes. pflkit "
         "counts all samples and gives absent classes −inf.",
-        "FedNH's CIFAR runs make the personal head with a hypernetwork.",
+        "FedNH's CIFAR runs make the personal head with a hypernetwork, and its scripts train the personal "
+        "head after all generic epochs, on the final body (`FedROD_phead_separate`), where PFLlib and pflkit "
+        "interleave them batch by batch. FedNH's port averages the generic models uniformly and scores the "
+        "personalised model after local training.",
         "FedACD's local-model metrics score the uploaded generic model.",
     ),
 )
