@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ...federation import ResultsFolder
-from ...federation.results import EXECUTION_KEYS
+from ...config.loading import resolved
+from ...federation.results import CONFIG_FILE, EXECUTION_KEYS
 from ...methods import REGISTRY, config_sections
 from ...reporting import summarize
 
@@ -22,6 +23,8 @@ def cell_folders(folder: Path) -> list[Path]:
 def one_setting(cells: Sequence[Path]) -> bool:
     """Whether the cells' configs differ in nothing but their methods, seeds, names and execution
     keys (``EXECUTION_KEYS``: a cell run or resumed with other workers computes the same): one table.
+    Each config is compared resolved by the current schema: a key added to pflkit after a cell ran
+    takes its default there, as it would in a rerun of that cell.
 
     A method's config section counts only for the cells that run it (every saved config lists every
     section; a key added to one method later must not split the cells of the others), and then must
@@ -45,8 +48,15 @@ def one_setting(cells: Sequence[Path]) -> bool:
                 table[section].pop(name, None)
         return table
 
-    # the saved (resolved) tables: no validation, no warnings per cell
-    tables = [computed(ResultsFolder(c).config_table()) for c in cells]
+    def current(cell: Path) -> dict[str, Any]:  # the saved table, every key the schema now has filled in
+        results = ResultsFolder(cell)
+        table = results.config_table()
+        try:
+            return resolved(table, results.where(CONFIG_FILE))
+        except ValueError:  # no longer loads (ConfigError too): compared as saved
+            return table
+
+    tables = [computed(current(c)) for c in cells]
     shared = [
         {k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name") and k not in owned} for t in tables
     ]
