@@ -433,6 +433,25 @@ def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
     assert not one_setting([plain, cell("ditto", "workers = 1\neval_every = 5")])
 
 
+def test_a_key_added_after_a_cell_ran_splits_no_table_at_its_default(tmp_path) -> None:
+    """A cell saved before a key existed (here ``[run] unseen_clients`` and ``[feature_shift]``) is
+    compared with its default filled in: one table with a newer cell that saved the default, two with
+    one that set another value."""
+    from pflkit.run.report import one_setting
+
+    def cell(name: str, extra: str):
+        folder = tmp_path / name
+        folder.mkdir(parents=True)
+        (folder / "config.toml").write_text(
+            f'name = "t"\nalgorithms = ["fedavg"]\nseeds = [{len(extra)}]\nrounds = 5\n[run]\nthreads = 1\n{extra}'
+        )
+        return folder
+
+    old = cell("old", "")
+    assert one_setting([old, cell("new", "unseen_clients = 0\n[feature_shift]\ntransforms = []\n")])
+    assert not one_setting([old, cell("other", "unseen_clients = 2\n")])
+
+
 @pytest.mark.integration
 def test_an_unfinished_cells_best_so_far_is_on_the_plateau_metric(tmp_path) -> None:
     """A table whose runs stop on the global accuracy (SosicFL's protocol) lists an unfinished cell's
