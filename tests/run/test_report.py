@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -421,16 +422,20 @@ def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
     from pflkit.run.report import one_setting
 
     def cell(name: str, run: str):
-        folder = tmp_path / name
-        folder.mkdir(parents=True)
-        (folder / "config.toml").write_text(
-            f'name = "t"\nalgorithms = ["{name}"]\nseeds = [0]\nrounds = 5\n[run]\nthreads = 1\n{run}\n'
-        )
-        return folder
+        return run_cell(tmp_path / name, name, run)
 
     plain, one_worker = cell("fedavg", ""), cell("sosicfl", "workers = 1\ncheckpoint_every = 5")
     assert one_setting([plain, one_worker])
     assert not one_setting([plain, cell("ditto", "workers = 1\neval_every = 5")])
+
+
+def run_cell(folder: Path, method: str, run: str) -> Path:
+    """A cell folder whose config.toml runs ``method`` for 5 rounds with ``run`` (lines after ``[run]``)."""
+    folder.mkdir(parents=True)
+    (folder / "config.toml").write_text(
+        f'name = "t"\nalgorithms = ["{method}"]\nseeds = [0]\nrounds = 5\n[run]\nthreads = 1\n{run}\n'
+    )
+    return folder
 
 
 def test_a_key_added_after_a_cell_ran_splits_no_table_at_its_default(tmp_path) -> None:
@@ -440,12 +445,7 @@ def test_a_key_added_after_a_cell_ran_splits_no_table_at_its_default(tmp_path) -
     from pflkit.run.report import one_setting
 
     def cell(name: str, extra: str):
-        folder = tmp_path / name
-        folder.mkdir(parents=True)
-        (folder / "config.toml").write_text(
-            f'name = "t"\nalgorithms = ["fedavg"]\nseeds = [{len(extra)}]\nrounds = 5\n[run]\nthreads = 1\n{extra}'
-        )
-        return folder
+        return run_cell(tmp_path / name, "fedavg", extra)
 
     old = cell("old", "")
     assert one_setting([old, cell("new", "unseen_clients = 0\n[feature_shift]\ntransforms = []\n")])
