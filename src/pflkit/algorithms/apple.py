@@ -95,14 +95,15 @@ def mixture(
     self_weight = (p * own_onehot).sum(-1)
     out = {}
     for k, value in own.items():
+        weights, own_weight = others, self_weight
         if grad_scale is not None and k in grad_scale:
             scaled = p.detach() + grad_scale[k] * (p - p.detach())  # p itself, its gradient times the factor
-            others, self_weight = scaled * (1 - own_onehot), (scaled * own_onehot).sum(-1)
+            weights, own_weight = scaled * (1 - own_onehot), (scaled * own_onehot).sum(-1)
         cores = stacked[k]
-        lead = others.dim() - 1
+        lead = weights.dim() - 1
         flat = cores.reshape(*cores.shape[: lead + 1], -1)  # [..., N, numel]
-        mixed = torch.matmul(others.unsqueeze(-2), flat).squeeze(-2).reshape(value.shape)
-        out[k] = mixed + scale(self_weight, value)
+        mixed = torch.matmul(weights.unsqueeze(-2), flat).squeeze(-2).reshape(value.shape)
+        out[k] = mixed + scale(own_weight, value)
     return out
 
 

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...federation import ResultsFolder
 from ...config.loading import resolved
+from ...federation import ResultsFolder
 from ...federation.results import CONFIG_FILE, EXECUTION_KEYS
 from ...methods import REGISTRY, config_sections
 from ...reporting import summarize
