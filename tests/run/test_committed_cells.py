@@ -78,7 +78,11 @@ def test_each_cells_summary_is_what_its_records_give() -> None:
     assert len(cells) > 250
     for cell in cells:
         results = ResultsFolder(cell)
-        assert results.status()["status"] == "complete", cell
+        status = results.status()
+        if status["status"] == "failed":  # a diverged run, kept as a result: its error, no summary
+            assert status.get("error") and not results.has_summary(), cell
+            continue
+        assert status["status"] == "complete", cell
         summary, histories = results.summary(), results.histories()
         for method, entry in summary.items():
             seeds = sorted(int(s) for s in entry["seeds"])

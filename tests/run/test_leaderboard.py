@@ -42,20 +42,25 @@ def cell(
     *,
     stopped: bool = True,
     finished: bool = True,
+    error: str | None = None,
     machine: str = "CPU box",
     **curves: list[float],
 ) -> None:
-    """A results folder of one (method, seed) run whose rounds 0.. score ``accuracy`` (and ``curves``)."""
+    """A results folder of one (method, seed) run whose rounds 0.. score ``accuracy`` (and ``curves``);
+    ``error``: the run failed with it after its last round."""
     words = ["dataset=mnist", "data_dir=${PFLKIT_DATA}/mnist", f'algorithms=["{method}"]', f"seeds=[{seed}]"]
     results = ResultsFolder(folder / f"algorithms={method},seeds={seed}")
     results.create(to_dict(load_config(None, [*words, *overrides])))
     for r, value in enumerate(accuracy):
         record = {"algorithm": method, "seed": seed, "round": r, "accuracy": value, "std_client_accuracy": 0.0}
         record.update({key: curve[r] for key, curve in curves.items()})
-        if finished and r == len(accuracy) - 1:
+        if finished and error is None and r == len(accuracy) - 1:
             record.update({"final_pass_seconds": 1.0, **({"stopped": "plateau"} if stopped else {})})
         results.append_record(record)
-    results.set_status("complete" if finished else "interrupted", machine=machine)
+    if error is not None:
+        results.set_status("failed", error=error, machine=machine)
+    else:
+        results.set_status("complete" if finished else "interrupted", machine=machine)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +72,7 @@ def cells(tmp_path_factory) -> tuple[Path, Path]:
     cell(table7, TABLE7, "fedala", 0, [0.5] * 20 + [0.995], stopped=False)  # to the cap (20 rounds)
     cell(table7, TABLE7, "fedprox+ala", 0, [0.5, 0.992, 0.99])
     cell(table7, TABLE7, "fedprox", 1, [0.5, 0.7], finished=False)
+    cell(table7, TABLE7, "fedala", 1, [0.5, 0.6, 0.2], error="NonFiniteLossError: client 7's training loss is nan")
     cell(root / "fedala-table7-mnist-gpu", TABLE7, "ditto", 0, [0.5, 0.993, 0.99], machine="GPU box")
     two_fold = root / "sosicfl-mnist-2fold"
     cell(two_fold, SOSICFL, "fedavg", 0, [0.5, 0.9], global_accuracy=[0.5, 0.91], local_accuracy=[0.5, 0.9])
@@ -87,7 +93,7 @@ def test_table7_rows_are_sorted_means_with_population_std_rounds_costs_and_paper
     root, costs = cells
     page = leaderboard_markdown(root, costs)
     assert table_rows(page, "FedALA Table 7: MNIST Dir(0.1), 20 clients") == [
-        "| 1 | fedala | 99.50 | 1 | 20 | 20 (1 of 1 at the cap) | 1.18 | 99.71 |",
+        "| 1 | fedala | 99.50 | 1 (seed 1 failed) | 20 | 20 (1 of 1 at the cap) | 1.18 | 99.71 |",
         "| 2 | ditto † | 99.30 | 1 | 1 | 2 | — | 99.64 |",
         "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | — | — |",
         # seeds 98 and 99: population std 0.50 (a sample std would be 0.71); best at rounds 3 and 4, stops 5 and 6
@@ -96,6 +102,11 @@ def test_table7_rows_are_sorted_means_with_population_std_rounds_costs_and_paper
     assert "† ditto: seed 0 from `fedala-table7-mnist-gpu/`, run on GPU box." in page
     assert "The other cells (`fedala-table7-mnist/`) ran on CPU box." in page
     assert "Not finished yet, not counted: fedprox seed 1 (round 1 so far, `fedala-table7-mnist/`)." in page
+    # a failed run is a result: named with its error, not counted in its row's mean, not "unfinished"
+    assert (
+        "Failed, not counted in their rows: fedala seed 1 (`fedala-table7-mnist/`, last evaluated round 2): "
+        "NonFiniteLossError: client 7's training loss is nan" in page
+    )
     assert "`configs/paper/setting.toml`" in page and "pflkit sweep configs/reproduce/fedala-table7-mnist.toml" in page
     assert "FedACD" not in page  # a table without cells is left out
 

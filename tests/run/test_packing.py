@@ -135,9 +135,9 @@ def test_pack_refuses_an_unfinished_run_and_a_packed_unfinished_run_is_not_resum
         )
     result = CliRunner().invoke(main, ["pack", str(tmp_path)])
     assert result.exit_code == 2
-    assert "refused" in result.output and "not complete" in result.output
+    assert "refused" in result.output and "neither complete nor failed" in result.output
     assert not (out / ARCHIVE).exists() and (out / "metrics.jsonl").is_file()
-    with pytest.raises(PackError, match="not complete"):
+    with pytest.raises(PackError, match="neither complete nor failed"):
         pack_folder(out)
     # packed by hand all the same: a resume refuses, naming pflkit unpack, and writes nothing
     run = ResultsFolder(out)
@@ -154,6 +154,31 @@ def test_pack_refuses_an_unfinished_run_and_a_packed_unfinished_run_is_not_resum
     assert top_files(out) == ["config.toml", ARCHIVE]
     result = CliRunner().invoke(main, ["run", "--resume", str(out)])
     assert result.exit_code == 2 and "pflkit unpack" in result.output
+
+
+def test_a_failed_run_packs_with_its_error_and_is_not_resumed_packed(tmp_path) -> None:
+    """A run that stopped on a NaN loss is a result (a diverging method): its records pack, read back
+    as they were, and a resume of the packed folder is refused as for any packed unended run."""
+    from pflkit.functional.training import NonFiniteLossError
+
+    class DivergeAfter:
+        def on_record(self, state, record) -> None:
+            if state.rounds_done == 1 and not state.done:
+                raise NonFiniteLossError("training loss became nan (algorithm fedavg, client 1, round 2)")
+
+    out = tmp_path / "diverged"
+    with pytest.raises(NonFiniteLossError):
+        run_experiment(load_config(None, TINY), out, progress=False, echo=lambda s: None, callbacks=[DivergeAfter()])
+    before = {name: (out / name).read_bytes() for name in top_files(out)}
+    assert "packed" in pack_folder(out)
+    assert top_files(out) == [ARCHIVE]
+    run = ResultsFolder(out)
+    assert run.status()["status"] == "failed" and "training loss became nan" in run.status()["error"]
+    assert {name: data for name, (data, _) in run.archived().items()} == before
+    with pytest.raises(PackedFolderError, match=f"pflkit unpack {out}"):
+        resume_experiment(out, progress=False, echo=lambda s: None)
+    unpack_folder(out)
+    assert {name: (out / name).read_bytes() for name in top_files(out)} == before
 
 
 def test_pack_finishes_an_interrupted_pack_and_refuses_a_differing_copy(packed) -> None:

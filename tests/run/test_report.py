@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from pflkit.cli import main
 from pflkit.config import ConfigError, load_config
+from pflkit.functional.training import NonFiniteLossError
 from pflkit.reporting.paper import PAPER_TABLES
 from pflkit.run.experiment import run_experiment
 from pflkit.run.report import ala_gain_table, build_report, ranking_table
@@ -290,8 +291,27 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
             echo=lambda s: None,
             callbacks=[InterruptAfter("ditto", 1)],
         )
+
+    class DivergeAfter:  # a run whose loss turns NaN in its second round, as a diverging method's does
+        def on_record(self, state, record) -> None:
+            if state.rounds_done == 1 and not state.done:
+                raise NonFiniteLossError("training loss became nan (algorithm fedala, client 2, round 2)")
+
+    config = load_config(None, [*base, 'algorithms=["fedala"]', "seeds=[1]"])
+    with pytest.raises(NonFiniteLossError):
+        run_experiment(
+            config,
+            tmp_path / "table" / "algorithms=fedala,seeds=1",
+            progress=False,
+            echo=lambda s: None,
+            callbacks=[DivergeAfter()],
+        )
     text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
-    assert "4 cells" in text and "at most 6 rounds" in text and "partition dirichlet (alpha 0.1)," in text
+    assert "5 cells" in text and "at most 6 rounds" in text and "partition dirichlet (alpha 0.1)," in text
+    # a failed run is a result of its own: named with its error, not "not finished" and not "not run"
+    assert "**Failed**, not counted: algorithms=fedala,seeds=1 (fedala, seed 1: failed, reached round 0" in text
+    assert "NonFiniteLossError: training loss became nan (algorithm fedala, client 2, round 2)" in text
+    assert "fedala, seed 1" not in text.split("**Not finished**", 1)[1].split("\n", 1)[0]
     assert "**Not finished**: algorithms=ditto,seeds=0 (ditto, seed 0: " in text and "reached round" in text
     ditto = [
         json.loads(line)
@@ -303,7 +323,8 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
     cells = [c.strip() for c in fedavg.strip("|").split("|")]
     assert cells[1] == "0,1" and "±" in cells[2] and cells[4] == "3*,3*"  # stopped by the plateau rule at round 3
     assert cells[5] == "98.81" and cells[6].startswith(("+", "-"))
-    assert "| fedala | - | not run yet |" in text and "| ditto | - | unfinished (Not finished, below) |" in text
+    assert "| fedala | - | failed (Failed, above) |" in text
+    assert "| ditto | - | unfinished (Not finished, above) |" in text
     best = [
         json.loads((tmp_path / "table" / f"algorithms=fedavg,seeds={s}" / "summary.json").read_text())["fedavg"][
             "best_accuracy"

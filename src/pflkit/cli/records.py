@@ -40,16 +40,17 @@ def _each(folders: tuple[Path, ...], packed: bool, act: Callable[[Path], str]) -
 
 
 @main.command(
-    epilog="\b\nExamples:\n  pflkit pack docs/results                 # every complete cell below it\n"
+    epilog="\b\nExamples:\n  pflkit pack docs/results                 # every ended cell below it\n"
     "  pflkit pack results/quick results/sweep"
 )
 @FOLDERS
 def pack(folders: tuple[Path, ...]) -> None:
-    """Pack every complete results folder at or below FOLDERS: every file of the folder's top
+    """Pack every ended results folder at or below FOLDERS (complete, or failed with its error, as a
+    run stopped by a NaN loss): every file of the folder's top
     level, config.toml included, goes byte for byte into records.tar.xz (checked by reading it
     back); subfolders (checkpoints/, plots/) stay as they are. Every reader of pflkit reads a packed
     folder as the plain one (pflkit run FOLDER/config.toml reads the config from the archive); a run
-    never writes into it. Running or unfinished folders are refused."""
+    never writes into it. Running or interrupted folders are refused."""
     from ..federation.packing import pack_folder
 
     _each(folders, False, pack_folder)

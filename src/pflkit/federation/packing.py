@@ -106,9 +106,9 @@ def _held(folder: Path) -> Iterator[None]:
 
 
 def pack_folder(folder: Path) -> str:
-    """Pack one complete results folder, or a sweep folder's sweep.json; the line that says what
-    was done. PackError with the reason where it is not packed: running, unfinished, failed, or
-    not a pflkit run."""
+    """Pack one ended results folder (complete, or failed with its error: a run that stopped on a NaN
+    loss is a result too), or a sweep folder's sweep.json; the line that says what was done.
+    PackError with the reason where it is not packed: running, interrupted, or not a pflkit run."""
     if not _is_results_folder(folder):
         return _pack_sweep_record(folder)
     results = ResultsFolder(folder)
@@ -117,10 +117,13 @@ def pack_folder(folder: Path) -> str:
             status = results.status()
         except (OSError, RuntimeError, ValueError) as exc:
             raise PackError(str(exc)) from None
-        if status["status"] != "complete" or not results.has_summary():
+        ended = (status["status"] == "complete" and results.has_summary()) or (
+            status["status"] == "failed" and bool(status.get("error"))
+        )
+        if not ended:
             raise PackError(
-                f"{folder}: its run is {status['status']}, not complete (only complete runs are packed; "
-                "continue it with pflkit run --resume first)"
+                f"{folder}: its run is {status['status']}, neither complete nor failed (only ended runs are "
+                "packed; continue it with pflkit run --resume first)"
             )
         records = _records(folder)
         files = {name: (path.read_bytes(), int(path.stat().st_mtime)) for name, path in records.items()}

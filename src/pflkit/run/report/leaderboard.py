@@ -61,6 +61,7 @@ class Row:
     entry: dict[str, Any]
     seeds: list[int]
     stopped: list[bool]  # per seed: the plateau rule ended it (else it ran to the round cap)
+    failed: list[int] = field(default_factory=list)  # seeds whose run failed (not counted)
     sources: dict[str, list[int]] = field(default_factory=dict)  # folder name -> seeds from there
     machines: dict[str, set[str]] = field(default_factory=dict)  # folder name -> machines of those seeds
 
@@ -75,16 +76,25 @@ class Row:
     def per_seed(self, key: str) -> list[float]:
         return [float(self.entry["seeds"][str(s)][key]) for s in self.seeds]
 
+    def seed_count(self) -> str:
+        """How many seeds the row counts, and which failed beside them."""
+        if not self.failed:
+            return str(len(self.seeds))
+        seeds = ", ".join(map(str, self.failed))
+        return f"{len(self.seeds)} (seed{'s' if len(self.failed) > 1 else ''} {seeds} failed)"
+
 
 @dataclass
 class Table:
-    """A board's rows (sorted), its config, the paper's cell and what did not finish."""
+    """A board's rows (sorted), its config, the paper's cell, what did not finish yet and what
+    failed (a run that stopped with an error, such as a NaN loss: a result, kept and named)."""
 
     board: Board
     config: BaseConfig
     rows: list[Row]
     paper: dict[str, Any] | None
     unfinished: list[str]
+    failed: list[str] = field(default_factory=list)
 
     def paper_value(self, method: str, key: str) -> float | None:
         if self.paper is None or key not in self.paper["metrics"] or method not in self.paper["values"]:
@@ -100,6 +110,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
     histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
     where: dict[tuple[str, int], tuple[str, str]] = {}
     unfinished: dict[tuple[str, int], str] = {}  # runs without their final evaluation yet
+    failed: dict[tuple[str, int], str] = {}  # runs that stopped with an error
     first = None
     for folder in folders:
         cells = cell_folders(folder)
@@ -115,6 +126,10 @@ def read_table(results_root: Path, board: Board) -> Table | None:
                 if history and "final_pass_seconds" in history[-1]:
                     histories[key] = history
                     where[key] = (folder.name, str(status.get("machine") or status.get("host", "?")))
+                elif status.get("status") == "failed":
+                    reached = max((r["round"] for r in history), default=0)
+                    where_failed = f"`{folder.name}/`, last evaluated round {reached}"
+                    failed.setdefault(key, f"{key[0]} seed {key[1]} ({where_failed}): {status.get('error', '?')}")
                 else:
                     reached = max((r["round"] for r in history), default=0)
                     unfinished.setdefault(key, f"{key[0]} seed {key[1]} (round {reached} so far, `{folder.name}/`)")
@@ -129,6 +144,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
             summarize(histories, [method], seeds)[method],
             seeds,
             [bool(histories[(method, s)][-1].get("stopped")) for s in seeds],
+            failed=sorted(s for m, s in failed if m == method and (m, s) not in histories),
         )
         for seed in seeds:
             source, machine = where[(method, seed)]
@@ -138,7 +154,14 @@ def read_table(results_root: Path, board: Board) -> Table | None:
     first_column = board.columns[0][1]
     rows.sort(key=lambda r: (-r.value(first_column), r.method))
     paper = paper_cell(config.paper_table) if config.paper_table else None
-    return Table(board, config, rows, paper, sorted(v for k, v in unfinished.items() if k not in histories))
+    return Table(
+        board,
+        config,
+        rows,
+        paper,
+        sorted(v for k, v in unfinished.items() if k not in histories and k not in failed),
+        sorted(v for k, v in failed.items() if k not in histories),
+    )
 
 
 def read_costs(*paths: Path) -> dict[str, Any]:
@@ -194,6 +217,10 @@ def _setting(config: BaseConfig) -> str:
     )
 
 
+def _period(text: str) -> str:
+    return text if text.endswith(".") else text + "."
+
+
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
 
@@ -235,7 +262,7 @@ def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
                 str(rank),
                 row.method + (" †" if row.method in marked else ""),
                 row.shown(key),
-                str(len(row.seeds)),
+                row.seed_count(),
                 _mean(row.per_seed("best_round")),
                 rounds + (f" ({capped} of {len(row.seeds)} at the cap)" if capped else ""),
                 NONE if cost is None else f"{float(cost):.2f}",
@@ -273,7 +300,7 @@ def _compact(table: Table) -> list[str]:
     rows = []
     for row in table.rows:
         cells = [row.method + (" †" if row.method in marked else ""), *(row.shown(k) for _, k in columns)]
-        cells.append(str(len(row.seeds)))
+        cells.append(row.seed_count())
         cells += [_number(table.paper_value(row.method, k)) for _, k in columns] if published else []
         rows.append(cells)
     if not published:
@@ -301,6 +328,8 @@ def _section(table: Table, costs: dict[str, Any]) -> list[str]:
             "",
         ]
         body = _compact(table)
+    if table.failed:
+        body += _paragraphs([_period("Failed, not counted in their rows: " + "; ".join(table.failed))])
     if table.unfinished:
         body += _paragraphs(["Not finished yet, not counted: " + "; ".join(table.unfinished) + "."])
     return lines + body + [""]
@@ -365,7 +394,7 @@ def method_results_markdown(results_root: Path, method: str) -> str | None:
                     table.board.title,
                     name.removesuffix(" %"),
                     found.shown(key),
-                    str(len(found.seeds)),
+                    found.seed_count(),
                     f"{rank} of {len(ranked)}",
                     _number(table.paper_value(method, key)),
                 ]

@@ -154,7 +154,9 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
     wall: dict[tuple[str, int], float] = {}
     machines: set[str] = set()
     unfinished = []
+    failed = []  # runs that stopped with an error (a NaN loss): results, named with their error
     started: set[str] = set()  # methods with an unfinished run
+    failed_methods: set[str] = set()
     for cell in cells:
         results = ResultsFolder(cell)
         status = run_status(results)
@@ -166,7 +168,6 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         if done:
             machines.add(str(status.get("machine") or status.get("host", "?")))
         for key in sorted(set(runs) - set(done)):
-            started.add(key[0])
             judged = config.run.plateau_metric if any(config.run.plateau_metric in r for r in runs[key]) else "accuracy"
             scored = [r for r in runs[key] if judged in r]
             best = max(scored, key=lambda r: r[judged]) if scored else None
@@ -179,10 +180,17 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
                 )
             )
             machine = status.get("machine")
-            unfinished.append(
-                f"{cell.name} ({key[0]}, seed {key[1]}: {status.get('status', '?')}, reached round "
+            state = status.get("status", "?")
+            line = (
+                f"{cell.name} ({key[0]}, seed {key[1]}: {state}, reached round "
                 f"{max(r['round'] for r in runs[key])}{so_far}{f', on {machine}' if machine else ''})"
             )
+            if state == "failed":
+                failed_methods.add(key[0])
+                failed.append(f"{line}: {status.get('error', '?')}")
+            else:
+                started.add(key[0])
+                unfinished.append(line)
         if not runs:
             unfinished.append(f"{cell.name} ({status.get('status', '?')}, no round yet)")
     methods = list(dict.fromkeys(m for m, _ in histories))
@@ -206,6 +214,9 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         f"Machine{'s' if len(machines) > 1 else ''}: {'; '.join(sorted(machines)) or '-'}. "
         f"Wall time of the finished runs {total / 3600:.2f} h."
     )
+    if failed:
+        text = "**Failed**, not counted: " + "; ".join(failed)
+        section.text.append(text if text.endswith(".") else text + ".")
     if unfinished:
         section.text.append("**Not finished**: " + "; ".join(unfinished) + ".")
     entries = {m: summarize(histories, [m], sorted(s for n, s in histories if n == m))[m] for m in methods}
@@ -249,7 +260,9 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         )
     for method, published in ((paper_entry or {}).get("values") or {}).items():
         if method not in methods:
-            state = "unfinished (Not finished, below)" if method in started else "not run yet"
+            state = "unfinished (Not finished, above)" if method in started else "not run yet"
+            if method not in started and method in failed_methods:
+                state = "failed (Failed, above)"
             rows.append([method, "-", state, *("-" for _ in extra), "-", "-", f"{published[0]:.2f}", "-", "-", "-"])
     caption = "results" + (f" beside {paper_entry['source']}" if paper_entry else "")
     section.tables.append((caption + " (rounds run: * = stopped by the plateau rule)", header, rows))
