@@ -27,6 +27,7 @@ from torch.nn import functional as F
 from pflkit.algorithms import ClientSummary
 from pflkit.algorithms.fednh import SCALE, spread_prototypes
 from pflkit.engines import SingleClientContext
+from pflkit.functional import forward
 from tests.support.builders import batch_pairs, build, client_context, params_of, tiny_context
 
 
@@ -34,8 +35,6 @@ def reference_fednh_client(ctx, glob: dict, scale: float, lr: float, clip: float
     """My transcription of the authors' FedNH client (Yutong-Dai/FedNH 60c3161, FedUH.py training
     loop with FedNH's model): logits = s * normalise(h) @ P^T with the prototypes P frozen, CE,
     backward into the body and s, clip_grad_norm_(body + s, clip), then an SGD step."""
-    from pflkit.functional import forward
-
     body_names = [k for k in glob if not k.startswith("fc.")]
     w = {k: v.detach().clone() for k, v in glob.items()}
     s = torch.tensor(scale)
@@ -71,8 +70,14 @@ def test_fednh_orthogonal_prototypes_learnable_scale_clipping_and_uniform_server
     expected, expected_scale = reference_fednh_client(ctx, glob, 1.0, lr=0.5, clip=0.5)
     torch.testing.assert_close(new["model"], expected, rtol=1e-4, atol=1e-6)
     assert float(upload["scale"]) == pytest.approx(expected_scale, rel=1e-5) and expected_scale != 1.0
-    # evaluation ranks classes by s * cos: the scored head is s * W
-    torch.testing.assert_close(alg.eval_params(new)["fc.weight"], new[SCALE] * W)
+    # the scored model's logits are the authors' s * normalise(h) @ P^T, so its test loss is theirs too
+    scored = alg.eval_params(new)
+    x, y = ctx.data.test_x, ctx.data.test_y
+    h = forward(ctx.model, new["model"], x, stop=len(ctx.units) - 1).flatten(1)
+    authors = new[SCALE] * (h / h.norm(dim=1, keepdim=True)) @ W.t()
+    torch.testing.assert_close(forward(ctx.model, scored, x), authors, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(F.cross_entropy(forward(ctx.model, scored, x), y), F.cross_entropy(authors, y))
+    assert torch.equal(scored["fc.weight"], W)  # the prototypes themselves are scored, not rescaled
     # server: uniform mean of the bodies and of s (not sample-weighted); prototypes smoothed where seen
     other = {
         **upload,

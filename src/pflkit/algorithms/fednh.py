@@ -7,8 +7,9 @@ clients), with the gradients' global norm clipped at 10, then upload their per-c
 the normalised features with their class counts. The server averages the bodies and s (uniform
 mean) and moves every prototype that a client saw:
 w_c <- normalise(rho * w_c + (1 - rho) * normalise(sum_m n_mc mu_mc / sum_m n_mc)). The server
-initialises the prototypes as orthonormal rows. Evaluated with the linear head s * W h: its
-argmax is the cosine classifier's.
+initialises the prototypes as orthonormal rows. Scored with the same cosine logits: the scored
+model routes its features through ``between.cosine.scale`` (head(s * h/|h|)), so its test loss is
+the authors' too.
 
 Checked against the authors' code (Yutong-Dai/FedNH, commit 60c3161: ``FedNH.py``, ``FedUH.py``,
 ``models/CNN.py``): learnable s (1.0 for the CNN; their ResNet uses 20), trained with the body
@@ -29,6 +30,7 @@ from torch.nn import functional as F
 from ..functional import Params, clone, weighted_average
 from ..functional.training import Batch, LossFn, Net, cross_entropy
 from ..models import head_names
+from ..models.between import Between, Head, register_between
 from .base import Algorithm, ClientContext, Init, Payload, SentUpload, Settings, State, Trained
 from .card import Choice, MethodCard, Paper, Reference
 from .registry import register
@@ -64,6 +66,22 @@ class FedNHSettings(Settings):
 
 
 SCALE = "fednh.scale"  # the learnable scale s in the server and client states
+
+
+class CosineFeatures(Between):
+    """FedNH's scored classifier: the head on s * h/|h|. The head's rows are unit prototypes and its
+    bias is 0, so the logits are s * cos(h, w_c), as in training. s is an entry of the scored model
+    only (the client and server states keep it under ``fednh.scale``)."""
+
+    kind = "cosine"
+    shared = frozenset()
+
+    def route(self, params: Any, h: torch.Tensor, head: Head) -> torch.Tensor:
+        unit = F.normalize(h.flatten(1), dim=-1).reshape(h.shape)
+        return head(params, params[self.name("scale")] * unit)
+
+
+COSINE = register_between(CosineFeatures())
 
 
 def spread_prototypes(num: int, dim: int, steps: int, seed: int = 0) -> torch.Tensor:
@@ -176,12 +194,11 @@ class FedNH(Algorithm):
         return self._scaled(server["global"], server[SCALE])
 
     def _scaled(self, params: Params, scale: torch.Tensor) -> Params:
-        """The model whose linear head s * W h ranks the classes as the cosine classifier does."""
-        weight = params[self.weight]
+        """The model scored with the training logits s * <h/|h|, w_c> (a batched state holds one s
+        per client, [K]; the engines slice it with the rest)."""
         if not self.settings.learn_scale:
-            return {**params, self.weight: self.settings.scale * weight}
-        # a batched state holds one s per client: [K] against [K, C, d]
-        return {**params, self.weight: scale.reshape(*scale.shape, *[1] * (weight.dim() - scale.dim())) * weight}
+            scale = torch.full_like(scale, self.settings.scale)
+        return {**params, COSINE.name("scale"): scale}
 
     def aggregate(self, server: State, uploads: list[SentUpload], round: int) -> State:
         old = server["global"]
@@ -218,7 +235,7 @@ FedNH.card = MethodCard(
     personalised=False,
     shares="Its body, the scale s and its per-class means of the normalised features with their counts.",
     keeps="Nothing between rounds.",
-    scored="the received global, head s·W",
+    scored="the received global, on the cosine logits s·⟨h/‖h‖, w_c⟩",
     client_round="Overwrite the local model with the received global. Train the body and the scale s "
     "(from 1.0) on scaled cosine logits s·⟨h/‖h‖, w_c⟩ against frozen unit prototypes (orthonormal at the "
     "start); clip gradients at global norm 10. Upload per-class feature means. The server takes the "
@@ -238,9 +255,6 @@ FedNH.card = MethodCard(
     differences=(
         "Their clients' prototype estimate sees augmented images.",
         "Their personalised accuracy scores the model after local training.",
-        "pflkit scores the linear head s·W·h on the body's unnormalised features: the same predictions as "
-        "their cosine classifier s·⟨h/|h|, W⟩, so the accuracies are equal, but the test loss (and any "
-        "probability metric) is that of softmax(s·|h|·cos), not softmax(s·cos).",
     ),
     choices=(
         Choice(
