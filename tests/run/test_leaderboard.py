@@ -23,6 +23,7 @@ TABLE7 = [
     "partition=dirichlet",
     "alpha=0.1",
     "num_clients=20",
+    "model=fedavg_cnn",
 ]
 SOSICFL = [
     "name=sosicfl-mnist",
@@ -72,6 +73,7 @@ def cells(tmp_path_factory) -> tuple[Path, Path]:
     cell(table7, TABLE7, "fedala", 0, [0.5] * 20 + [0.995], stopped=False)  # to the cap (20 rounds)
     cell(table7, TABLE7, "fedprox+ala", 0, [0.5, 0.992, 0.99])
     cell(table7, TABLE7, "fedprox", 1, [0.5, 0.7], finished=False)
+    cell(table7, [*TABLE7, "model=fedbn_cnn"], "fedbn", 0, [0.5, 0.95, 0.94])  # its own model, with batch norm
     cell(table7, TABLE7, "fedala", 1, [0.5, 0.6, 0.2], error="NonFiniteLossError: client 7's training loss is nan")
     cell(root / "fedala-table7-mnist-gpu", TABLE7, "ditto", 0, [0.5, 0.993, 0.99], machine="GPU box")
     two_fold = root / "sosicfl-mnist-2fold"
@@ -98,7 +100,13 @@ def test_table7_rows_are_sorted_means_with_population_std_rounds_costs_and_paper
         "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | — | — |",
         # seeds 98 and 99: population std 0.50 (a sample std would be 0.71); best at rounds 3 and 4, stops 5 and 6
         "| 4 | fedavg | 98.50 ± 0.50 | 2 | 3.5 | 5.5 | 1.00 | 98.81 |",
+        "| 5 | fedbn ‡ | 95.00 | 1 | 1 | 2 | — | — |",
     ]
+    assert (
+        "‡ fedbn: model fedbn_cnn; it keeps batch norm on each client and needs a model with it "
+        "(the other rows: fedavg_cnn)." in page
+    )
+    assert "model fedavg_cnn" in page  # the table's setting is the common model's
     assert "† ditto: seed 0 from `fedala-table7-mnist-gpu/`, run on GPU box." in page
     assert "The other cells (`fedala-table7-mnist/`) ran on CPU box." in page
     assert "Not finished yet, not counted: fedprox seed 1 (round 1 so far, `fedala-table7-mnist/`)." in page
@@ -128,12 +136,12 @@ def test_a_methods_rows_across_the_tables(cells) -> None:
     fedavg = method_results_markdown(root, "fedavg")
     assert fedavg is not None
     assert fedavg.splitlines()[2:] == [
-        "| FedALA Table 7: MNIST Dir(0.1), 20 clients | best acc | 98.50 ± 0.50 | 2 | 4 of 4 | 98.81 |",
+        "| FedALA Table 7: MNIST Dir(0.1), 20 clients | best acc | 98.50 ± 0.50 | 2 | 4 of 5 | 98.81 |",
         "| SosicFL's protocol: MNIST 2-Fold | best global acc | 91.00 | 1 | 1 of 2 | — |",
         "| SosicFL's protocol: MNIST 2-Fold | best local acc | 90.00 | 1 | 2 of 2 | — |",
     ]
     ala = method_results_markdown(root, "fedprox+ala")
-    assert ala is not None and "| 99.20 | 1 | 3 of 4 | — |" in ala
+    assert ala is not None and "| 99.20 | 1 | 3 of 5 | — |" in ala
     assert method_results_markdown(root, "fedrep") is None  # no cell of it
     with pytest.raises(ValueError):
         method_results_markdown(root, "no-such-method")

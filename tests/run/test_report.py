@@ -450,13 +450,32 @@ def test_cells_run_with_other_workers_are_one_table(tmp_path) -> None:
     assert not one_setting([plain, cell("ditto", "workers = 1\neval_every = 5")])
 
 
-def run_cell(folder: Path, method: str, run: str) -> Path:
-    """A cell folder whose config.toml runs ``method`` for 5 rounds with ``run`` (lines after ``[run]``)."""
+def run_cell(folder: Path, method: str, run: str, top: str = "") -> Path:
+    """A cell folder whose config.toml runs ``method`` for 5 rounds with ``run`` (lines after ``[run]``)
+    and ``top`` (top-level lines)."""
     folder.mkdir(parents=True)
     (folder / "config.toml").write_text(
-        f'name = "t"\nalgorithms = ["{method}"]\nseeds = [0]\nrounds = 5\n[run]\nthreads = 1\n{run}\n'
+        f'name = "t"\nalgorithms = ["{method}"]\nseeds = [0]\nrounds = 5\n{top}\n[run]\nthreads = 1\n{run}\n'
     )
     return folder
+
+
+def test_a_batch_norm_method_may_run_its_own_model_in_a_table_and_no_other_method_may() -> None:
+    """FedBN needs a model with batch norm: its cells may run one (the same among them) beside cells
+    of other methods on a model without; any other method on another model splits the table."""
+    import tempfile
+
+    from pflkit.run.report import one_setting
+    from pflkit.run.report.folders import own_models
+
+    root = Path(tempfile.mkdtemp())
+    fedavg = run_cell(root / "a", "fedavg", "", 'model = "fedavg_cnn"')
+    fedbn = run_cell(root / "b", "fedbn", "", 'model = "fedbn_cnn"')
+    assert one_setting([fedavg, fedbn]) and one_setting([fedbn, fedavg])
+    assert own_models([fedbn, fedavg]) == ("fedavg_cnn", {"fedbn": "fedbn_cnn"})
+    assert not one_setting([fedavg, run_cell(root / "c", "fedprox", "", 'model = "fedbn_cnn"')])
+    assert not one_setting([fedavg, fedbn, run_cell(root / "d", "fedbn", "", 'model = "resnet18"')])
+    assert own_models([fedavg, run_cell(root / "e", "fedbn", "", 'model = "fedavg_cnn"')])[1] == {}
 
 
 def test_a_key_added_after_a_cell_ran_splits_no_table_at_its_default(tmp_path) -> None:

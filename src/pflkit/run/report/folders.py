@@ -28,7 +28,9 @@ def one_setting(cells: Sequence[Path]) -> bool:
 
     A method's config section counts only for the cells that run it (every saved config lists every
     section; a key added to one method later must not split the cells of the others), and then must
-    match between all of them."""
+    match between all of them. Cells whose methods all keep batch norm on the client (FedBN) may
+    run another model than the others (the table's model may have no batch norm): the same one
+    among them (``own_models`` names it for tables and reports)."""
     owned = set(config_sections())
 
     def used_sections(table: dict[str, Any]) -> set[str]:
@@ -57,17 +59,46 @@ def one_setting(cells: Sequence[Path]) -> bool:
             return table
 
     tables = [computed(current(c)) for c in cells]
+    own = [needs_batch_norm(t.get("algorithms", [])) for t in tables]
     shared = [
-        {k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name") and k not in owned} for t in tables
+        {k: v for k, v in t.items() if k not in ("algorithms", "seeds", "name", "model") and k not in owned}
+        for t in tables
     ]
     if any(s != shared[0] for s in shared[1:]):
         return False
+    for batch_norm in (False, True):  # one model for the common cells, one for the batch-norm ones
+        if len({t.get("model") for t, o in zip(tables, own) if o == batch_norm}) > 1:
+            return False
     seen: dict[str, Any] = {}
     for table in tables:
         for section in used_sections(table) & owned:
             if seen.setdefault(section, table.get(section)) != table.get(section):
                 return False
     return True
+
+
+def needs_batch_norm(methods: Sequence[str]) -> bool:
+    """Whether every one of ``methods`` keeps batch norm on its clients (and so needs a model with
+    it): such cells may run another model than the rest of their table."""
+    try:
+        return bool(methods) and all(REGISTRY.resolve(m).cls.personal_part == "norm" for m in methods)
+    except (KeyError, ValueError):
+        return False
+
+
+def own_models(cells: Sequence[Path]) -> tuple[str | None, dict[str, str]]:
+    """One table's model (that of its cells whose methods run on any model) and, per method that
+    ran on another (a batch-norm method, see ``one_setting``), that model."""
+    models: dict[str, str] = {}
+    common: str | None = None
+    for cell in cells:
+        table = ResultsFolder(cell).config_table()
+        methods, model = table.get("algorithms", []), str(table.get("model"))
+        if needs_batch_norm(methods):
+            models.update({m: model for m in methods})
+        elif common is None:
+            common = model
+    return common, {m: model for m, model in models.items() if model != common}
 
 
 def finished_part(results: ResultsFolder, rounds: int) -> dict[str, Any]:

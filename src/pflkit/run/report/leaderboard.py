@@ -18,7 +18,7 @@ from ...federation import ResultsFolder
 from ...methods import REGISTRY
 from ...reporting import summarize
 from ...reporting.paper import paper_cell
-from .folders import cell_folders, one_setting, run_status
+from .folders import cell_folders, needs_batch_norm, one_setting, own_models, run_status
 from .render import pct
 from .sections import partition_words
 
@@ -95,6 +95,7 @@ class Table:
     paper: dict[str, Any] | None
     unfinished: list[str]
     failed: list[str] = field(default_factory=list)
+    models: dict[str, str] = field(default_factory=dict)  # method -> the model it ran on, where not the table's
 
     def paper_value(self, method: str, key: str) -> float | None:
         if self.paper is None or key not in self.paper["metrics"] or method not in self.paper["values"]:
@@ -111,14 +112,14 @@ def read_table(results_root: Path, board: Board) -> Table | None:
     where: dict[tuple[str, int], tuple[str, str]] = {}
     unfinished: dict[tuple[str, int], str] = {}  # runs without their final evaluation yet
     failed: dict[tuple[str, int], str] = {}  # runs that stopped with an error
-    first = None
+    everywhere: list[Path] = []
     for folder in folders:
         cells = cell_folders(folder)
         if cells and not one_setting(cells):
             raise ValueError(f"{folder} holds cells of more than one setting: it cannot be one table")
+        everywhere += cells
         for cell in cells:
             results = ResultsFolder(cell)
-            first = first or results
             status = run_status(results)
             for key, history in results.histories().items():
                 if key in histories:
@@ -133,9 +134,14 @@ def read_table(results_root: Path, board: Board) -> Table | None:
                 else:
                     reached = max((r["round"] for r in history), default=0)
                     unfinished.setdefault(key, f"{key[0]} seed {key[1]} (round {reached} so far, `{folder.name}/`)")
-    if first is None:
+    if not everywhere:
         return None
-    config = first.load_config()
+    # the table's setting is that of its cells on the common model (a batch-norm method may run another)
+    first = next(
+        (c for c in everywhere if not needs_batch_norm(ResultsFolder(c).config_table().get("algorithms", []))),
+        everywhere[0],
+    )
+    config = ResultsFolder(first).load_config()
     rows = []
     for method in sorted({m for m, _ in histories}):
         seeds = sorted(s for m, s in histories if m == method)
@@ -161,6 +167,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
         paper,
         sorted(v for k, v in unfinished.items() if k not in histories and k not in failed),
         sorted(v for k, v in failed.items() if k not in histories),
+        own_models(everywhere)[1],
     )
 
 
@@ -229,6 +236,19 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def _model_notes(table: Table) -> list[str]:
+    """One note per method that ran on another model than the table's (marked ‡)."""
+    return [
+        f"‡ {method}: model {model}; it keeps batch norm on each client and needs a model with it "
+        f"(the other rows: {table.config.model})."
+        for method, model in sorted(table.models.items())
+    ]
+
+
+def _name(row: Row, marked: set[str], table: Table) -> str:
+    return row.method + (" †" if row.method in marked else "") + (" ‡" if row.method in table.models else "")
+
+
 def _source_notes(table: Table) -> tuple[set[str], list[str]]:
     """The methods with seeds from the ``-gpu`` folder (marked †) and the notes saying where rows ran."""
     own = table.board.folder
@@ -244,7 +264,7 @@ def _source_notes(table: Table) -> tuple[set[str], list[str]]:
     machines = sorted({m for r in table.rows for m in r.machines.get(own, ())})
     if machines and marked:
         notes.append(f"The other cells (`{own}/`) ran on {'; '.join(machines)}.")
-    return marked, notes
+    return marked, notes + _model_notes(table)
 
 
 def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
@@ -260,7 +280,7 @@ def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 str(rank),
-                row.method + (" †" if row.method in marked else ""),
+                _name(row, marked, table),
                 row.shown(key),
                 row.seed_count(),
                 _mean(row.per_seed("best_round")),
@@ -299,7 +319,7 @@ def _compact(table: Table) -> list[str]:
     header += [f"paper {name}" for name, _ in columns] if published else []
     rows = []
     for row in table.rows:
-        cells = [row.method + (" †" if row.method in marked else ""), *(row.shown(k) for _, k in columns)]
+        cells = [_name(row, marked, table), *(row.shown(k) for _, k in columns)]
         cells.append(row.seed_count())
         cells += [_number(table.paper_value(row.method, k)) for _, k in columns] if published else []
         rows.append(cells)

@@ -18,7 +18,7 @@ from ...reporting import summarize
 from ...reporting.paper import paper_cell
 from ...reporting.summary import round_seconds, time_to_accuracy
 from .comparison import ala_gain_table, cost_table, metrics_table, ranking_table, sweep_paper_table, tta_table
-from .folders import finished_part, run_status
+from .folders import finished_part, needs_batch_norm, own_models, run_status
 from .render import Section, pct
 
 #: Summary metrics of the main table (shown where a run recorded them), accuracies in %.
@@ -149,7 +149,8 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
     per method the best accuracy (mean ± std over seeds), the round it was reached and the rounds
     run (the plateau rule or the cap), the paper's number and the difference, and the wall time;
     unfinished cells are listed with the round they reached, their best so far and the machine."""
-    config = ResultsFolder(cells[0]).load_config()
+    common = [c for c in cells if not needs_batch_norm(ResultsFolder(c).config_table().get("algorithms", []))]
+    config = ResultsFolder((common or cells)[0]).load_config()
     histories: dict[tuple[str, int], list[dict[str, Any]]] = {}
     wall: dict[tuple[str, int], float] = {}
     machines: set[str] = set()
@@ -214,6 +215,10 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         f"Machine{'s' if len(machines) > 1 else ''}: {'; '.join(sorted(machines)) or '-'}. "
         f"Wall time of the finished runs {total / 3600:.2f} h."
     )
+    for method, model in sorted(own_models(cells)[1].items()):
+        section.text.append(
+            f"{method} runs on model {model}: it keeps batch norm on each client and needs a model with it."
+        )
     if failed:
         text = "**Failed**, not counted: " + "; ".join(failed)
         section.text.append(text if text.endswith(".") else text + ".")
