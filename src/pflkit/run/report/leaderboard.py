@@ -45,6 +45,9 @@ UNSEEN = (*BEST, ("best unseen acc %", "best_unseen_accuracy"), ("final unseen a
 BOARDS = (
     Board("fedala-table7-mnist", "FedALA Table 7: MNIST Dir(0.1), 20 clients", BEST, detailed=True),
     Board("fedala-table7-unseen", "FedALA Table 7's setting, 4 of 20 clients never train", UNSEEN),
+    Board(
+        "rotated-mnist", "Rotated MNIST: Table 7's setting, each client's images rotated by 0, 90, 180 or 270°", BEST
+    ),
     Board("fedacd-mnist-dir0.1", "FedACD's protocol: MNIST Dir(0.1)", GLOBAL),
     Board("fedacd-mnist-dir0.05", "FedACD's protocol: MNIST Dir(0.05)", GLOBAL),
     Board("sosicfl-mnist-2fold", "SosicFL's protocol: MNIST 2-Fold", GLOBAL_LOCAL),
