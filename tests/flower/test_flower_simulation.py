@@ -1,5 +1,6 @@
 """pflkit's Flower apps on Flower's Simulation Engine (virtual SuperNodes on a local Ray backend)
-give the simulator's records. Skips without Ray (pip install 'pflkit[ray]') unless PFLKIT_REQUIRE_RAY=1."""
+give the simulator's records. Skips without Ray (pip install -e '.[ray]' in a pflkit clone) unless
+PFLKIT_REQUIRE_RAY=1."""
 
 from __future__ import annotations
 

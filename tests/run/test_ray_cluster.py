@@ -1,7 +1,7 @@
 """A sweep over a real Ray cluster on this machine: a head and a second node (one CPU each, loopback
 only), a cell's worker killed with SIGKILL mid-run; the sweep completes with the local sweep's numbers.
 
-Skips where Ray is not installed (``pip install 'pflkit[ray]'``), unless PFLKIT_REQUIRE_RAY=1 (CI)."""
+Skips where Ray is not installed (``pip install -e '.[ray]' in a pflkit clone``), unless PFLKIT_REQUIRE_RAY=1 (CI)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from .common import USER_ERRORS, _split, check_writable_folder, fail, interrupte
 EPILOG = """\b
 Examples:
   pflkit run                                   # the digits demo (5 methods, 20 clients, Dir(0.1))
-  pflkit run configs/mnist_fedala.toml data_dir=../shared/datasets/mnist rounds=50
+  pflkit run configs/mnist_fedala.toml data_dir=~/datasets/mnist rounds=50
   pflkit run rounds=3 algorithms='["fedavg","fedala"]' fedala.eta=0.5 --out results/quick
   pflkit run --resume results/quick
 """
@@ -43,7 +43,7 @@ Examples:
     default="simulator",
     show_default=True,
     help="simulator: pflkit's engines in this process; flower-simulation: pflkit's "
-    "Flower apps as virtual SuperNodes on Flower's Simulation Engine (Ray; pip install 'pflkit[ray]')",
+    "Flower apps as virtual SuperNodes on Flower's Simulation Engine (Ray; pip install -e '.[ray]' in a pflkit clone)",
 )
 @click.option(
     "--ray-address",

@@ -24,7 +24,8 @@ COSTS = (
 
 @main.command(
     epilog="\b\nExamples:\n  pflkit leaderboard                     # at the repository root: docs/results -> docs/\n"
-    "  pflkit leaderboard --results results/t7 --out t7.md --methods-dir t7-methods"
+    "  pflkit leaderboard --results results/tables --out lb.md --methods-dir lb-methods\n"
+    "                                         # results/tables/fedala-table7-mnist/ ... (one folder per table)"
 )
 @click.option(
     "--results",
@@ -32,7 +33,8 @@ COSTS = (
     type=click.Path(path_type=Path),
     default=Path("docs/results"),
     show_default=True,
-    help="folder of the result cells (one folder per table, one results folder per method and seed)",
+    help="folder of the result cells: one folder per table, named as under docs/results "
+    "(fedala-table7-mnist, rotated-mnist, fedacd-mnist-dir0.1, ...), one results folder per method and seed",
 )
 @click.option(
     "--costs",

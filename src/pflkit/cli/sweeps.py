@@ -34,7 +34,8 @@ from .common import USER_ERRORS, _split, check_writable_folder, fail, interrupte
     type=click.Choice(["local", "ray"]),
     default="local",
     show_default=True,
-    help="local: the cells one after another here; ray: each cell a Ray task (pip install 'pflkit[ray]')",
+    help="local: the cells one after another here; ray: each cell a Ray task "
+    "(pip install -e '.[ray]' in a pflkit clone)",
 )
 @click.option(
     "--address",

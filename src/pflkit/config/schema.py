@@ -34,8 +34,9 @@ class BaseConfig(BaseModel):
     )
     dataset: DatasetName = Field(
         "digits",
-        description="digits (scikit-learn's 8x8 digits, no download), synthetic, mnist, cifar10, cifar100, "
-        "tiny_imagenet, agnews; with their own clients (no label partition): pfllib (a folder PFLlib "
+        description="digits (scikit-learn's 8x8 digits, no download), synthetic, mnist, fashion_mnist, emnist, "
+        "svhn, usps, cifar10, cinic10, cifar100, tiny_imagenet, agnews; with their own clients (no label "
+        "partition): pfllib (a folder PFLlib "
         "generated, in data_dir), LEAF's femnist, shakespeare, sent140, leaf (numeric sets in LEAF's "
         "format: pFedMe's MNIST and Synthetic), fedprox_synthetic (Synthetic(alpha, beta), generated: "
         "[data] keys, num_clients clients, drawn from the partition seed), and the multi-domain digit5 "
@@ -43,7 +44,7 @@ class BaseConfig(BaseModel):
         "([data] keys domains, clients_per_domain, heldout_domains)",
     )
     data_dir: str | None = Field(
-        None, description="folder with the dataset's files (every dataset but digits and synthetic)"
+        None, description="folder with the dataset's files (every dataset but digits, synthetic and fedprox_synthetic)"
     )
     model: str = Field(
         "auto",

@@ -107,7 +107,8 @@ class RunSettings(BaseModel):
         ge=0,
         description="unreliable clients: the chance that a selected client fails to return its upload, "
         "drawn for each (seed, round, client); a dropped client is absent from its round (not trained, not "
-        "evaluated, its state unchanged) and the round aggregates the uploads that arrived; in [0, 1)",
+        "evaluated unless eval_all_clients, its state unchanged) and the round aggregates the uploads that "
+        "arrived; in [0, 1)",
     )
     dropout_schedule: list[list[int]] = Field(
         default_factory=list,
@@ -141,7 +142,7 @@ class RunSettings(BaseModel):
     tracker: Literal["none", "tensorboard"] = Field(
         "none",
         description="also write every record to TensorBoard event files under tensorboard/ in the results "
-        "folder (needs the tensorboard extra: pip install 'pflkit[tensorboard]')",
+        "folder (needs the tensorboard extra: pip install -e '.[tensorboard]' in a pflkit clone)",
     )
 
     @field_validator("unseen_clients")

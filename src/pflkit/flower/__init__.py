@@ -8,7 +8,7 @@ apps in-process. The core package never imports this module.
 try:
     import flwr  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("pflkit.flower needs Flower: pip install 'pflkit[flower]'") from exc
+    raise ImportError("pflkit.flower needs Flower: pip install -e '.[flower]' in a pflkit clone") from exc
 
 from .server import discover, run_on_flower
 

@@ -7,7 +7,7 @@ records as the simulator. Each of the config's ``num_clients`` clients is a virt
 node's ``context.state`` for the run, or, with ``state_store = "disk"`` (many stateful clients), in a
 file under the results folder's ``states/flower/`` (the nodes' memory then holds none). A client
 reserves ``run.threads`` CPUs, and one GPU when ``run.device`` is CUDA. Flower's ``flwr[simulation]``
-needs Ray (``pip install 'pflkit[ray]'``). Flower's own log goes to ``flower.log`` in the results
+needs Ray (``pip install -e '.[ray]' in a pflkit clone``). Flower's own log goes to ``flower.log`` in the results
 folder; the terminal shows pflkit's lines.
 """
 
@@ -45,7 +45,9 @@ def run_on_flower_simulation(
     try:
         import ray  # noqa: F401  (flwr's Ray backend)
     except ImportError:
-        raise ConfigError("--on flower-simulation needs Flower's Ray backend: pip install 'pflkit[ray]'") from None
+        raise ConfigError(
+            "--on flower-simulation needs Flower's Ray backend: pip install -e '.[ray]' in a pflkit clone"
+        ) from None
     prepare_ray(ray_address)
     summary: dict[str, Any] = {}
     errors: list[BaseException] = []

@@ -39,7 +39,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'pflkit[ray]'") from None
+        raise ConfigError("--executor ray needs Ray: pip install -e '.[ray]' in a pflkit clone") from None
     return ray
 
 
