@@ -86,11 +86,19 @@ METHODS: dict[str, tuple[str, list[str], list[str], str]] = {
     "gpfl": ("GPFL", ["-lam", "0.01", "-mu", "0.1"], [], ""),
     "fedcac": ("FedCAC", ["-tau", "0.5", "-bt", "100"], [], ""),
     "fedas": ("FedAS", [], [], ""),
+    "fedpac": ("FedPAC", ["-lam", "1"], [], ""),
+    "fedntd": ("FedNTD", ["-bt", "1", "-tau", "1"], [], ""),
+    "fedlc": ("FedLC", ["-tau", "1"], [], ""),
+    "local": ("Local", [], [], ""),
 }
-#: What the issue of this benchmark names: PFLlib's methods that FedALA compares with, and the baselines.
+#: The methods of the first comparison: PFLlib's methods that FedALA compares with, and the baselines.
+#: ``--methods`` takes any of ``METHODS``; ``REPRESENTATION`` lists the second comparison's.
 DEFAULT = [
     "fedavg", "fedprox", "perfedavg", "fedrep", "pfedme", "ditto", "fedamp", "fedphp", "fedfomo", "apple",
     "fedala", "fedper", "lgfedavg", "fedbabu", "apfl", "scaffold", "feddyn", "moon",
+]  # fmt: skip
+REPRESENTATION = [
+    "fedrod", "fedntd", "fedlc", "fedproto", "fedpac", "fedgh", "feddbe", "fedcp", "gpfl", "fedcac", "fedas", "local",
 ]  # fmt: skip
 
 
