@@ -145,6 +145,7 @@ def test_bad_arguments_are_named() -> None:
         REPO / "docs" / "pfllib-compare-epyc.json",
         REPO / "docs" / "pfllib-compare-short.json",
         REPO / "docs" / "pfllib-compare-chunked.json",
+        REPO / "docs" / "pfllib-compare-representation.json",
     ],
     ids=lambda p: p.name,
 )
