@@ -476,6 +476,7 @@ def test_a_batch_norm_method_may_run_its_own_model_in_a_table_and_no_other_metho
     assert not one_setting([fedavg, run_cell(root / "c", "fedprox", "", 'model = "fedbn_cnn"')])
     assert not one_setting([fedavg, fedbn, run_cell(root / "d", "fedbn", "", 'model = "resnet18"')])
     assert own_models([fedavg, run_cell(root / "e", "fedbn", "", 'model = "fedavg_cnn"')])[1] == {}
+    assert own_models([fedbn]) == ("fedbn_cnn", {})  # a table of batch-norm cells alone marks nothing
 
 
 def test_a_key_added_after_a_cell_ran_splits_no_table_at_its_default(tmp_path) -> None:

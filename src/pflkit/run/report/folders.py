@@ -98,6 +98,8 @@ def own_models(cells: Sequence[Path]) -> tuple[str | None, dict[str, str]]:
             models.update({m: model for m in methods})
         elif common is None:
             common = model
+    if common is None:  # batch-norm methods alone: their model is the table's
+        return next(iter(models.values()), None), {}
     return common, {m: model for m, model in models.items() if model != common}
 
 
