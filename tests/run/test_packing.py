@@ -21,7 +21,7 @@ from pflkit.federation.results import PackedFolderError
 from pflkit.run.experiment import resume_experiment, run_experiment
 from pflkit.run.report import build_report
 from pflkit.run.sweep import run_sweep
-from tests.support.runs import InterruptAfter
+from tests.support.runs import DivergeAfter, InterruptAfter
 
 TINY = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", 'algorithms=["fedavg", "fedala"]']
 
@@ -161,14 +161,9 @@ def test_a_failed_run_packs_with_its_error_and_is_not_resumed_packed(tmp_path) -
     as they were, and a resume of the packed folder is refused as for any packed unended run."""
     from pflkit.functional.training import NonFiniteLossError
 
-    class DivergeAfter:
-        def on_record(self, state, record) -> None:
-            if state.rounds_done == 1 and not state.done:
-                raise NonFiniteLossError("training loss became nan (algorithm fedavg, client 1, round 2)")
-
     out = tmp_path / "diverged"
     with pytest.raises(NonFiniteLossError):
-        run_experiment(load_config(None, TINY), out, progress=False, echo=lambda s: None, callbacks=[DivergeAfter()])
+        run_experiment(load_config(None, TINY), out, progress=False, echo=lambda s: None, callbacks=[DivergeAfter(1)])
     before = {name: (out / name).read_bytes() for name in top_files(out)}
     assert "packed" in pack_folder(out)
     assert top_files(out) == [ARCHIVE]

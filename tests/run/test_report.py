@@ -282,35 +282,27 @@ def test_cells_of_one_setting_make_one_table_with_seeds_rounds_and_the_paper(tmp
         run_experiment(
             config, tmp_path / "table" / f"algorithms={method},seeds={seed}", progress=False, echo=lambda s: None
         )
-    config = load_config(None, [*base, 'algorithms=["ditto"]', "seeds=[0]"])
-    with pytest.raises(KeyboardInterrupt):
-        run_experiment(
-            config,
-            tmp_path / "table" / "algorithms=ditto,seeds=0",
-            progress=False,
-            echo=lambda s: None,
-            callbacks=[InterruptAfter("ditto", 1)],
-        )
+    from tests.support.runs import DivergeAfter
 
-    class DivergeAfter:  # a run whose loss turns NaN in its second round, as a diverging method's does
-        def on_record(self, state, record) -> None:
-            if state.rounds_done == 1 and not state.done:
-                raise NonFiniteLossError("training loss became nan (algorithm fedala, client 2, round 2)")
-
-    config = load_config(None, [*base, 'algorithms=["fedala"]', "seeds=[1]"])
-    with pytest.raises(NonFiniteLossError):
-        run_experiment(
-            config,
-            tmp_path / "table" / "algorithms=fedala,seeds=1",
-            progress=False,
-            echo=lambda s: None,
-            callbacks=[DivergeAfter()],
-        )
+    # one run interrupted (not finished) and one diverging (failed: a NaN loss in its second round)
+    for method, seed, stop, raised in (
+        ("ditto", 0, InterruptAfter("ditto", 1), KeyboardInterrupt),
+        ("fedala", 1, DivergeAfter(1), NonFiniteLossError),
+    ):
+        config = load_config(None, [*base, f'algorithms=["{method}"]', f"seeds=[{seed}]"])
+        with pytest.raises(raised):
+            run_experiment(
+                config,
+                tmp_path / "table" / f"algorithms={method},seeds={seed}",
+                progress=False,
+                echo=lambda s: None,
+                callbacks=[stop],
+            )
     text = build_report([tmp_path / "table"], tmp_path / "out")[0].read_text()
     assert "5 cells" in text and "at most 6 rounds" in text and "partition dirichlet (alpha 0.1)," in text
     # a failed run is a result of its own: named with its error, not "not finished" and not "not run"
     assert "**Failed**, not counted: algorithms=fedala,seeds=1 (fedala, seed 1: failed, reached round 0" in text
-    assert "NonFiniteLossError: training loss became nan (algorithm fedala, client 2, round 2)" in text
+    assert "NonFiniteLossError: training loss became nan (algorithm fedala, round 2)" in text
     assert "fedala, seed 1" not in text.split("**Not finished**", 1)[1].split("\n", 1)[0]
     assert "**Not finished**: algorithms=ditto,seeds=0 (ditto, seed 0: " in text and "reached round" in text
     ditto = [

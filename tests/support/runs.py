@@ -36,6 +36,20 @@ class InterruptAfter:
             raise KeyboardInterrupt("simulated interruption")
 
 
+class DivergeAfter:
+    """Callback: raise NonFiniteLossError once ``round`` rounds are trained, as a diverging method's
+    run does (the run ends ``failed``)."""
+
+    def __init__(self, round: int = 1) -> None:
+        self.round = round
+
+    def on_record(self, state, record) -> None:
+        from pflkit.functional.training import NonFiniteLossError
+
+        if state.rounds_done == self.round and not state.done:
+            raise NonFiniteLossError(f"training loss became nan (algorithm {state.algorithm}, round {self.round + 1})")
+
+
 #: ``python -c KILL_AFTER <out> <overrides...>``: a run that SIGKILLs itself once fedala has trained round 3
 KILL_AFTER = """
 import os, signal, sys
