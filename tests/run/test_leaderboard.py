@@ -12,7 +12,7 @@ from pflkit.cli import main
 from pflkit.cli.leaderboard import COSTS
 from pflkit.config import load_config, to_dict
 from pflkit.federation import ResultsFolder
-from pflkit.run.report.leaderboard import leaderboard_markdown, method_results_markdown
+from pflkit.run.report.leaderboard import Ranking, leaderboard_markdown, method_results_markdown
 from tests.support.paths import REPO
 
 TABLE7 = [
@@ -98,14 +98,16 @@ def table_rows(page: str, title: str) -> list[str]:
 def test_table7_rows_are_sorted_means_with_population_std_rounds_costs_and_paper(cells) -> None:
     root, costs = cells
     page = leaderboard_markdown(root, costs)
+    # the last column: PFLlib's FMNIST number and its place among the methods both tables hold
     assert table_rows(page, "FedALA Table 7: MNIST Dir(0.1), 20 clients") == [
-        "| 1 | fedala | 99.50 | 1 (seed 1 failed) | 20 | 20 (1 of 1 at the cap) | 1.18 | 99.71 |",
-        "| 2 | ditto † | 99.30 | 1 | 1 | 2 | — | 99.64 |",
-        "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | — | — |",
+        "| 1 | fedala | 99.50 | 1 (seed 1 failed) | 20 | 20 (1 of 1 at the cap) | 1.18 | 99.71 | 97.66 (1) |",
+        "| 2 | ditto † | 99.30 | 1 | 1 | 2 | — | 99.64 | 97.47 (2) |",
+        "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | — | — | — |",
         # seeds 98 and 99: population std 0.50 (a sample std would be 0.71); best at rounds 3 and 4, stops 5 and 6
-        "| 4 | fedavg | 98.50 ± 0.50 | 2 | 3.5 | 5.5 | 1.00 | 98.81 |",
-        "| 5 | fedbn ‡ | 95.00 | 1 | 1 | 2 | — | — |",
+        "| 4 | fedavg | 98.50 ± 0.50 | 2 | 3.5 | 5.5 | 1.00 | 98.81 | 85.85 (3) |",
+        "| 5 | fedbn ‡ | 95.00 | 1 | 1 | 2 | — | — | — |",
     ]
+    assert "Kendall's tau-b = 1.00" in page and "Same place in both: fedala, ditto, fedavg." in page
     assert (
         "‡ fedbn: model fedbn_cnn; it keeps batch norm on each client and needs a model with it "
         "(the other rows: fedavg_cnn)." in page
@@ -121,6 +123,22 @@ def test_table7_rows_are_sorted_means_with_population_std_rounds_costs_and_paper
     )
     assert "`configs/paper/setting.toml`" in page and "pflkit sweep configs/reproduce/fedala-table7-mnist.toml" in page
     assert "FedACD" not in page  # a table without cells is left out
+
+
+def test_a_published_ranking_on_another_dataset_is_compared_by_place_and_kendalls_tau() -> None:
+    # a reversed order: tau -1; a tie in the published numbers shares the higher place
+    reversed_order = Ranking(
+        "PFLlib X", "a source", {"a": 99.0, "b": 98.0, "c": 97.0}, {"a": 90.0, "b": 91.0, "c": 92.0}
+    )
+    assert [reversed_order.shown(m) for m in "abcd"] == ["90.00 (3)", "91.00 (2)", "92.00 (1)", "—"]
+    note = reversed_order.note()
+    assert "Kendall's tau-b = -1.00" in note and "Same place in both: b." in note
+    assert "Largest moves (here → there): a 1 → 3, c 3 → 1." in note
+    tied = Ranking("PFLlib X", "a source", {"a": 99.0, "b": 98.0, "c": 97.0}, {"a": 97.25, "b": 97.25, "c": 90.0})
+    assert [tied.shown(m) for m in "abc"] == ["97.25 (1)", "97.25 (1)", "90.00 (3)"]
+    assert "tau-b = 0.82" in tied.note()  # one tied pair: tau-b, not tau-a (0.67)
+    # a table with no method of the published one says so and computes nothing
+    assert Ranking("PFLlib X", "a source", {}, {}).note().count("Kendall") == 0
 
 
 def test_protocol_tables_are_compact_and_say_when_no_paper_number_exists(cells) -> None:
@@ -197,8 +215,8 @@ def test_cost_files_of_one_setting_merge_and_files_of_two_settings_are_refused(c
     }
     more.write_text(json.dumps({"config": "setting.toml", "rounds": 3, "workers": 1, "methods": methods}))
     rows = table_rows(leaderboard_markdown(root, [costs, more]), "FedALA Table 7: MNIST Dir(0.1), 20 clients")
-    assert rows[0].endswith("| 1.18 | 99.71 |")  # fedala: the first file's number
-    assert rows[2] == "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | 1.50 | — |"  # only in the second file
+    assert rows[0].endswith("| 1.18 | 99.71 | 97.66 (1) |")  # fedala: the first file's number
+    assert rows[2] == "| 3 | fedprox+ala | 99.20 | 1 | 1 | 2 | 1.50 | — | — |"  # only in the second file
     more.write_text(json.dumps({"config": "other.toml", "rounds": 3, "workers": 1, "methods": methods}))
     with pytest.raises(ValueError, match="measured its costs in another setting"):
         leaderboard_markdown(root, [costs, more])

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scipy.stats import kendalltau, rankdata
+
 from ...config import BaseConfig
 from ...federation import ResultsFolder
 from ...methods import REGISTRY
@@ -30,12 +32,14 @@ GPU_SUFFIX = "-gpu"  # a table's cells that ran on a GPU machine lie in <table>-
 class Board:
     """One table of the page: its folder under the results root, its title and its accuracy
     columns ``(name, summary key)``; the rows are sorted by the first. ``detailed``: rounds, cost
-    and rank columns (FedALA's Table 7)."""
+    and rank columns (FedALA's Table 7). ``ranked_against``: a published table of the same protocol
+    on another dataset (a ``reporting.paper`` name), set beside the rows and compared by rank only."""
 
     folder: str
     title: str
     columns: tuple[tuple[str, str], ...]
     detailed: bool = False
+    ranked_against: str | None = None
 
 
 BEST = (("best acc %", "best_accuracy"),)
@@ -43,7 +47,13 @@ GLOBAL = (("best global acc %", "best_global_accuracy"),)
 GLOBAL_LOCAL = (*GLOBAL, ("best local acc %", "best_local_accuracy"))
 UNSEEN = (*BEST, ("best unseen acc %", "best_unseen_accuracy"), ("final unseen acc %", "final_unseen_accuracy"))
 BOARDS = (
-    Board("fedala-table7-mnist", "FedALA Table 7: MNIST Dir(0.1), 20 clients", BEST, detailed=True),
+    Board(
+        "fedala-table7-mnist",
+        "FedALA Table 7: MNIST Dir(0.1), 20 clients",
+        BEST,
+        detailed=True,
+        ranked_against="pfllib-benchmark/fmnist-dir0.1",
+    ),
     Board("fedala-table7-unseen", "FedALA Table 7's setting, 4 of 20 clients never train", UNSEEN),
     Board(
         "rotated-mnist", "Rotated MNIST: Table 7's setting, each client's images rotated by 0, 90, 180 or 270°", BEST
@@ -270,11 +280,74 @@ def _source_notes(table: Table) -> tuple[set[str], list[str]]:
     return marked, notes + _model_notes(table)
 
 
+@dataclass
+class Ranking:
+    """A table's rows beside a published table of the same protocol on another dataset: the two
+    orders of the methods both hold, compared by rank (ties share the lower rank) and Kendall's
+    tau-b, since the numbers of two datasets are not comparable."""
+
+    label: str
+    source: str
+    ours: dict[str, float]  # method -> our first-column mean, for the methods in both
+    theirs: dict[str, float]  # method -> the published number, for the same methods
+
+    @classmethod
+    def of(cls, table: Table, published: dict[str, Any]) -> Ranking:
+        key = table.board.columns[0][1]
+        values = {m: float(v[0]) for m, v in published["values"].items()}
+        shared = [r for r in table.rows if r.method in values and math.isfinite(r.value(key))]
+        return cls(
+            str(published.get("label", "published")),
+            str(published["source"]),
+            {r.method: r.value(key) for r in shared},
+            {r.method: values[r.method] for r in shared},
+        )
+
+    def ranks(self, values: dict[str, float]) -> dict[str, int]:
+        methods = list(values)
+        order = rankdata([-values[m] for m in methods], method="min")
+        return {m: int(r) for m, r in zip(methods, order, strict=True)}
+
+    def shown(self, method: str) -> str:
+        if method not in self.theirs:
+            return NONE
+        return f"{self.theirs[method]:.2f} ({self.ranks(self.theirs)[method]})"
+
+    def note(self) -> str:
+        head = (
+            f"{self.label}: {self.source}. The same protocol on another dataset, so compared by rank only: "
+            f"(rank) is the method's place by that number among the {len(self.theirs)} methods both tables "
+            f"hold (a tie shares the higher place); {NONE} where it has no row."
+        )
+        if len(self.theirs) < 2:
+            return head
+        ours, theirs = self.ranks(self.ours), self.ranks(self.theirs)
+        methods = sorted(self.ours, key=lambda m: (ours[m], m))
+        tau = kendalltau([ours[m] for m in methods], [theirs[m] for m in methods]).statistic
+        agree = [m for m in methods if ours[m] == theirs[m]]
+        moved = sorted(methods, key=lambda m: (-abs(ours[m] - theirs[m]), m))[:3]
+        moved = [m for m in moved if ours[m] != theirs[m]]
+        lines = [
+            head,
+            f"Over those methods, the two orders agree with Kendall's tau-b = {tau:.2f} (1: the same order; 0: "
+            f"unrelated). Their places here: {', '.join(f'{m} ({ours[m]})' for m in methods)}.",
+            f"Same place in both: {', '.join(agree) if agree else 'none'}."
+            + (
+                " Largest moves (here → there): " + ", ".join(f"{m} {ours[m]} → {theirs[m]}" for m in moved) + "."
+                if moved
+                else ""
+            ),
+        ]
+        return " ".join(lines)
+
+
 def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
     key = table.board.columns[0][1]
     marked, notes = _source_notes(table)
     header = ["#", "method", "best acc % (mean ± std)", "seeds", "best at round", "rounds to plateau"]
     header += ["round cost × FedAvg", "paper"]
+    ranking = Ranking.of(table, paper_cell(table.board.ranked_against)) if table.board.ranked_against else None
+    header += [f"{ranking.label} % (rank)"] if ranking else []
     rows = []
     for rank, row in enumerate(table.rows, 1):
         rounds = _mean([float(r) for r in row.per_seed("rounds")])
@@ -290,6 +363,7 @@ def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
                 rounds + (f" ({capped} of {len(row.seeds)} at the cap)" if capped else ""),
                 NONE if cost is None else f"{float(cost):.2f}",
                 _number(table.paper_value(row.method, key)),
+                *([ranking.shown(row.method)] if ranking else []),
             ]
         )
     last, workers = costs.get("rounds", 3), costs.get("workers", 1)
@@ -307,6 +381,8 @@ def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
     )
     if table.paper:
         notes.append(f"Paper: {table.paper['source']}, best accuracy %; {NONE} where it has no row.")
+    if ranking:
+        notes.append(ranking.note())
     return [*_markdown_table(header, rows), *_paragraphs(notes)]
 
 
