@@ -31,6 +31,7 @@ from ..engines.base import CLIENT_TIMINGS, ClientJob, ClientResult
 from ..functional import Params, message_size, numpy_generator
 from .evaluation import GlobalEvaluation
 from .newcomers import Newcomers, newcomer_metrics, participants
+from .record_form import recorded
 from .reliability import Reliability, round_fields
 from .state_store import ClientStore, MemoryStateStore
 
@@ -281,6 +282,7 @@ class OpenRound:
                 record["final_pass_init_seconds"] = float(np.sum(init))
             state.pending = None
             state.done = True
+            record = recorded(record)
             state.history.append(record)
             return record
         variance = update_variance([self.heads[c] for c in sorted(self.heads)])
@@ -316,6 +318,7 @@ class OpenRound:
         if risks:  # [metrics] adaptability: the trained local models' risk over the clients' distributions
             state.pending["local_risk"] = float(np.mean(risks))
         state.rounds_done = plan.round
+        record = recorded(record)
         state.history.append(record)
         return record
 
