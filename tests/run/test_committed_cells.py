@@ -1,6 +1,6 @@
-"""The result cells committed under docs/results/: every file SHA256SUMS lists is there, byte for
-byte (plain, in its cell's records.tar.xz, or a sweep's sweep.json.xz), and each cell's summary
-holds the numbers pflkit's summarizer computes from the cell's records."""
+"""The result cells committed under docs/results/: every cell and file SHA256SUMS lists is there,
+byte for byte (a cell's files in its records.tar.xz, a sweep's sweep.json in its sweep.json.xz),
+and each cell's summary holds the numbers pflkit's summarizer computes from the cell's records."""
 
 from __future__ import annotations
 
@@ -21,7 +21,10 @@ ROOT = REPO / "docs" / "results"
 
 
 def listed() -> dict[str, str]:
-    """SHA256SUMS: path relative to docs/results -> sha256, as ``sha256sum`` prints them."""
+    """SHA256SUMS: path relative to docs/results -> sha256. A file's line is what ``sha256sum``
+    prints for it; a cell's line (its path ends in ``/``) holds the sha256 of what ``sha256sum``
+    prints for the cell's files in name order (``LC_ALL=C sha256sum * | sha256sum`` in the
+    unpacked cell)."""
     out = {}
     for line in (ROOT / "SHA256SUMS").read_text().splitlines():
         digest, path = line.split("  ", 1)
@@ -29,17 +32,24 @@ def listed() -> dict[str, str]:
     return out
 
 
-def present() -> dict[str, bytes]:
-    """Every file under docs/results as it was before packing: plain files, archive members, and
-    packed sweep records, by path relative to docs/results."""
-    out: dict[str, bytes] = {}
+def cell_digest(files: dict[str, bytes]) -> str:
+    """A cell's line in SHA256SUMS: the sha256 of its files' ``sha256sum`` lines in name order."""
+    lines = "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in sorted(files.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def present() -> dict[str, bytes | dict[str, bytes]]:
+    """Everything under docs/results as it was before packing, by path relative to docs/results:
+    each packed cell (``<table>/<cell>/``) as its files, packed sweep records and plain files as
+    their bytes."""
+    out: dict[str, bytes | dict[str, bytes]] = {}
     for path in sorted(ROOT.rglob("*")):
         if not path.is_file() or path.name == "SHA256SUMS":
             continue
         rel = path.relative_to(ROOT)
         if path.name == ARCHIVE:
-            for name, (data, _) in ResultsFolder(path.parent).archived().items():
-                out[str(rel.parent / name)] = data
+            members = ResultsFolder(path.parent).archived()
+            out[f"{rel.parent}/"] = {name: data for name, (data, _) in members.items()}
         elif path.name == PACKED_SWEEP_RECORD:
             out[str(rel.parent / "sweep.json")] = lzma.decompress(path.read_bytes())
         else:
@@ -47,14 +57,24 @@ def present() -> dict[str, bytes]:
     return out
 
 
-def test_every_committed_result_file_is_there_byte_for_byte() -> None:
-    sums, files = listed(), present()
-    missing = sorted(set(sums) - set(files))
-    assert not missing, f"files listed in SHA256SUMS but lost: {missing[:5]}"
-    changed = sorted(p for p in sums if hashlib.sha256(files[p]).hexdigest() != sums[p])
-    assert not changed, f"files that differ from SHA256SUMS: {changed[:5]}"
-    unlisted = sorted(set(files) - set(sums))
-    assert not unlisted, f"result files that SHA256SUMS does not list (add their lines): {unlisted[:5]}"
+def digest(found: bytes | dict[str, bytes]) -> str:
+    return hashlib.sha256(found).hexdigest() if isinstance(found, bytes) else cell_digest(found)
+
+
+def test_every_committed_cell_and_result_file_is_there_byte_for_byte() -> None:
+    sums, found = listed(), present()
+    missing = sorted(set(sums) - set(found))
+    assert not missing, f"cells or files listed in SHA256SUMS but lost: {missing[:5]}"
+    changed = sorted(p for p in sums if digest(found[p]) != sums[p])
+    assert not changed, f"cells or files that differ from SHA256SUMS: {changed[:5]}"
+    unlisted = sorted(set(found) - set(sums))
+    assert not unlisted, f"cells or result files that SHA256SUMS does not list (add their lines): {unlisted[:5]}"
+
+
+def test_a_cells_digest_is_the_sha256_of_its_files_sha256sum_lines() -> None:
+    # what `LC_ALL=C sha256sum * | sha256sum` prints in a folder holding these two files
+    files = {"run.json": b"{}\n", "metrics.jsonl": b""}
+    assert cell_digest(files) == "2110987f36d91d85b113a71f6216a07bb072ff421f39318c0a65f50a0a3e2cca"
 
 
 def committed_cells() -> list[Path]:
