@@ -1,8 +1,8 @@
 """The form a round's record is kept and written in: times to 0.1 ms, and values computed in
 float32 (a loss or a statistic of a float32 tensor) as the shortest decimal that reads back as the
 same float32. Neither loses information: a clock's digits below 0.1 ms are noise, and a float32
-has no more digits to give. Both keep metrics.jsonl a third smaller than printing every float
-with the 17 digits of a float64."""
+has no more digits to give. Printing every float with the 17 digits of a float64 instead made a
+packed cell 14-30 % larger."""
 
 from __future__ import annotations
 

@@ -283,7 +283,7 @@ def _source_notes(table: Table) -> tuple[set[str], list[str]]:
 @dataclass
 class Ranking:
     """A table's rows beside a published table of the same protocol on another dataset: the two
-    orders of the methods both hold, compared by rank (ties share the lower rank) and Kendall's
+    orders of the methods both hold, compared by place (a tie shares the better place) and Kendall's
     tau-b, since the numbers of two datasets are not comparable."""
 
     label: str
