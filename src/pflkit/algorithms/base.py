@@ -240,7 +240,8 @@ class Algorithm:
         if self.personal_part == "norm" and not norm_layers(buffer_names(model)):
             raise ValueError(
                 f"{self.name} keeps the model's batch-norm layers on each client, and "
-                f"{type(model).__name__} has none: choose a model with batch norm (fedbn_cnn, resnet18, mobilenet_v2)"
+                f"{type(model).__name__} has none: choose a model with batch norm "
+                "(fedbn_cnn, fedavg_cnn_bn, resnet18, mobilenet_v2)"
             )
 
     # ---- server side -------------------------------------------------------------------

@@ -52,7 +52,8 @@ FedBN.card = MethodCard(
         "weights every client equally; their clients hold equal shares of each domain, so both agree there.",
         "A batch-norm layer is known by its running statistics, the authors' and PFLlib's by `bn` in "
         "the parameter's name; on FedBN's digit CNN (`fedbn_cnn`) both pick the same five layers.",
-        "FedBN needs a model with batch norm: `fedbn_cnn` (FedBN's digit CNN), `resnet18` or "
+        "FedBN needs a model with batch norm: `fedbn_cnn` (FedBN's digit CNN), `fedavg_cnn_bn` (the "
+        "4-layer CNN with batch norm after every layer but the classifier, FedBN's recipe), `resnet18` or "
         "`mobilenet_v2`; any other model is refused before the run starts.",
     ),
     ala_initialises="the complete units among the downloaded ones (a unit that holds a batch-norm layer is "

@@ -18,7 +18,7 @@ from .base import (
     statistic_entries,
     top_unit_names,
 )
-from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, FedBNCNN, SimpleCNN
+from .cnn import CifarCNN, Conv2Cifar, DigitsCNN, FedAvgCNN, FedAvgCNNBN, FedBNCNN, SimpleCNN
 from .mobile import MobileNetV2, SqueezeNet, load_pretrained
 from .resnet import ResNet18, ResNet18GN
 from .small import DNN, CharLSTM, LeNet5, Mclr
@@ -26,6 +26,7 @@ from .text import FastText
 
 MODELS: dict[str, Callable[..., UnitModel]] = {
     "fedavg_cnn": FedAvgCNN,
+    "fedavg_cnn_bn": FedAvgCNNBN,
     "digits_cnn": DigitsCNN,
     "cifar_cnn": CifarCNN,
     "conv2cifar": Conv2Cifar,
