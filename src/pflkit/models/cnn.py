@@ -30,6 +30,14 @@ def _four_unit_forward(
     return F.linear(x, p["fc.weight"], p["fc.bias"])
 
 
+def _fedavg_cnn_side(model: nn.Module, image_size: int) -> int:
+    """The side of the 4-layer CNN's feature maps after its two 5x5 convolutions and poolings."""
+    side = ((image_size - 4) // 2 - 4) // 2
+    if side < 1:
+        raise ValueError(f"{type(model).__name__} needs images of at least 16x16 pixels, got {image_size}")
+    return side
+
+
 class FedAvgCNN(UnitModel):
     """The 4-layer CNN of McMahan et al. (2017) as used by FedALA/PFLlib.
 
@@ -42,9 +50,7 @@ class FedAvgCNN(UnitModel):
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
         super().__init__()
-        side = ((image_size - 4) // 2 - 4) // 2
-        if side < 1:
-            raise ValueError(f"FedAvgCNN needs images of at least 16x16 pixels, got {image_size}")
+        side = _fedavg_cnn_side(self, image_size)
         self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=5)
         self.fc1 = nn.Linear(64 * side * side, 512)
@@ -71,9 +77,7 @@ class FedAvgCNNBN(UnitModel):
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28) -> None:
         super().__init__()
-        side = ((image_size - 4) // 2 - 4) // 2
-        if side < 1:
-            raise ValueError(f"FedAvgCNNBN needs images of at least 16x16 pixels, got {image_size}")
+        side = _fedavg_cnn_side(self, image_size)
         self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5)
         self.bn1 = batch_norm_module(32)
         self.conv2 = nn.Conv2d(32, 64, kernel_size=5)
