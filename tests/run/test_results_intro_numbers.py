@@ -1,0 +1,84 @@
+"""The hand-written results page quotes Table 7's rows: its comparison table must say what the
+committed cells say (seeds that finished, mean and std of the best accuracies, the gap to the
+paper), so that a new cell cannot leave the page's numbers behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+
+import pytest
+
+from pflkit.federation import ResultsFolder
+from tests.support.paths import REPO
+
+INTRO = REPO / "docs" / "results-intro.md"
+TABLE7 = REPO / "docs" / "results" / "fedala-table7-mnist"
+
+
+def quoted_rows() -> list[list[str]]:
+    """The cells of the first table under the Table 7 heading (header and rule skipped)."""
+    text = INTRO.read_text()
+    section = text[text.index("### FedALA Table 7: MNIST Dir(0.1), 20 clients") :]
+    lines = section[section.index("\n| method | seeds |") :].strip().splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def method_id(name: str) -> tuple[str, str]:
+    """'Per-FedAvg' -> ('perfedavg', table folder); '(GPU)' rows are in the -gpu folder."""
+    gpu = "(GPU)" in name
+    method = re.sub(r"[^a-z]", "", name.replace("(GPU)", "").lower())
+    return method, TABLE7.name + ("-gpu" if gpu else "")
+
+
+def seeds_of(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def best_accuracies(folder: str, method: str) -> dict[int, float]:
+    """seed -> best accuracy (%) of the method's finished cells in a table folder."""
+    out = {}
+    for cell in sorted((REPO / "docs" / "results" / folder).glob(f"algorithms={method},seeds=*")):
+        files = {name: data for name, (data, _) in ResultsFolder(cell).archived().items()}
+        if json.loads(files["run.json"])["status"] != "complete":
+            continue
+        records = [json.loads(line) for line in files["metrics.jsonl"].splitlines()]
+        seed = int(cell.name.rsplit("=", 1)[1])
+        out[seed] = 100 * max(r["accuracy"] for r in records if "accuracy" in r)
+    return out
+
+
+def number(text: str) -> float:
+    return float(text.replace("−", "-").replace("+", ""))
+
+
+@pytest.mark.skipif(not TABLE7.exists(), reason="no committed Table 7 cells")
+def test_the_results_pages_table7_rows_are_the_committed_cells() -> None:
+    rows = quoted_rows()
+    assert len(rows) >= 14, rows
+    for name, seeds, ours, paper, gap in rows:
+        method, folder = method_id(name)
+        found = best_accuracies(folder, method)
+        assert sorted(found) == seeds_of(seeds), f"{name}: the page says seeds {seeds}, finished cells {sorted(found)}"
+        values = [found[s] for s in sorted(found)]
+        mean = statistics.mean(values)
+        quoted = ours.split(" (")[0]
+        expected = f"{mean:.2f}" + (f" ± {statistics.pstdev(values):.2f}" if len(values) > 1 else "")
+        assert quoted == expected, f"{name}: the page says {quoted}, the cells {expected}"
+        if "(" in ours:  # the seeds' own numbers, in seed order
+            listed = [float(v) for v in ours.split(" (")[1].rstrip(")").split(",")]
+            assert listed == [round(v, 2) for v in values], f"{name}: per-seed {listed} against {values}"
+        paper_value = number(paper.split(" ± ")[0])
+        assert number(gap) == pytest.approx(round(mean - paper_value, 2), abs=1e-9), (
+            f"{name}: gap {gap}, the cells' mean minus the paper's {paper_value} is {mean - paper_value:.3f}"
+        )
