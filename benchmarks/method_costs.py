@@ -53,6 +53,7 @@ WORK = {
     "partialfed": (1.0, "1 epoch (model and strategy batches)"),
     "fedala": (1.0 + 0.8 * FORWARD, "1 epoch + one forward over the s = 80% sample (steady ALA)"),
     "fedper": (1.0, "1 epoch"),
+    "fedbn": (1.0, "1 epoch (batch norm stays on the client)"),
     "lgfedavg": (1.0, "1 epoch"),
     "fedbabu": (6.0, "1 body epoch + 5 fine-tuning epochs before every scoring"),
     "apfl": (2.0, "per batch, a step of w on f(w) and one of v and alpha on the mixture"),
@@ -78,13 +79,15 @@ WORK = {
 METHODS = list(WORK)
 
 
-def report(runs: dict[str, list[dict]], rounds: int, workers: int, steady_from: int) -> dict:
+def report(runs: dict[str, list[dict]], rounds: int, workers: int, steady_from: int, model: str | None = None) -> dict:
     """The costs file: per method its rounds' wall times (``rows``: one dict per round, ``wall`` and
     the driver's ``*_seconds``), the median of its steady rounds (``steady_from`` on) and that over
-    FedAvg's and over its inherent work."""
+    FedAvg's and over its inherent work; ``model``: the model every method ran on, where not the
+    setting's."""
     first = steady_from - 1
     out = {
         "config": str(CONFIG.name),
+        **({"model": model} if model else {}),
         "machine": machine(),
         "rounds": rounds,
         "workers": workers,
@@ -127,7 +130,7 @@ def rescore(path: Path, steady_from: int) -> dict:
         ]
         for name, m in old["methods"].items()
     }
-    return report(runs, old["rounds"], old["workers"], steady_from)
+    return report(runs, old["rounds"], old["workers"], steady_from, old.get("model"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the first steady round (3: round 2 is ALA's start phase; 2 for methods without ALA, whose "
         "rounds 2 and 3 then run in opposite orders so that a linear drift of the machine cancels)",
     )
+    parser.add_argument(
+        "--model",
+        help="run every method on this model instead of the setting's fedavg_cnn (FedBN's cost: "
+        "--model fedavg_cnn_bn --methods fedavg,fedbn, against FedAvg on the same model)",
+    )
     parser.add_argument("--rescore", type=Path, help="score an earlier --out file again (no run)")
     parser.add_argument("--out", type=Path, default=Path("method-costs.json"))
     args = parser.parse_args(argv)
@@ -151,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.data_dir:
             parser.error("--data-dir is required (the MNIST folder) unless --rescore is given")
-        result = report(measure(args), args.rounds, args.workers, args.steady_from)
+        result = report(measure(args), args.rounds, args.workers, args.steady_from, args.model)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"{'method':<14} {'s/round':>8} {'x FedAvg':>9} {'inherent':>9} {'x inherent':>11}  work")
     for name, e in result["methods"].items():
@@ -175,6 +183,7 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict]]:
             "seeds=[0]",
             f"algorithms={json.dumps(methods)}",
             f"workers={args.workers}",
+            *([f"model={json.dumps(args.model)}"] if args.model else []),
         ],
     )
     device = torch.device("cpu")

@@ -222,6 +222,20 @@ def test_cost_files_of_one_setting_merge_and_files_of_two_settings_are_refused(c
         leaderboard_markdown(root, [costs, more])
 
 
+def test_a_cost_file_run_on_another_model_gives_its_methods_ratio_and_says_which_model(cells, tmp_path) -> None:
+    root, costs = cells
+    bn = tmp_path / "method-costs-fedbn.json"
+    methods = {"fedavg": {"cost_vs_fedavg": 1.0}, "fedbn": {"cost_vs_fedavg": 1.04}}
+    setting = {"config": "setting.toml", "rounds": 3, "workers": 1, "steady_from": 2}
+    bn.write_text(json.dumps({**setting, "model": "fedbn_cnn", "methods": methods}))
+    page = leaderboard_markdown(root, [costs, bn])
+    rows = table_rows(page, "FedALA Table 7: MNIST Dir(0.1), 20 clients")
+    assert next(r for r in rows if "| fedbn ‡ |" in r).split(" | ")[6] == "1.04"
+    assert next(r for r in rows if "| fedavg |" in r).split(" | ")[6] == "1.00"  # the first file's FedAvg
+    assert "The run of `method-costs-fedbn.json` put every method, FedAvg too, on model fedbn_cnn." in page
+    assert "on model" not in leaderboard_markdown(root, costs).split("Round cost:")[1].split("\n")[0]
+
+
 def test_the_committed_leaderboard_is_what_the_command_makes_from_the_committed_cells(tmp_path) -> None:
     out = tmp_path / "leaderboard.md"
     args = ["--results", str(REPO / "docs" / "results")]

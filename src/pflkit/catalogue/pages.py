@@ -34,6 +34,8 @@ def load_costs(*paths: Path) -> Costs:
         data = json.loads(path.read_text(encoding="utf-8"))
         workers = data.get("workers", 1)
         setting = f"config `{data.get('config')}`, {data.get('rounds')} rounds, {workers} worker{'s' * (workers != 1)}"
+        if data.get("model"):  # every method of that run, FedAvg too, on another model than the config's
+            setting += f", every method on model `{data['model']}`"
         for name, m in data["methods"].items():
             if "cost_vs_fedavg" in m and name not in ratios:
                 ratios[name] = float(m["cost_vs_fedavg"])

@@ -12,13 +12,15 @@ from .common import USER_ERRORS, check_writable_file, fail
 
 #: the committed method-costs files, newest first (a method in several takes the first's): the runs
 #: after the closed-form terms and after the lighter steps, the first methods' run, then those of the
-#: baselines and of the representation-level methods (each ratio against the FedAvg of its own run)
+#: baselines and of the representation-level methods, and FedBN's (on its batch-norm model; each ratio
+#: against the FedAvg of its own run)
 COSTS = (
     Path("docs/method-costs-terms.json"),
     Path("docs/method-costs-lighter.json"),
     Path("docs/method-costs-after.json"),
     Path("docs/method-costs-baselines.json"),
     Path("docs/method-costs-representation.json"),
+    Path("docs/method-costs-fedbn.json"),
 )
 
 

@@ -199,7 +199,7 @@ def read_costs(*paths: Path) -> dict[str, Any]:
             raise ValueError(f'{path} is not a method-costs file: it has no "methods" table')
         setting = {k: costs.get(k) for k in ("config", "rounds", "workers")}
         if not merged:
-            merged = {**setting, "methods": {}, "steady": {}}
+            merged = {**setting, "methods": {}, "steady": {}, "models": {}}
         elif setting != {k: merged[k] for k in setting}:
             raise ValueError(
                 f"{path} measured its costs in another setting ({setting}) than {paths[0]} "
@@ -207,6 +207,8 @@ def read_costs(*paths: Path) -> dict[str, Any]:
             )
         merged["methods"] = {**costs["methods"], **merged["methods"]}
         merged["steady"][path.name] = int(costs.get("steady_from", 3))
+        if costs.get("model"):  # a run of every method, FedAvg too, on another model than the config's
+            merged["models"][path.name] = str(costs["model"])
     return merged
 
 
@@ -378,6 +380,10 @@ def _detailed(table: Table, costs: dict[str, Any]) -> list[str]:
         f"over FedAvg's in the same run of `benchmarks/method_costs.py --rounds {last} --workers {workers}`, in "
         f"this setting (`configs/paper/{costs.get('config', '?')}`) on one CPU machine, the methods advanced "
         f"round by round in turn so that drift hits them alike; {NONE} where that run did not measure the method."
+        + "".join(
+            f" The run of `{name}` put every method, FedAvg too, on model {model}."
+            for name, model in (costs.get("models") or {}).items()
+        )
     )
     if table.paper:
         notes.append(f"Paper: {table.paper['source']}, best accuracy %; {NONE} where it has no row.")
