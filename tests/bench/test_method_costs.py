@@ -32,6 +32,11 @@ def test_costs_are_steady_medians_over_fedavgs_and_over_the_inherent_work(tmp_pa
     assert script.rescore(path, 2)["methods"]["ditto"]["cost_vs_fedavg"] == pytest.approx(33.0 / 11.0)
     with pytest.raises(SystemExit, match="no round from 5 on"):
         script.report(runs, 4, 1, steady_from=5)
+    assert "model" not in late  # the setting's own model
+    on_bn = script.report(runs, 4, 1, steady_from=3, model="fedavg_cnn_bn")
+    assert on_bn["model"] == "fedavg_cnn_bn"
+    path.write_text(json.dumps(on_bn))
+    assert script.rescore(path, 2)["model"] == "fedavg_cnn_bn"  # a rescored file keeps its model
 
 
 @pytest.mark.parametrize("name", [path.name for path in COSTS])
