@@ -4,8 +4,16 @@ pFedMe): each client state's full parameter sets (pFedMe's local w "model" and p
 as the run's ``accuracy`` is (correct over all test samples). It answers "would another choice of
 scored model move the number?" without rerunning the cell.
 
+For a method that keeps part of the model on the client (FedBN's batch norm, FedPer's head, ...)
+it also scores each client set with the server's shared entries put in ("client model + server
+shared": the model such a method scores after the server's average). ``--recalibrate-bn`` adds,
+for a model with batch norm, every set with its running statistics recomputed on the client's
+training split under the set's own weights: it tells stale statistics from bad weights.
+
     PFLKIT_DATA=../shared/datasets python benchmarks/score_states.py \\
         RESULTS_FOLDER --algorithm pfedme --seed 0
+    PFLKIT_DATA=../shared/datasets python benchmarks/score_states.py \\
+        RESULTS_FOLDER --algorithm fedbn --seed 0 --recalibrate-bn
 
 RESULTS_FOLDER is a run's folder with its config.toml and checkpoints/ (a cell rerun with
 ``pflkit run <cell>/config.toml --out RESULTS_FOLDER``; checkpoints are not committed).
@@ -23,7 +31,13 @@ import torch
 from pflkit.config import load_config
 from pflkit.federation.checkpoint import load_checkpoint
 from pflkit.federation.preparation import build_partitions, initial_params, partition_seed
-from pflkit.functional.training import evaluate
+from pflkit.functional.training import evaluate, forward
+from pflkit.methods import build_algorithm
+from pflkit.models import norm_layers
+from pflkit.models.resnet import BN_MOMENTUM
+
+#: label suffix of a set scored with recomputed batch-norm statistics
+RECALIBRATED = " (batch-norm statistics recomputed)"
 
 
 def full_sets(state: dict[str, Any], names: set[str]) -> dict[str, dict[str, torch.Tensor]]:
@@ -35,7 +49,27 @@ def full_sets(state: dict[str, Any], names: set[str]) -> dict[str, dict[str, tor
     }
 
 
-def score_states(folder: Path, algorithm: str, seed: int) -> dict[str, Any]:
+def recalibrated(model: torch.nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``params`` with every batch-norm layer's running mean and variance replaced by the mean and
+    (unbiased) variance of that layer's input over all of ``x`` under these weights.
+
+    One training-mode forward of ``x`` as a single batch: each layer then normalises with the
+    batch's statistics, and the functional batch norm moves the running ones from zero by
+    ``BN_MOMENTUM`` toward them, so dividing by it gives them."""
+    out = {k: v.clone() for k, v in params.items()}
+    layers = norm_layers(out)
+    for layer in layers:
+        out[f"{layer}.running_mean"].zero_()
+        out[f"{layer}.running_var"].zero_()
+    with torch.no_grad():
+        forward(model, out, x, train=True)
+    for layer in layers:
+        out[f"{layer}.running_mean"] /= BN_MOMENTUM
+        out[f"{layer}.running_var"] /= BN_MOMENTUM
+    return out
+
+
+def score_states(folder: Path, algorithm: str, seed: int, *, recalibrate_bn: bool = False) -> dict[str, Any]:
     """Pooled test accuracy of every parameter set in the checkpoint of (algorithm, seed) in ``folder``."""
     config = load_config(folder / "config.toml")
     checkpoint = folder / "checkpoints" / f"{algorithm}-seed{seed}.pt"
@@ -45,16 +79,28 @@ def score_states(folder: Path, algorithm: str, seed: int) -> dict[str, Any]:
     data = partitions[partition_seed(config, seed)]
     model, init = initial_params(config, data, seed, torch.device("cpu"))
     names = {n for n, _ in model.named_parameters()}
+    method = build_algorithm(algorithm, config.algorithm_sections(), config.train, model.units())
+    if recalibrate_bn and not norm_layers(init):
+        raise ValueError(f"--recalibrate-bn: {type(model).__name__} has no batch-norm layers to recalibrate")
     state = load_checkpoint(checkpoint)
+    server_sets = full_sets(state.server, names)
     counts: dict[str, list[int]] = {}
     for client in data.clients:
         client_state = state.clients.get(client.client_id)
         if client_state is None:
             raise KeyError(f"{checkpoint} holds no state for client {client.client_id}: its models cannot be scored")
-        sets = {f"client {key}": value for key, value in full_sets(client_state, names).items()}
-        sets.update({f"server {key}": value for key, value in full_sets(state.server, names).items()})
+        client_sets = full_sets(client_state, names)
+        sets = {f"client {key}": {**init, **value} for key, value in client_sets.items()}
+        sets.update({f"server {key}": {**init, **value} for key, value in server_sets.items()})
+        if method.personal_part is not None and "global" in server_sets:
+            shared = method.shared({**init, **server_sets["global"]})
+            sets.update({f"client {key} + server shared": {**sets[f"client {key}"], **shared} for key in client_sets})
+        if recalibrate_bn:
+            sets.update(
+                {label + RECALIBRATED: recalibrated(model, p, client.train_x) for label, p in list(sets.items())}
+            )
         for label, params in sets.items():
-            result = evaluate(model, {**init, **params}, client.test_x, client.test_y)
+            result = evaluate(model, params, client.test_x, client.test_y)
             tally = counts.setdefault(label, [0, 0])
             tally[0] += result["correct"]
             tally[1] += result["num_samples"]
@@ -70,9 +116,16 @@ def main() -> None:
     parser.add_argument("folder", type=Path, help="a run's results folder (config.toml, checkpoints/)")
     parser.add_argument("--algorithm", required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--recalibrate-bn",
+        action="store_true",
+        help="also score every set with its batch-norm statistics recomputed on the client's training split",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(json.dumps(score_states(args.folder, args.algorithm, args.seed), indent=2))
+    print(
+        json.dumps(score_states(args.folder, args.algorithm, args.seed, recalibrate_bn=args.recalibrate_bn), indent=2)
+    )
 
 
 if __name__ == "__main__":

@@ -36,3 +36,54 @@ def test_a_run_without_its_checkpoint_is_named(tmp_path) -> None:
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     with pytest.raises(FileNotFoundError, match="pfedme-seed0.pt"):
         _script().score_states(tmp_path / "run", "pfedme", 0)
+
+
+def test_fedbn_scores_the_averaged_layers_with_the_local_batch_norm_as_recorded(tmp_path) -> None:
+    config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedbn"]', "seeds=[0]", 'model="fedbn_cnn"'])
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    result = _script().score_states(tmp_path / "run", "fedbn", 0, recalibrate_bn=True)
+    accuracy = result["accuracy"]
+    assert accuracy["client model + server shared"] == pytest.approx(last["accuracy"], abs=1e-12)
+    assert accuracy["client model"] != accuracy["client model + server shared"]
+    recalibrated = "client model + server shared" + _script().RECALIBRATED
+    assert recalibrated in accuracy and "server global" + _script().RECALIBRATED in accuracy
+
+
+def test_recalibrated_statistics_are_each_layers_input_statistics_over_the_split() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from pflkit.federation.preparation import initial_model
+
+    model, params = initial_model("fedavg_cnn_bn", ((1, 28, 28), 10), 0, "cpu")
+    params = {k: v + 0.3 * torch.rand_like(v) for k, v in params.items()}  # stale statistics too
+    before = {k: v.clone() for k, v in params.items()}
+    x = torch.randn(40, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    out = _script().recalibrated(model, params, x)
+
+    def norm(h, layer, dims):  # the training-mode batch norm, written out
+        mean, var = h.mean(dims), h.var(dims, unbiased=True)
+        shape = (1, -1) + (1,) * (h.dim() - 2)
+        biased = h.var(dims, unbiased=False)
+        z = (h - mean.view(shape)) / torch.sqrt(biased.view(shape) + 1e-5)
+        return z * params[f"{layer}.weight"].view(shape) + params[f"{layer}.bias"].view(shape), mean, var
+
+    h1 = F.conv2d(x, params["conv1.weight"], params["conv1.bias"])
+    z1, mean1, var1 = norm(h1, "bn1", (0, 2, 3))
+    h2 = F.conv2d(F.max_pool2d(F.relu(z1), 2), params["conv2.weight"], params["conv2.bias"])
+    z2, mean2, var2 = norm(h2, "bn2", (0, 2, 3))
+    h3 = F.linear(F.max_pool2d(F.relu(z2), 2).flatten(1), params["fc1.weight"], params["fc1.bias"])
+    _, mean3, var3 = norm(h3, "bn3", (0,))
+    for layer, mean, var in (("bn1", mean1, var1), ("bn2", mean2, var2), ("bn3", mean3, var3)):
+        torch.testing.assert_close(out[f"{layer}.running_mean"], mean, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out[f"{layer}.running_var"], var, rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(params[k], before[k]) for k in params)
+    assert all(torch.equal(out[k], params[k]) for k in params if "running" not in k)
+
+
+def test_recalibrating_a_model_without_batch_norm_is_refused(tmp_path) -> None:
+    config = load_config(None, ["num_clients=4", "rounds=1", 'algorithms=["fedavg"]', "seeds=[0]"])
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    with pytest.raises(ValueError, match="no batch-norm layers"):
+        _script().score_states(tmp_path / "run", "fedavg", 0, recalibrate_bn=True)
