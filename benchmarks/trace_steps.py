@@ -5,20 +5,26 @@ a loss that ends as NaN starts to grow, and which weights grow with it.
     PFLKIT_DATA=../shared/datasets python benchmarks/trace_steps.py RUN --client 6 > trace.jsonl
 
 RUN is a results folder with its checkpoint (a failed run's too), e.g. one cell of a sweep. A copy
-of it resumes in a temporary folder until the client's first local training after the checkpoint
-ends or fails (with several algorithms in RUN: the first one resumed). The trace covers the
-simulator's per-client engines (loop, parallel), not the batched vmap engine.
-One JSON line per step: ``step``, ``loss`` (the method's loss function on the batch, before any
-closed-form term such as FedProx's proximal one) and ``norms`` (each trained tensor's L2 norm
-before the step); then one line with the run's ``error``, if it stopped on one.
+of it resumes in a temporary folder, one client at a time (``engine = "loop"``: the same numbers
+as the parallel engine's), until the client's first local training after the checkpoint ends or
+fails. ``--algorithm`` / ``--seed`` pick the run of a folder that holds several (default: the
+first one resumed). A fit that brings its own step function (pFedMe, Per-FedAvg, ALA's weight
+learning) passes no loss through the trace: it is skipped, and a client whose whole round is
+such fits gets an error naming them.
+
+One JSON line per step: ``algorithm``, ``seed``, ``round``, ``stage`` (the fit's, e.g. "local
+training"), ``step``, ``loss`` (the method's loss function on the batch, before any closed-form
+term such as FedProx's proximal one) and ``norms`` (each trained tensor's L2 norm before the
+step; NaN and infinities as the strings "nan", "inf", "-inf"); then one line with the run's
+``error``, if it stopped on one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -29,36 +35,63 @@ from typing import Any
 import torch
 
 from pflkit.engines import client as client_engine
-from pflkit.run.experiment import resume_experiment
+from pflkit.federation.results import ResultsFolder
+from pflkit.run.experiment import run_experiment
+
+Row = dict[str, Any]
 
 
 class TraceDone(Exception):
-    """The traced client's fit has ended: stop the resumed run."""
+    """The traced fit has ended: stop the resumed run."""
+
+
+def number(value: float) -> float | str:
+    """``value``, or its name where strict JSON has no number for it."""
+    return value if math.isfinite(value) else str(value)
 
 
 @contextmanager
-def tracing(client_id: int, record: Callable[[dict[str, Any]], None]) -> Iterator[None]:
-    """While active, every loss evaluation of ``client_id``'s first fit is passed to ``record``; the
-    fit's end raises TraceDone."""
+def tracing(
+    client_id: int, record: Callable[[Row], None], algorithm: str | None = None, seed: int | None = None
+) -> Iterator[None]:
+    """While active, every step of ``client_id``'s first loss-function fit (of ``algorithm`` and
+    ``seed`` when given) goes to ``record``; the fit's end raises TraceDone, and so does the
+    client's next round when its whole round was step-function fits (with the reason)."""
     original_fit, original_loss_value = client_engine.SingleClientContext.fit, client_engine.loss_value
-    traced = threading.local()  # the parallel engine trains clients on worker threads
+    traced = threading.local()
+    skipped: dict[str, Any] = {"round": None, "stages": []}
 
     def fit(self: client_engine.SingleClientContext, *args: Any, **kwargs: Any) -> Any:
-        if self.client_id != client_id:
+        if (
+            self.client_id != client_id
+            or (algorithm is not None and self.algorithm != algorithm)
+            or (seed is not None and self.seed != seed)
+        ):
             return original_fit(self, *args, **kwargs)
+        stage = kwargs.get("stage", "local training")
+        if skipped["round"] is not None and self.round > skipped["round"]:
+            raise TraceDone(
+                f"client {client_id}'s round {skipped['round']} trained only with step functions "
+                f"({', '.join(skipped['stages'])}), which pass no loss through this trace"
+            )
+        if kwargs.get("step") is not None:
+            skipped["round"] = self.round
+            skipped["stages"].append(stage)
+            return original_fit(self, *args, **kwargs)
+        traced.row = {"algorithm": self.algorithm, "seed": self.seed, "round": self.round, "stage": stage}
         traced.step = 0
         try:
             original_fit(self, *args, **kwargs)
         finally:
-            traced.step = None  # this worker thread's next client is not traced
-        raise TraceDone(f"client {client_id}'s fit of round {self.round} ended")
+            traced.step = None
+        raise TraceDone(None)
 
     def loss_value(loss: Any, net: Any, params: Any, batch: Any, aux: Any, carry: Any) -> Any:
         value, updates = original_loss_value(loss, net, params, batch, aux, carry)
         step = getattr(traced, "step", None)
         if step is not None:
-            norms = {k: float(v.detach().norm()) for k, v in params.items() if v.requires_grad}
-            record({"step": step, "loss": float(value.detach()), "norms": norms})
+            norms = {k: number(float(v.detach().norm())) for k, v in params.items() if v.requires_grad}
+            record({**traced.row, "step": step, "loss": number(float(value.detach())), "norms": norms})
             traced.step = step + 1
         return value, updates
 
@@ -71,18 +104,35 @@ def tracing(client_id: int, record: Callable[[dict[str, Any]], None]) -> Iterato
         client_engine.loss_value = original_loss_value
 
 
-def trace_steps(run: Path, client_id: int, record: Callable[[dict[str, Any]], None]) -> str | None:
-    """Resume a copy of ``run`` until ``client_id``'s next local training ends; ``record`` gets each
-    step. Returns the error the resumed run stopped on (None when the client's fit ended cleanly)."""
+def trace_steps(
+    run: Path,
+    client_id: int,
+    record: Callable[[Row], None],
+    *,
+    algorithm: str | None = None,
+    seed: int | None = None,
+) -> str | None:
+    """Resume a copy of ``run`` until ``client_id``'s next local training ends; ``record`` gets
+    each step. Returns the error the resumed run stopped on (None when the fit ended cleanly)."""
     if not list((run / "checkpoints").glob("*.pt")):
         raise FileNotFoundError(f"{run / 'checkpoints'} holds no checkpoint: trace_steps resumes from one")
+    config = ResultsFolder(run).load_config()
+    clients = config.client_count()
+    if clients is not None and not 0 <= client_id < clients:
+        raise ValueError(f"{run} has clients 0-{clients - 1}: there is no client {client_id} to trace")
+    if client_id in config.unseen_client_ids():
+        raise ValueError(f"client {client_id} of {run} never trains (an unseen client): nothing to trace")
+    # one client at a time: the batched engines train no single client's fit
+    config = config.model_copy(update={"run": config.run.model_copy(update={"engine": "loop"})})
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / run.name
         shutil.copytree(run, copy)
-        with tracing(client_id, record):
+        with tracing(client_id, record, algorithm, seed):
             try:
-                resume_experiment(copy, progress=False, echo=lambda s: None)
-            except TraceDone:
+                run_experiment(config, copy, resume=True, progress=False, echo=lambda s: None)
+            except TraceDone as done:
+                if done.args[0] is not None:
+                    raise ValueError(str(done.args[0])) from None
                 return None
             except Exception as exc:  # the run's own stop (a NaN loss) is the finding
                 return f"{type(exc).__name__}: {exc}"
@@ -93,12 +143,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a results folder with its checkpoints/")
     parser.add_argument("--client", type=int, required=True, help="the client whose steps are traced")
+    parser.add_argument("--algorithm", help="the run of the folder to trace (default: the first one resumed)")
+    parser.add_argument("--seed", type=int, help="its seed (default: the first one resumed)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    error = trace_steps(args.run, args.client, lambda row: print(json.dumps(row), flush=True))
+
+    def show(row: Row) -> None:
+        print(json.dumps(row, allow_nan=False), flush=True)
+
+    error = trace_steps(args.run, args.client, show, algorithm=args.algorithm, seed=args.seed)
     if error is not None:
-        print(json.dumps({"error": error}))
-    sys.exit(0)
+        show({"error": error})
 
 
 if __name__ == "__main__":

@@ -38,16 +38,26 @@ def test_a_run_without_its_checkpoint_is_named(tmp_path) -> None:
         _script().score_states(tmp_path / "run", "pfedme", 0)
 
 
-def test_fedbn_scores_the_averaged_layers_with_the_local_batch_norm_as_recorded(tmp_path) -> None:
-    config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedbn"]', "seeds=[0]", 'model="fedbn_cnn"'])
+@pytest.mark.parametrize("algorithm", ["fedbn", "fedper", "fedrep"])
+def test_a_personal_part_method_scores_its_client_model_with_the_downloaded_layers_as_recorded(
+    tmp_path, algorithm
+) -> None:
+    config = load_config(
+        None, ["num_clients=4", "rounds=2", f'algorithms=["{algorithm}"]', "seeds=[0]", 'model="fedbn_cnn"']
+    )
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
-    result = _script().score_states(tmp_path / "run", "fedbn", 0, recalibrate_bn=True)
+    result = _script().score_states(tmp_path / "run", algorithm, 0, recalibrate_bn=algorithm == "fedbn")
     accuracy = result["accuracy"]
     assert accuracy["client model + server shared"] == pytest.approx(last["accuracy"], abs=1e-12)
     assert accuracy["client model"] != accuracy["client model + server shared"]
-    recalibrated = "client model + server shared" + _script().RECALIBRATED
-    assert recalibrated in accuracy and "server global" + _script().RECALIBRATED in accuracy
+    per_client = last["client_accuracy"].values()
+    assert result["client_accuracy_range"]["client model + server shared"] == pytest.approx(
+        [min(per_client), max(per_client)], abs=1e-12
+    )
+    if algorithm == "fedbn":
+        recalibrated = "client model + server shared" + _script().RECALIBRATED
+        assert recalibrated in accuracy and "server global" + _script().RECALIBRATED in accuracy
 
 
 def test_recalibrated_statistics_are_each_layers_input_statistics_over_the_split() -> None:
