@@ -26,10 +26,10 @@ import json
 import math
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ def tracing(
     ``seed`` when given) goes to ``record``; the fit's end raises TraceDone, and so does the
     client's next round when its whole round was step-function fits (with the reason)."""
     original_fit, original_loss_value = client_engine.SingleClientContext.fit, client_engine.loss_value
-    traced = threading.local()
+    traced = SimpleNamespace(row={}, step=None)  # the loop engine: one client's fit at a time
     skipped: dict[str, Any] = {"round": None, "stages": []}
 
     def fit(self: client_engine.SingleClientContext, *args: Any, **kwargs: Any) -> Any:
@@ -88,7 +88,7 @@ def tracing(
 
     def loss_value(loss: Any, net: Any, params: Any, batch: Any, aux: Any, carry: Any) -> Any:
         value, updates = original_loss_value(loss, net, params, batch, aux, carry)
-        step = getattr(traced, "step", None)
+        step = traced.step
         if step is not None:
             norms = {k: number(float(v.detach().norm())) for k, v in params.items() if v.requires_grad}
             record({**traced.row, "step": step, "loss": number(float(value.detach())), "norms": norms})

@@ -38,7 +38,7 @@ def _interrupted(tmp_path, fast_config, algorithm: str, *extra: str):  # type: i
 def test_the_trace_starts_from_the_checkpointed_global_model_and_covers_the_clients_epochs(
     tmp_path, fast_config
 ) -> None:
-    config = _interrupted(tmp_path, fast_config, "fedavg", "local_epochs=2", "workers=2")
+    config = _interrupted(tmp_path, fast_config, "fedavg", "local_epochs=2")
     rows: list[dict] = []
     assert _script().trace_steps(tmp_path / "run", 2, rows.append) is None
 
