@@ -1,4 +1,4 @@
-"""Score every model a run's checkpoint holds on its clients' test splits (docs/results-intro.md,
+"""Score every model a run's checkpoint holds on its clients' test splits (docs/papers/fedala.md,
 pFedMe): each client state's full parameter sets (pFedMe's local w "model" and personalised theta
 "personal", Ditto's global-track and personal models, ...) and the server's, pooled over clients
 as the run's ``accuracy`` is (correct over all test samples), with the lowest and highest

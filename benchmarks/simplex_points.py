@@ -1,7 +1,7 @@
 """Where on its simplex a finished SosicFL run's global endpoints make a good model: accuracy on
 the global test set at the centroid (the run's global model), the mean of the cluster centres,
 each cluster centre and each vertex, with the centres' L1 distance from the centroid beside the
-subregion radius eta. The measurement behind results-intro's SosicFL 5-Fold and Dir(0.5) paragraphs
+subregion radius eta. The measurement behind docs/papers/sosicfl.md's 5-Fold and Dir(0.5) paragraphs
 (why SosicFL-All's 5-Fold global model fails, and that SosicFL's does not).
 
     PFLKIT_DATA=../shared/datasets python benchmarks/simplex_points.py \\

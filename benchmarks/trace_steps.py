@@ -1,5 +1,5 @@
 """Trace one client's training steps in the round after a run's last checkpoint: every step's loss
-and the L2 norm of every trained tensor (docs/results-intro.md, "FedDBE at lr 0.1"). It shows where
+and the L2 norm of every trained tensor (docs/papers/fedala.md, "FedDBE at lr 0.1"). It shows where
 a loss that ends as NaN starts to grow, and which weights grow with it.
 
     PFLKIT_DATA=../shared/datasets python benchmarks/trace_steps.py RUN --client 6 > trace.jsonl
