@@ -190,6 +190,32 @@ def test_a_dropout_schedule_is_checked_against_the_leaf_folders_own_clients(tmp_
         reliability_of(adopted.run, adopted.partition.num_clients)
 
 
+def test_settings_that_name_clients_are_checked_against_the_leaf_folders_own_clients(tmp_path: Path) -> None:
+    """unseen_clients, trace.clients and feature-shift groups may exceed num_clients (which the folder
+    replaces) and are bounded by the users the folder holds once it is read."""
+    root = write_leaf(tmp_path / "d", "femnist", users=6)
+    base = {"dataset": "femnist", "data_dir": str(root), "num_clients": 2, "rounds": 1}
+    fits = build_config(
+        {**base, "run": {"unseen_clients": 4}, "trace": {"clients": [5]}, "feature_shift": {"rotations": 6}}
+    )
+    adopted, _ = build_partitions(fits, torch.device("cpu"))
+    assert adopted.partition.num_clients == 6 and adopted.unseen_client_ids() == [2, 3, 4, 5]
+    assert build_config({**base, "run": {"unseen_clients": [5]}}).run.unseen_clients == [5]
+    for settings, message in (
+        ({"run": {"unseen_clients": 6}}, r"run.unseen_clients: 6 unseen clients of 6 leave none to train"),
+        ({"run": {"unseen_clients": [6]}}, r"run.unseen_clients: unseen client ids \[6\] are not clients"),
+        ({"trace": {"clients": [6]}}, r"trace.clients \[6\] are not clients of this run \(ids 0..5, .* holds 6"),
+    ):
+        config = build_config({**base, **settings})
+        with pytest.raises(ConfigError, match=message):
+            build_partitions(config, torch.device("cpu"))
+    # On Flower num_clients is the count of SuperNodes, one a user: checked before anything starts.
+    from pflkit.flower.server import check_flower_config
+
+    with pytest.raises(ConfigError, match=r"6 unseen clients of 6 leave none .*num_clients = 6, one SuperNode each"):
+        check_flower_config(build_config({**base, "num_clients": 6, "run": {"unseen_clients": 6}}))
+
+
 # ---------------------------------------------------------------- Synthetic(alpha, beta)
 
 

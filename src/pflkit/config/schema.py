@@ -184,8 +184,8 @@ class BaseConfig(BaseModel):
     @model_validator(mode="after")
     def _unseen_clients(self, info: ValidationInfo) -> BaseConfig:
         key = _named(info, "run", "unseen_clients")
-        try:
-            ids = self.unseen_client_ids()
+        try:  # a PFLlib or LEAF folder's clients are counted once it is read (check_data_clients)
+            ids = self.unseen_client_ids() if self.client_count() is not None else self.run.unseen_ids(None)
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
         for name in self.algorithms if ids else ():
@@ -241,14 +241,26 @@ class BaseConfig(BaseModel):
 
     @model_validator(mode="after")
     def _traced_clients_exist(self, info: ValidationInfo) -> BaseConfig:
-        clients = self.partition.num_clients
+        clients = self.client_count()
+        if clients is not None:  # else checked once the folder is read (check_data_clients)
+            self._check_traced_clients(clients, f"{_named(info, 'partition', 'num_clients')} = {clients}")
+        return self
+
+    def _check_traced_clients(self, clients: int, source: str) -> None:
         wrong = [c for c in self.trace.clients if not 0 <= c < clients]
         if wrong:
-            raise ValueError(
-                f"trace.clients {wrong} are not clients of this run (ids 0..{clients - 1}, "
-                f"{_named(info, 'partition', 'num_clients')} = {clients})"
-            )
-        return self
+            raise ValueError(f"trace.clients {wrong} are not clients of this run (ids 0..{clients - 1}, {source})")
+
+    def check_data_clients(self, source: str) -> None:
+        """Check the settings that name clients (``run.unseen_clients``, ``trace.clients``) against
+        ``num_clients`` once it is the count the data gave (a PFLlib or LEAF folder's, ``source``);
+        ValueError naming the key otherwise (``run.dropout_schedule``: the round driver checks it)."""
+        clients = self.partition.num_clients
+        try:
+            self.unseen_client_ids()
+        except ValueError as exc:
+            raise ValueError(f"run.unseen_clients: {exc} ({source})") from None
+        self._check_traced_clients(clients, source)
 
     @model_validator(mode="after")
     def _adaptability_needs_the_official_test_set(self, info: ValidationInfo) -> BaseConfig:
@@ -296,7 +308,7 @@ class BaseConfig(BaseModel):
             except ValueError:
                 return self  # _domains_exist names the unknown domain
             shift.check_clients(count, f"the clients of {self.dataset} (domains x clients_per_domain)")
-        elif shift.active and self.dataset != "pfllib":  # a PFLlib folder's client count is checked when read
+        elif shift.active and self.client_count() is not None:  # a folder's clients are checked when read
             shift.check_clients(self.partition.num_clients, _named(info, "partition", "num_clients"))
         return self
 

@@ -159,10 +159,14 @@ class RunSettings(BaseModel):
                 raise ValueError("client ids are repeated")
         return value
 
-    def unseen_ids(self, num_clients: int) -> list[int]:
+    def unseen_ids(self, num_clients: int | None) -> list[int]:
         """The ids of the clients that never train (``unseen_clients``) among ``num_clients``: the
-        last K for a count or a fraction, the given ids for a list; ValueError where none would train."""
+        last K for a count or a fraction, the given ids for a list; ValueError where none would train.
+        ``num_clients`` None (not known before the data is read): the ids a list gives, [0] for a
+        count or a fraction (only whether any client is unseen is known)."""
         spec = self.unseen_clients
+        if num_clients is None:
+            return sorted(spec) if isinstance(spec, list) else [0] if spec else []
         if isinstance(spec, list):
             wrong = [c for c in spec if c >= num_clients]
             if wrong:

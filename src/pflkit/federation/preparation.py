@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..config import BaseConfig
+from ..config import BaseConfig, ConfigError
 from ..data import ADOPTED_CLIENTS, NATURAL_DATASETS, Dataset, load_clients, load_dataset
 from ..data.domain_clients import domain_clients
 from ..data.domain_sets import DOMAIN_DATASETS, read_domains
@@ -158,6 +158,10 @@ def build_partitions(config: BaseConfig, device: torch.device) -> tuple[BaseConf
             config = config.model_copy(
                 update={"partition": config.partition.model_copy(update={"num_clients": data.num_clients})}
             )
+        try:
+            config.check_data_clients(f"{config.data_dir} holds {data.num_clients} clients")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         return config, {s: apply_feature_shift(data, config.feature_shift, s) for s in seeds}
     dataset = load_pool(config)
     return config, {s: partition_dataset(config, dataset, s, device) for s in sorted(seeds)}

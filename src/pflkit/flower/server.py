@@ -95,6 +95,11 @@ def check_flower_config(config: BaseConfig, simulation: bool = False) -> None:
             "a deployment each node keeps its own client's state (its node config's state-dir); "
             'set state_store = "memory"'
         )
+    if config.client_count() is None:  # a PFLlib or LEAF folder: one SuperNode a client, num_clients of them
+        try:
+            config.check_data_clients(f"num_clients = {config.partition.num_clients}, one SuperNode each")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def check_simulation_resumable(config: BaseConfig, results: ResultsFolder) -> None:
