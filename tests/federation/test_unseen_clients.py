@@ -28,7 +28,7 @@ SIZES = [30, 45, 12, 60, 45]
 FAST = ["dataset=synthetic", "num_clients=5", "alpha=0.5", "rounds=2", "fedala.max_start_epochs=3", "engine=loop"]
 
 
-def unseen_session(name, unseen=(1, 3), finetune=0, rounds=2, join_ratio=1.0, overrides=()):
+def unseen_session(name, unseen=(1, 3), finetune=0, rounds=2, join_ratio=1.0, overrides=(), finetune_steps=None):
     """A run of ``name`` on five toy clients whose ``unseen`` never train: its setup, initial
     model and (unstarted) session."""
     data = make_data(SIZES, test=12)
@@ -40,7 +40,7 @@ def unseen_session(name, unseen=(1, 3), finetune=0, rounds=2, join_ratio=1.0, ov
         rounds=rounds,
         join_ratio=join_ratio,
         eval_every=1,
-        newcomers=Newcomers(tuple(unseen), finetune, init),
+        newcomers=Newcomers(tuple(unseen), finetune, init, finetune_steps),
     )
     summaries = [ClientSummary(i, n, data.train_label_counts(i)) for i, n in enumerate(SIZES)]
     return setup, init, RunSession.open(driver, init, summaries)
@@ -148,6 +148,31 @@ def test_finetuning_changes_the_newcomers_scores_and_nothing_else():
         }
 
 
+def test_a_budget_in_steps_takes_that_many_batches_of_the_same_stream():
+    """Client 1 holds 45 samples: 4 full batches of 10 an epoch. Four steps are its one epoch; five
+    run into a second epoch; two stop inside the first."""
+
+    def unseen_losses(**budget):
+        return [r["unseen_loss"] for r in unseen_records("fedavg", LoopEngine(), unseen=(1,), **budget)]
+
+    one_epoch = unseen_losses(finetune=1)
+    assert unseen_losses(finetune_steps=4) == one_epoch
+    five, two, none = unseen_losses(finetune_steps=5), unseen_losses(finetune_steps=2), unseen_losses()
+    assert len({tuple(x) for x in (one_epoch, five, two, none)}) == 4
+    for engine in (ParallelEngine(2), VmapEngine(2)):
+        other = [r["unseen_loss"] for r in unseen_records("fedavg", engine, unseen=(1,), finetune_steps=5)]
+        assert other == pytest.approx(five, rel=1e-4)
+        engine.close()
+
+
+def test_the_finetuning_budget_is_in_epochs_or_in_steps_not_both():
+    assert load_config(None, [*FAST, "unseen_clients=1", "unseen_finetune_steps=3"]).run.unseen_finetune_steps == 3
+    with pytest.raises(ConfigError, match="set one of the two"):
+        load_config(None, [*FAST, "unseen_clients=1", "unseen_finetune_steps=3", "unseen_finetune_epochs=1"])
+    with pytest.raises(ConfigError, match="unseen_finetune_steps"):
+        load_config(None, [*FAST, "unseen_clients=1", "unseen_finetune_steps=0"])
+
+
 def test_ditto_and_pfedme_newcomers_start_their_personal_model_from_the_received_global():
     for name in ("ditto", "pfedme"):
         setup, init, session = unseen_session(name, unseen=(1,), finetune=0)
@@ -192,14 +217,12 @@ def test_a_resumed_run_records_the_newcomers_as_an_uninterrupted_one(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.flower
-def test_flower_in_process_scores_the_newcomers_as_the_simulator(tmp_path):
+@pytest.mark.parametrize("budget", ["unseen_finetune_epochs=1", "unseen_finetune_steps=3"])
+def test_flower_in_process_scores_the_newcomers_as_the_simulator(tmp_path, budget):
     pytest.importorskip("flwr")
     from tests.flower.test_flower import OVERRIDES, assert_same_records, run_both
 
-    config = load_config(
-        None,
-        [*OVERRIDES, 'algorithms=["fedavg", "fedala", "ditto"]', "unseen_clients=[1]", "unseen_finetune_epochs=1"],
-    )
+    config = load_config(None, [*OVERRIDES, 'algorithms=["fedavg", "fedala", "ditto"]', "unseen_clients=[1]", budget])
     flower_records, sim_records = run_both(tmp_path, config)
     assert len(flower_records) == len(sim_records) == 4 * 3
     assert all(r["unseen_evaluated_clients"] == 1 and r["evaluated_clients"] == 2 for r in flower_records)

@@ -54,6 +54,7 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
             "eval_all_clients",
             "unseen_clients",
             "unseen_finetune_epochs",
+            "unseen_finetune_steps",
             "engine",
             "workers",
             "device",

@@ -64,6 +64,12 @@ class RunSettings(BaseModel):
         description="epochs of local SGD (cross-entropy, the run's train settings) an unseen client runs "
         "on its training split from what the method gives a newcomer, before it is scored (0: scored as received)",
     )
+    unseen_finetune_steps: int | None = Field(
+        None,
+        ge=1,
+        description="the fine-tuning budget of an unseen client in batches instead of epochs: exactly this many "
+        "SGD steps, its batches reshuffled each epoch (with it, unseen_finetune_epochs stays 0)",
+    )
     engine: Literal["auto", "loop", "parallel", "vmap", "vmap-graphs"] = Field(
         "auto",
         description="loop: one client at a time; parallel: clients over worker threads; vmap: "
@@ -180,6 +186,17 @@ class RunSettings(BaseModel):
                 f"{len(ids)} unseen clients of {num_clients} leave none to train: keep at least one participant"
             )
         return ids
+
+    @field_validator("unseen_finetune_steps")
+    @classmethod
+    def _one_finetune_budget(cls, steps: int | None, info: ValidationInfo) -> int | None:
+        epochs = info.data.get("unseen_finetune_epochs", 0)
+        if steps is not None and epochs:
+            raise ValueError(
+                f"gives a budget in steps ({steps}) and unseen_finetune_epochs one in epochs ({epochs}): "
+                "set one of the two"
+            )
+        return steps
 
     @field_validator("dropout_rate")
     @classmethod

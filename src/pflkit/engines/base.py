@@ -25,7 +25,8 @@ class ClientJob:
     """One client's part of a round: its payload and state (None on Flower's server side, or until
     ``load`` reads it: clients kept on disk are read when their job starts, not when it is planned).
     ``finetune``: a client that never trained (a newcomer), whose scored model is fine-tuned for this
-    many epochs before its evaluation (None: a participant).
+    many epochs before its evaluation (None: a participant); ``finetune_steps``: for this many
+    batches instead.
     ``work``: the share of its planned local steps the client takes in ``local_train`` (1: all;
     less: a straggler)."""
 
@@ -36,6 +37,7 @@ class ClientJob:
     train: bool = True
     load: Callable[[], State] | None = None
     finetune: int | None = None
+    finetune_steps: int | None = None
     work: float = 1.0
 
     def loaded(self) -> ClientJob:

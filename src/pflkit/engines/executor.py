@@ -135,8 +135,8 @@ def run_group(
     if jobs[0].evaluate:
         t1 = time.perf_counter()
         scored = alg.eval_params(state)
-        if jobs[0].finetune:
-            scored, tuned = finetuned(alg, scored, ctx, jobs[0].finetune)
+        if jobs[0].finetune or jobs[0].finetune_steps:
+            scored, tuned = finetuned(alg, scored, ctx, jobs[0].finetune or 0, jobs[0].finetune_steps)
             metrics = {**metrics, **tuned}
         evaluations = ctx.evaluate(scored)
         seconds["eval_seconds"] = time.perf_counter() - t1
@@ -164,18 +164,27 @@ def run_group(
     return out
 
 
-def finetuned(alg: Algorithm, params: Params | Ensemble, ctx: Context, epochs: int) -> tuple[Params, Metrics]:
-    """A newcomer's scored model after ``epochs`` epochs of cross-entropy SGD on its training
-    split (the run's train settings, its own batch stream), and the fine-tuning's mean loss. The
-    model's parameters train; a method's other entries (modules between body and head, their
-    inputs) stay as the newcomer received them."""
+def finetuned(
+    alg: Algorithm, params: Params | Ensemble, ctx: Context, epochs: int, steps: int | None = None
+) -> tuple[Params, Metrics]:
+    """A newcomer's scored model after ``epochs`` epochs (or, with ``steps``, that many batches,
+    reshuffled each epoch) of cross-entropy SGD on its training split (the run's train settings,
+    its own batch stream), and the fine-tuning's mean loss. The model's parameters train; a
+    method's other entries (modules between body and head, their inputs) stay as the newcomer
+    received them."""
     if isinstance(params, Ensemble):
-        raise ValueError(f"{alg.name} scores an ensemble of models: unseen_finetune_epochs needs a single model")
+        raise ValueError(f"{alg.name} scores an ensemble of models: unseen fine-tuning needs a single model")
+    # every epoch has at least one batch, so ``steps`` epochs hold the ``steps`` batches
+    batches = (
+        TrainBatches("unseen-finetune", epochs)
+        if steps is None
+        else TrainBatches("unseen-finetune", steps, max_steps=steps)
+    )
     fit = ctx.fit(
         dict(params),
         classification_loss,
         trainable=[k for k in alg.parameter_names if k in params],
-        data=TrainBatches("unseen-finetune", epochs),
+        data=batches,
         stage="fine-tuning of an unseen client",
     )
     return fit.params, {"finetune_loss": fit.loss}

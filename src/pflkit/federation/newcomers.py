@@ -5,11 +5,11 @@ The unseen clients are never sampled for training, their data never enters an up
 each unseen client receives what the method gives a newcomer: ``newcomer_state(initial model,
 payload)`` (by default ``init_client``) and ``local_init(downlink(server, client, round))``, the
 path of a participant's first round. It then fine-tunes the model the method scores
-(``eval_params``) for ``unseen_finetune_epochs`` epochs of cross-entropy SGD on its training split
-(the run's train settings; 0: none) and the fine-tuned model is scored on its test split. The
-state is discarded afterwards: every evaluation starts the newcomers afresh from the server state
-of that round, so the numbers depend only on the seed and the server state (resumed runs and every
-engine agree).
+(``eval_params``) for ``unseen_finetune_epochs`` epochs, or ``unseen_finetune_steps`` batches, of
+cross-entropy SGD on its training split (the run's train settings; 0 epochs: none) and the
+fine-tuned model is scored on its test split. The state is discarded afterwards: every evaluation
+starts the newcomers afresh from the server state of that round, so the numbers depend only on
+the seed and the server state (resumed runs and every engine agree).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Newcomers:
     ids: tuple[int, ...]
     finetune_epochs: int = 0
     init: Params | None = None
+    finetune_steps: int | None = None
 
     def jobs(self, algorithm: Algorithm, server: State, round: int) -> list[ClientJob]:
         """The evaluation-only jobs of the unseen clients at training round ``round`` (or the final pass)."""
@@ -42,7 +43,18 @@ class Newcomers:
         for cid in self.ids:
             payload = algorithm.downlink(server, cid, round)
             load = None if self.init is None else partial(algorithm.newcomer_state, self.init, payload, cid)
-            jobs.append(ClientJob(cid, payload, None, True, False, load=load, finetune=self.finetune_epochs))
+            jobs.append(
+                ClientJob(
+                    cid,
+                    payload,
+                    None,
+                    True,
+                    False,
+                    load=load,
+                    finetune=self.finetune_epochs,
+                    finetune_steps=self.finetune_steps,
+                )
+            )
         return jobs
 
 

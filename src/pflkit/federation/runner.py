@@ -126,7 +126,8 @@ def newcomers(config: BaseConfig, init: Params | None) -> Newcomers | None:
     None where every client trains; ``init``: the model their states start from (None where the
     clients build them: Flower)."""
     ids = config.unseen_client_ids()
-    return Newcomers(tuple(ids), config.run.unseen_finetune_epochs, init) if ids else None
+    run = config.run
+    return Newcomers(tuple(ids), run.unseen_finetune_epochs, init, run.unseen_finetune_steps) if ids else None
 
 
 def open_session(

@@ -80,7 +80,10 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
     if "newcomer" in meta:  # a client that never trains, scored as a newcomer: no state is read or kept
         payload = get_values(message.content, "payload", setup.device)
         fresh = algorithm.newcomer_state(setup.init, payload, setup.client_id)
-        job = ClientJob(setup.client_id, payload, fresh, True, False, finetune=int(meta["newcomer"]))
+        steps = int(meta["newcomer-steps"]) if "newcomer-steps" in meta else None
+        job = ClientJob(
+            setup.client_id, payload, fresh, True, False, finetune=int(meta["newcomer"]), finetune_steps=steps
+        )
         return _reply(message, setup.client_id, run_client(run.round_setup, job, round))
     key = state_key(name, seed)
     shared = meta["state-dir"] if "state-dir" in meta else None  # the simulation's folder: no copy in memory

@@ -86,6 +86,7 @@ class PflkitStrategy(Strategy):
                         "round": round,
                         "evaluate": job.evaluate,
                         **({"newcomer": job.finetune} if job.finetune is not None else {}),
+                        **({"newcomer-steps": job.finetune_steps} if job.finetune_steps is not None else {}),
                         "work": job.work,  # < 1: a straggler
                         **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {}),
                     }
