@@ -3,6 +3,7 @@ rules of SCAFFOLD and FedNova with a missing upload or a short client."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -78,6 +79,61 @@ def test_step_cap_rounds_down_and_keeps_one_step():
     assert step_cap(3, 0.1) == 1
 
 
+# ---- the round deadline -----------------------------------------------------------------------------
+PLANNED = {0: 3, 1: 2, 2: 5, 3: 1}  # SIZES' batches of 10, one local epoch
+
+
+def test_a_deadline_cuts_each_client_to_the_steps_its_speed_allows():
+    rule = Reliability.of(round_deadline=2.5, planned_steps=PLANNED)  # every speed 1: two steps done
+    assert [rule.work(0, 1, c) for c in range(4)] == [2 / 3, 1.0, 2 / 5, 1.0]
+    assert rule.dropped(0, 1, [0, 1, 2, 3]) == []
+    late = Reliability.of(round_deadline=2.5, drop_late=True, planned_steps=PLANNED)
+    assert late.dropped(0, 1, [0, 1, 2, 3]) == [0, 2] and late.dropped(0, 1, [1, 3]) == []
+    # less than one step's time still completes one step (partial), or drops (drop)
+    short = Reliability.of(round_deadline=0.2, planned_steps=PLANNED)
+    assert [short.work(0, 1, c) for c in range(4)] == [1 / 3, 1 / 2, 1 / 5, 1.0]
+    # with stragglers too, a client takes the smaller share
+    both = Reliability.of(straggler_rate=1.0, straggler_work=0.5, round_deadline=2.5, planned_steps=PLANNED)
+    assert [both.work(0, 1, c) for c in range(4)] == [0.5, 0.5, 2 / 5, 0.5]
+    assert Reliability.of(round_deadline=None, planned_steps=PLANNED) is None
+
+
+def test_the_share_a_deadline_leaves_gives_exactly_the_steps_completed():
+    for planned in range(1, 120):
+        for done in range(1, planned + 1):
+            assert step_cap(planned, done / planned) in (done, None)
+
+
+def test_client_speeds_are_log_normal_draws_of_seed_and_client_alone():
+    rule = Reliability.of(round_deadline=4.0, speed_spread=0.5, planned_steps={c: 8 for c in range(2000)})
+    speeds = [rule.speed(3, c) for c in range(2000)]
+    assert speeds == [rule.speed(3, c) for c in range(2000)] and speeds != [rule.speed(4, c) for c in range(2000)]
+    logs = [math.log(v) for v in speeds]
+    assert sorted(logs)[1000] == pytest.approx(0, abs=0.05)  # median speed 1
+    assert (sum(x * x for x in logs) / 2000) ** 0.5 == pytest.approx(0.5, abs=0.03)
+    # the same client works alike in every round: a device keeps its speed
+    assert {rule.work(3, r, 7) for r in range(1, 6)} == {min(1.0, math.floor(4.0 * speeds[7]) / 8)}
+    assert Reliability.of(round_deadline=4.0, planned_steps={0: 8}).speed(3, 0) == 1.0
+
+
+def test_a_run_with_a_deadline_records_who_it_cut_short_or_dropped(tmp_path, fast_config):
+    """Synthetic clients of a 4-client run plan local_epochs x their batches (16 to 21 here); a
+    deadline of 17.5 steps (17 done at speed 1) cuts exactly those that plan more."""
+    base = [*fast_config, "dataset=synthetic", "num_clients=4", "rounds=2", 'algorithms=["fedavg"]']
+    base += ["batch_size=10", "run.round_deadline=17.5"]
+    config = load_config(None, base)
+    from pflkit.federation.preparation import build_partitions
+
+    _, parts = build_partitions(config, torch.device("cpu"))
+    over = sum(1 for c in parts[config.seeds[0]].clients if c.num_train // 10 > 17)
+    assert 0 < over < 4
+    for policy, field in (("partial", "straggler_clients"), ("drop", "dropped_clients")):
+        config = load_config(None, [*base, f'run.deadline_policy="{policy}"'])
+        run_experiment(config, tmp_path / policy, progress=False, echo=lambda s: None)
+        records = [json.loads(line) for line in (tmp_path / policy / "metrics.jsonl").read_text().splitlines()]
+        assert [r[field] for r in records if "train_round" in r] == [over, over], policy
+
+
 # ---- bad input ----------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("override", "message"),
@@ -90,6 +146,11 @@ def test_step_cap_rounds_down_and_keeps_one_step():
         ("run.dropout_schedule=[[3, 0]]", r"rounds 1\.\.2"),
         ("run.dropout_schedule=[[1]]", r"\[round, client\] pairs"),
         ("run.min_replies=0", ">= 1"),
+        ("run.round_deadline=0", "> 0"),
+        ("run.client_speed_spread=0.5", "client_speed_spread = 0.5 has no effect without round_deadline"),
+        ('run.deadline_policy="drop"', "deadline_policy = 'drop' has no effect without round_deadline"),
+        ('run.deadline_policy="late"', "'partial' or 'drop'"),
+        ("run.reply_timeout=0", "> 0"),
     ],
 )
 def test_bad_reliability_settings_are_refused(override, message):
@@ -98,23 +159,40 @@ def test_bad_reliability_settings_are_refused(override, message):
 
 
 @pytest.mark.parametrize(
-    "override", ["run.dropout_rate=0.2", "run.dropout_schedule=[[1, 0]]", "run.tolerate_failures=true"]
+    "override",
+    [
+        ("run.dropout_rate=0.2",),
+        ("run.dropout_schedule=[[1, 0]]",),
+        ("run.tolerate_failures=true",),
+        ("run.round_deadline=2", 'run.deadline_policy="drop"'),
+    ],
 )
 def test_methods_that_need_every_upload_refuse_dropout_in_one_line(override):
     with pytest.raises(ConfigError) as info:
         load_config(
-            None, ["dataset=synthetic", "num_clients=4", "rounds=2", 'algorithms=["fedavg", "fedamp"]', override]
+            None, ["dataset=synthetic", "num_clients=4", "rounds=2", 'algorithms=["fedavg", "fedamp"]', *override]
         )
-    key = override.split("=")[0]
+    key = override[-1].split("=")[0]
     assert f"algorithm 'fedamp' needs every client's upload in every round: it cannot run with {key}" in str(info.value)
-    # stragglers still upload: allowed
+    # stragglers still upload, and so do clients a deadline cuts short: allowed
     load_config(None, ["dataset=synthetic", "num_clients=4", 'algorithms=["fedamp"]', "run.straggler_rate=0.5"])
+    load_config(None, ["dataset=synthetic", "num_clients=4", 'algorithms=["fedamp"]', "run.round_deadline=2"])
 
 
 def test_config_keys_describe_the_reliability_settings():
     from pflkit.config.sections import RunSettings
 
-    for key in ("dropout_rate", "dropout_schedule", "straggler_rate", "straggler_work", "tolerate_failures"):
+    for key in (
+        "dropout_rate",
+        "dropout_schedule",
+        "straggler_rate",
+        "straggler_work",
+        "tolerate_failures",
+        "round_deadline",
+        "client_speed_spread",
+        "deadline_policy",
+        "reply_timeout",
+    ):
         assert RunSettings.model_fields[key].description
 
 

@@ -32,6 +32,15 @@ def test_seeded_dropout_and_stragglers_on_flower_match_the_simulator(tmp_path):
     assert all(r.get("aggregation_skipped") for r in trained if r["train_round"] == 2)  # everyone dropped
 
 
+@pytest.mark.parametrize("policy, field", [("partial", "straggler_clients"), ("drop", "dropped_clients")])
+def test_a_round_deadline_on_flower_matches_the_simulator(tmp_path, policy, field):
+    deadline = ["run.round_deadline=2", "run.client_speed_spread=0.8", f'run.deadline_policy="{policy}"']
+    config = load_config(None, OVERRIDES + deadline + ['algorithms=["fedavg", "fednova"]'])
+    flower, sim = run_both(tmp_path, config)
+    assert_same_records(flower, sim)
+    assert sum(r[field] for r in sim if "train_round" in r) > 0
+
+
 class _OneClientSilent(LocalGrid):
     """Node 1002 (client 2) never answers its training messages (a SuperNode that went away)."""
 
@@ -48,9 +57,10 @@ class _OneClientSilent(LocalGrid):
 
 @pytest.mark.parametrize("grid_class", [_OneClientFails, _OneClientSilent])
 def test_with_tolerate_failures_a_failed_or_silent_client_counts_as_dropped(tmp_path, grid_class):
-    config = load_config(None, OVERRIDES + ["run.tolerate_failures=true", 'algorithms=["fedavg", "scaffold"]'])
+    settings = ["run.tolerate_failures=true", "run.reply_timeout=2", 'algorithms=["fedavg", "scaffold"]']
+    config = load_config(None, OVERRIDES + settings)
     grid = grid_class(client_app, [{"partition-id": i} for i in range(3)])
-    run_on_flower(config, grid, tmp_path / "out", timeout=2.0, wait_seconds=5)  # a silent client: 2 s a round
+    run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)  # a silent client: reply_timeout, 2 s a round
     records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in records if "train_round" in r]
     assert [r["dropped_clients"] for r in trained] == [1, 1, 1] * 2

@@ -204,6 +204,7 @@ class BaseConfig(BaseModel):
             ("dropout_rate", run.dropout_rate > 0),
             ("dropout_schedule", bool(run.dropout_schedule)),
             ("tolerate_failures", run.tolerate_failures),
+            ("deadline_policy", run.round_deadline is not None and run.deadline_policy == "drop"),
         ):
             for name in self.algorithms if on else []:
                 if REGISTRY.method_class(name).requires_full_participation:

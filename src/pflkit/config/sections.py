@@ -134,6 +134,32 @@ class RunSettings(BaseModel):
         le=1,
         description="the share of its planned local steps a straggler takes (rounded down, at least one)",
     )
+    round_deadline: float | None = Field(
+        None,
+        gt=0,
+        description="unreliable clients: a round deadline on a simulated clock, in local steps of a client of "
+        "median speed (speed 1); a client of speed s completes floor(round_deadline x s) steps (at least one), and "
+        "one that planned more (local_epochs x its batches) is cut short as deadline_policy says; seeded, the same "
+        "on every engine and on Flower; default: none",
+    )
+    client_speed_spread: float = Field(
+        0.0,
+        ge=0,
+        description="round deadline: sigma of the clients' log-normal speeds (median 1), drawn once a run "
+        "for each (seed, client); 0: every client has speed 1",
+    )
+    deadline_policy: Literal["partial", "drop"] = Field(
+        "partial",
+        description="round deadline: a client it cuts short returns the steps it completed (partial, as a "
+        "straggler; FedProx's partial work) or fails to return (drop, as a dropped client; FedAvg's rule)",
+    )
+    reply_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="Flower: the round's real deadline, the seconds the server waits for a round's replies; a "
+        "client that has not replied by then failed (dropped with tolerate_failures, else the run stops); the "
+        "ServerApp's run-config key timeout overrides it",
+    )
     tolerate_failures: bool = Field(
         False,
         description="Flower: a client that fails or does not reply within the timeout counts as dropped "
@@ -197,6 +223,14 @@ class RunSettings(BaseModel):
                 "set one of the two"
             )
         return steps
+
+    @field_validator("client_speed_spread", "deadline_policy")
+    @classmethod
+    def _deadline_settings_need_a_deadline(cls, value: float | str, info: ValidationInfo) -> float | str:
+        default = cls.model_fields[str(info.field_name)].default
+        if value != default and info.data.get("round_deadline") is None:
+            raise ValueError(f"{info.field_name} = {value!r} has no effect without round_deadline: set one")
+        return value
 
     @field_validator("dropout_rate")
     @classmethod

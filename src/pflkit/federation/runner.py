@@ -27,7 +27,7 @@ from .checkpoint import Checkpointer, TraceWriter
 from .driver import Callback, Plateau, RoundDriver, RunState
 from .evaluation import GlobalEvaluation
 from .newcomers import Newcomers
-from .reliability import reliability_of
+from .reliability import planned_steps, reliability_of
 from .results import MetricsWriter, ResultsFolder, TensorBoardTracker
 from .session import RunSession
 from .state_store import DiskStateStore
@@ -152,7 +152,11 @@ def open_session(
         local_test=config.partition.official,
         evaluate_all=config.run.eval_all_clients,
         newcomers=newcomers(config, setup.init if backend.keeps_client_states else None),
-        reliability=reliability_of(config.run, config.partition.num_clients),
+        reliability=reliability_of(
+            config.run,
+            config.partition.num_clients,
+            planned_steps(config.train, {s.client_id: s.num_train for s in setup.summaries}),
+        ),
     )
     store = None
     if config.run.state_store == "disk" and backend.keeps_client_states:

@@ -211,11 +211,12 @@ def run_on_flower(
     grid: Grid,
     out: str | Path,
     *,
-    timeout: float = 3600.0,
+    timeout: float | None = None,
     wait_seconds: float = 120.0,
     simulation: bool = False,
 ) -> dict[str, Any]:
     """The Flower counterpart of ``run_experiment`` (same records, summary and plots).
+    ``timeout``: seconds to wait for a round's replies (default: ``[run] reply_timeout``).
 
     The server state, history and round are checkpointed in ``out`` after every
     ``checkpoint_every`` aggregations; started again with the same config and ``out`` (a
@@ -236,7 +237,12 @@ def run_on_flower(
             results.rewrite_metrics(results.saved_histories(config.algorithms, config.seeds))
             results.set_status("running")
         backend = FlowerBackend(
-            config, tomli_w.dumps(config_dict), ResilientGrid(grid, wait_seconds), timeout, wait_seconds, state_dir
+            config,
+            tomli_w.dumps(config_dict),
+            ResilientGrid(grid, wait_seconds),
+            config.run.reply_timeout if timeout is None else timeout,
+            wait_seconds,
+            state_dir,
         )
         summary = run_all(config, results, backend, RunSummarizer(), progress=False)
     if not simulation:  # pflkit run --on flower-simulation prints the table itself

@@ -3,7 +3,7 @@
 config-file   path of an experiment TOML on the SuperLink host ("" = the digits demo)
 overrides     space-separated key=value overrides, as on the pflkit command line
 out           results folder (written on the host that runs the ServerApp)
-timeout       seconds to wait for one round's replies
+timeout       seconds to wait for one round's replies (0 or absent: the experiment's [run] reply_timeout)
 wait-seconds  seconds to wait for the SuperNodes to connect
 """
 
@@ -28,6 +28,6 @@ def main(grid: Grid, context: Context) -> None:
         config,
         grid,
         str(run_config.get("out", "results/flower")),
-        timeout=float(run_config.get("timeout", 3600.0)),
+        timeout=float(run_config.get("timeout", 0.0)) or None,
         wait_seconds=float(run_config.get("wait-seconds", 120.0)),
     )

@@ -34,7 +34,7 @@ def client_resources(config: BaseConfig) -> dict[str, float]:
 
 
 def run_on_flower_simulation(
-    config: BaseConfig, out: str | Path, *, ray_address: str | None = None, timeout: float = 3600.0
+    config: BaseConfig, out: str | Path, *, ray_address: str | None = None, timeout: float | None = None
 ) -> dict[str, Any]:
     """Run ``config`` into ``out`` on Flower's Simulation Engine; return the summary (the same
     results folder, records and figures as ``pflkit run``; resumable like a Flower run)."""
