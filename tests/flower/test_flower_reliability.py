@@ -15,6 +15,7 @@ from pflkit.config import load_config
 from pflkit.flower.client_app import app as client_app
 from pflkit.flower.local import LocalGrid
 from pflkit.flower.server import run_on_flower
+from pflkit.run.experiment import run_experiment
 from tests.flower.test_flower import OVERRIDES, _OneClientFails, assert_same_records, run_both
 
 pytestmark = [pytest.mark.integration, pytest.mark.flower]
@@ -66,6 +67,48 @@ def test_with_tolerate_failures_a_failed_or_silent_client_counts_as_dropped(tmp_
     assert [r["dropped_clients"] for r in trained] == [1, 1, 1] * 2
     # the lost replies carried client 1's evaluations too; the final pass reaches every client
     assert [r["evaluated_clients"] for r in records] == [2, 2, 2, 3] * 2
+
+
+class _RepliesLost(LocalGrid):
+    """Node 1002 (client 2) trains in rounds 1 and 2 and saves its state, but its replies are lost."""
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            meta = message.metadata
+            if meta.dst_node_id == 1002 and meta.message_type == MessageType.TRAIN and meta.group_id in ("1", "2"):
+                meta.__dict__["_message_id"] = f"lost-{meta.group_id}"
+                self.client_app(message, self.contexts[meta.dst_node_id])  # trained; the reply goes nowhere
+                ids.append(meta.message_id)
+            else:
+                ids += list(super().push_messages([message]))
+        return ids
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_a_node_whose_reply_was_lost_goes_on_as_the_simulators_dropped_client(tmp_path, saved):
+    """SCAFFOLD's c_i and Ditto's personal model of a node whose trained reply never arrived are
+    rolled back, so the run equals the simulator's with that client dropped in those rounds (nodes
+    keeping their states in memory, or ``saved`` in their state-dir files too)."""
+    overrides = OVERRIDES + ['algorithms=["scaffold", "ditto"]']
+    flower_config = load_config(None, overrides + ["run.tolerate_failures=true", "run.reply_timeout=0.5"])
+    nodes = [{"partition-id": i, **({"state-dir": str(tmp_path / f"node{i}")} if saved else {})} for i in range(3)]
+    run_on_flower(flower_config, _RepliesLost(client_app, nodes), tmp_path / "flower", wait_seconds=5)
+    dropped = load_config(None, overrides + ["run.dropout_schedule=[[1, 2], [2, 2]]"])
+    run_experiment(dropped, tmp_path / "sim", progress=False, echo=lambda s: None)
+
+    def records(folder):
+        lines = (tmp_path / folder / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if "seconds" not in k} for line in lines]
+
+    flower, sim = records("flower"), records("sim")
+    assert [r.pop("lost_replies", None) for r in flower] == [None, [2], [2], None] * 2
+    # the lost client's download was sent; the simulator's dropped client got none
+    sent = [(f.pop("down_bytes", 0), s.pop("down_bytes", 0)) for f, s in zip(flower, sim)]
+    assert [f > s for f, s in sent] == [False, True, True, False] * 2
+    for r in (*flower, *sim):
+        r.pop("down_floats_per_client", None)
+    assert_same_records(flower, sim)
 
 
 def test_fewer_replies_than_min_replies_stop_the_run(tmp_path):

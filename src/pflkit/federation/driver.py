@@ -83,6 +83,7 @@ class RoundPlan:
     # clients evaluated without training (``evaluate_all``): their states are discarded
     eval_jobs: list[ClientJob] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)  # selected clients that fail to return their upload
+    lost: list[int] = field(default_factory=list)  # of those, the ones that trained (Flower: the reply was lost)
     stopped: str | None = None  # the final pass of a run whose training a stop rule ended: why
     newcomer_jobs: list[ClientJob] = field(default_factory=list)  # the unseen clients, at evaluations
 
@@ -308,8 +309,8 @@ class OpenRound:
         state.pending.update(communication(plan.jobs, self.upload_sizes))
         if variance is not None:
             state.pending["update_variance"] = variance
-        if driver.reliability is not None or plan.dropped:
-            state.pending.update(round_fields(plan.dropped, plan.jobs, self.arrived))
+        if driver.records_drops or plan.dropped:
+            state.pending.update(round_fields(plan.dropped, plan.jobs, self.arrived, plan.lost))
         risks = [
             driver.global_evaluation.local_risk(r.metrics["class_correct"])
             for r in results
@@ -340,6 +341,7 @@ class RoundDriver:
         evaluate_all: bool = False,
         newcomers: Newcomers | None = None,
         reliability: Reliability | None = None,
+        records_drops: bool = False,
     ) -> None:
         """``global_evaluation`` scores the global model of every evaluated round on the global
         test set (algorithms with a global model); ``local_test``: clients are scored on local
@@ -347,7 +349,8 @@ class RoundDriver:
         every participant is scored at each evaluation, sampled or not (SosicFL's protocol);
         ``newcomers``: clients that never train, scored as newcomers at each evaluation
         (``pflkit.federation.newcomers``); ``reliability``: which selected clients drop out or
-        straggle (None: none)."""
+        straggle (None: none); ``records_drops``: every training round's record says how many
+        clients dropped even without a ``reliability`` rule (Flower's ``tolerate_failures``)."""
         self.algorithm = algorithm
         self.num_clients = num_clients
         self.seed = seed
@@ -355,6 +358,7 @@ class RoundDriver:
         self.join_ratio = join_ratio
         self.eval_every = eval_every
         self.reliability = reliability
+        self.records_drops = records_drops or reliability is not None
         self.global_evaluation = global_evaluation if algorithm.has_global_model else None
         self.local_test = local_test
         self.evaluate_all = evaluate_all

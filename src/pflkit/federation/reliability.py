@@ -8,9 +8,10 @@ same decisions without saving any random state.
   evaluation in that round's reply), so its state stays as it was. The round aggregates the
   uploads that arrived; a round whose selected clients all dropped leaves the server state as it
   was. With ``eval_all_clients`` the simulator still scores a dropped client's unchanged state, as
-  it scores the clients not selected. In a deployment a client whose reply is lost after it
-  trained keeps its trained state on its node (the server cannot undo it); the simulator models a
-  client that fails before its result counts.
+  it scores the clients not selected. On Flower a client whose reply is lost after it trained
+  counts as dropped too (``tolerate_failures``; the record's ``lost_replies`` names it), and its
+  node sets aside the state it saved after that round when it is next reached, so it goes on as
+  the simulator's dropped client does.
 * A straggler completes only ``straggler_work`` of the local steps of each fit of its
   ``local_train`` that round (rounded down, at least one): methods see their real step counts
   (``Fit.steps``). Fits of the local initialisation (ALA, FedAS's alignment) are not shortened.
@@ -174,13 +175,18 @@ def reliability_of(run: RunSettings, num_clients: int, steps: Mapping[int, int] 
     )
 
 
-def round_fields(dropped: Sequence[int], jobs: Sequence[ClientJob], arrived: int) -> dict[str, Any]:
+def round_fields(
+    dropped: Sequence[int], jobs: Sequence[ClientJob], arrived: int, lost: Sequence[int] = ()
+) -> dict[str, Any]:
     """What a training round's record says of its unreliable clients: how many dropped, how many
-    straggled, and whether no upload arrived (the server state then stayed as it was)."""
+    straggled, whether no upload arrived (the server state then stayed as it was), and which
+    dropped clients' replies were lost on Flower (``lost_replies``: their nodes roll the round back)."""
     out: dict[str, Any] = {
         "dropped_clients": len(dropped),
         "straggler_clients": sum(1 for job in jobs if job.work < 1),
     }
+    if lost:
+        out["lost_replies"] = sorted(lost)
     if not arrived:
         out["aggregation_skipped"] = True
     return out

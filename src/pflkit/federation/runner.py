@@ -157,6 +157,7 @@ def open_session(
             config.partition.num_clients,
             planned_steps(config.train, {s.client_id: s.num_train for s in setup.summaries}),
         ),
+        records_drops=config.run.tolerate_failures,
     )
     store = None
     if config.run.state_store == "disk" and backend.keeps_client_states:

@@ -99,6 +99,9 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
         log.info("client %d resumes %s from its state saved after round %d", setup.client_id, key, versions[0][0])
     else:
         versions = []
+    if "lost-rounds" in meta:  # rounds this client trained whose reply never counted: undo them
+        lost = {int(r) for r in meta["lost-rounds"]}
+        versions = [(r, s) for r, s in versions if r not in lost]
     state = state_before(versions, round)
     if state is None:
         if versions:

@@ -88,6 +88,7 @@ class PflkitStrategy(Strategy):
                         **({"newcomer": job.finetune} if job.finetune is not None else {}),
                         **({"newcomer-steps": job.finetune_steps} if job.finetune_steps is not None else {}),
                         "work": job.work,  # < 1: a straggler
+                        **({"lost-rounds": lost} if (lost := self._lost_rounds(job.client_id)) else {}),
                         **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {}),
                     }
                 )
@@ -95,6 +96,13 @@ class PflkitStrategy(Strategy):
         )
         put_values(content, "payload", job.payload)
         return Message(content, dst_node_id=self.nodes[job.client_id], message_type=message_type, group_id=str(round))
+
+    def _lost_rounds(self, client_id: int) -> list[int]:
+        """The training rounds whose reply from ``client_id`` did not count (recorded as
+        ``lost_replies``): its node drops the states it saved after them, so that it goes on as a
+        dropped client of the simulator would, from its state before the lost round."""
+        records = [*self.state.history, *([self.state.pending] if self.state.pending else [])]
+        return sorted({int(r["train_round"]) for r in records if client_id in r.get("lost_replies", ())})
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -198,4 +206,9 @@ class PflkitStrategy(Strategy):
         if missing:
             log.warning("round %d: client(s) %s failed or did not reply; counted as dropped", plan.round, missing)
             plan.dropped = sorted(set(plan.dropped) | set(missing))
+            if plan.train:
+                plan.lost = missing
+        scored = [job.client_id for job in plan.newcomer_jobs if job.client_id not in replied]
+        if scored:
+            log.warning("round %d: unseen client(s) %s failed or did not reply; not scored", plan.round, scored)
         return ok
