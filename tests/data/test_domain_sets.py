@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -307,6 +308,44 @@ def test_unseen_clients_and_heldout_domains_together_must_leave_a_participant() 
     with pytest.raises(Exception, match="2 unseen clients of 2 \\(held-out domains included\\) leave none to train"):
         build_config({**base, "run": {"unseen_clients": [0]}})
     assert build_config(base).unseen_client_ids() == [1]
+
+
+def test_download_domainnet_fetches_each_domains_zip_and_split_files_into_the_layout_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's layout: groundtruth/clipart.zip and painting.zip, the other zips at the top,
+    domainnet/txt/<domain>_<part>.txt."""
+    from pflkit.data import downloads
+
+    domains = tuple(downloads._DOMAINNET_ZIPS)
+    tree = domainnet_tree(tmp_path / "src", domains)
+    served = tmp_path / "served"
+    (served / "domainnet" / "txt").mkdir(parents=True)
+    for domain, rel in downloads._DOMAINNET_ZIPS.items():
+        (served / rel).parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(served / rel, "w") as zf:
+            for path in sorted((tree / domain).rglob("*.jpg")):
+                zf.write(path, path.relative_to(tree).as_posix())
+        for part in ("train", "test"):
+            name = f"{domain}_{part}.txt"
+            (served / "domainnet" / "txt" / name).write_bytes((tree / name).read_bytes())
+    monkeypatch.setattr(downloads, "_DOMAINNET_URL", served.as_uri() + "/")
+    target = downloads.download("domainnet", tmp_path / "dn")
+    assert sorted(p.name for p in target.iterdir()) == sorted(
+        [*domains, *(f"{d}_{part}.txt" for d in domains for part in ("train", "test"))]
+    )
+    splits, n = read_domains("domainnet", target, DomainOptions(image_size=8))
+    assert n == 3 and [len(s.train_y) for s in splits] == [6] * 6
+    assert downloads.download("domainnet", target) == target  # present: checked, not fetched again
+    (target / "real_test.txt").write_text("real/bird/x.jpg\n")
+    with pytest.raises(DataError, match="real_test.txt is already there but is not the expected file"):
+        downloads.download("domainnet", target)
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    with zipfile.ZipFile(wrong / "clipart.zip", "w") as zf:
+        zf.writestr("sketch/bird/a.jpg", b"")
+    with pytest.raises(DataError, match="clipart.zip should hold one folder clipart/ at its top"):
+        downloads.download("domainnet", wrong)
 
 
 def test_a_split_file_cannot_name_an_image_outside_the_dataset_folder(tmp_path: Path) -> None:

@@ -339,7 +339,7 @@ class BaseConfig(BaseModel):
         if self.dataset in FILE_DATASETS and not self.data_dir:
             hint = (
                 ""
-                if self.dataset in NATURAL_DATASETS
+                if self.dataset in NATURAL_DATASETS and self.dataset != "domainnet"
                 else f" (`pflkit download {self.dataset} DIR` fetches them where a network exists)"
             )
             raise ValueError(

@@ -298,7 +298,10 @@ def _domainnet(root: Path, domains: tuple[str, ...], classes: tuple[str, ...] | 
     out = []
     for d in domains:
         if not (root / d).is_dir():
-            raise DataError(f"domainnet: {root / d} is missing (domain {d!r}: a folder of <class>/ image folders)")
+            raise DataError(
+                f"domainnet: {root / d} is missing (domain {d!r}: a folder of <class>/ image folders); "
+                f"fetch: pflkit download domainnet {root}"
+            )
         if classes is not None:
             _class_folders(root / d, classes)
         (trp, trl), (tep, tel) = (_split_file(root, d, part, classes) for part in ("train", "test"))

@@ -27,6 +27,7 @@ __all__ = [
     "download_cifar10",
     "download_cifar100",
     "download_cinic10",
+    "download_domainnet",
     "download_emnist",
     "download_fashion_mnist",
     "download_svhn",
@@ -61,6 +62,17 @@ _USPS_URL = "https://www.csie.ntu.edu.tw/~cjlin/libsvmtools/datasets/multiclass/
 _USPS_MD5 = {"usps.bz2": "ec16c51db3855ca6c91edd34d0e9b197", "usps.t.bz2": "8ea070ee2aca1ac39742fdd1ef5ed118"}
 # no checksum is published for CINIC-10: the archive is checked by its layout (train/, valid/, test/)
 _CINIC_URL = "https://datashare.ed.ac.uk/bitstream/handle/10283/3192/CINIC-10.tar.gz"
+# DomainNet's cleaned version (ai.bu.edu/M3SDA): clipart and painting are served from groundtruth/;
+# no checksums are published, so each zip is checked by its layout and each split file by parsing it
+_DOMAINNET_URL = "http://csr.bu.edu/ftp/visda/2019/multi-source/"
+_DOMAINNET_ZIPS = {
+    "clipart": "groundtruth/clipart.zip",
+    "infograph": "infograph.zip",
+    "painting": "groundtruth/painting.zip",
+    "quickdraw": "quickdraw.zip",
+    "real": "real.zip",
+    "sketch": "sketch.zip",
+}
 
 
 def _download_cifar(name: str, data_dir: str | Path) -> Path:
@@ -233,6 +245,57 @@ def download_cinic10(data_dir: str | Path) -> Path:
     return data_dir
 
 
+def _domainnet_zip_check(domain: str) -> Callable[[Path], None]:
+    def verify(path: Path) -> None:
+        try:
+            with zipfile.ZipFile(path) as zf:
+                tops = {n.split("/")[0] for n in zf.namelist()}
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise DataError(f"{path.name} is not a readable zip archive: {exc}") from None
+        if tops != {domain}:
+            raise DataError(
+                f"{path.name} should hold one folder {domain}/ at its top (found {', '.join(sorted(tops))})"
+            )
+
+    return verify
+
+
+def _domainnet_split_check(path: Path) -> None:
+    """A split file: non-empty, one '<domain>/<class>/<image> <label>' per line."""
+    lines = [line.split() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    bad = next((i for i, f in enumerate(lines, 1) if len(f) != 2 or not f[1].isdigit()), None)
+    if not lines or bad is not None:
+        raise DataError(f"{path.name} is not a DomainNet split file ('path label' lines; line {bad or 1})")
+
+
+def download_domainnet(data_dir: str | Path, domains: tuple[str, ...] = tuple(_DOMAINNET_ZIPS)) -> Path:
+    """Fetch DomainNet's ``domains`` (all six: about 18 GB of zips) into ``data_dir``, each extracted
+    into ``data_dir/<domain>`` with its official ``<domain>_train.txt`` and ``<domain>_test.txt``
+    beside it: the layout the ``domainnet`` dataset reads; return ``data_dir``."""
+    data_dir = Path(data_dir)
+    for domain in domains:
+        if not (data_dir / domain).is_dir():
+            archive = data_dir / f"{domain}.zip"
+            if archive.is_file():
+                check_present(archive, _domainnet_zip_check(domain))
+            else:
+                fetch([_DOMAINNET_URL + _DOMAINNET_ZIPS[domain]], archive, _domainnet_zip_check(domain), timeout=120)
+
+            def unzip(archive: Path, tmp: Path, domain: str = domain) -> Path:
+                with zipfile.ZipFile(archive) as zf:
+                    zf.extractall(tmp)
+                return tmp / domain
+
+            _extract(archive, data_dir / domain, unzip)
+        for part in ("train", "test"):
+            split = data_dir / f"{domain}_{part}.txt"
+            if split.is_file():
+                check_present(split, _domainnet_split_check)
+            else:
+                fetch([f"{_DOMAINNET_URL}domainnet/txt/{split.name}"], split, _domainnet_split_check)
+    return data_dir
+
+
 DOWNLOADS: dict[str, Callable[[str | Path], Path]] = {
     "mnist": download_mnist,
     "cifar10": download_cifar10,
@@ -244,6 +307,7 @@ DOWNLOADS: dict[str, Callable[[str | Path], Path]] = {
     "svhn": download_svhn,
     "usps": download_usps,
     "cinic10": download_cinic10,
+    "domainnet": download_domainnet,
 }
 
 
@@ -256,8 +320,8 @@ def download(name: str, data_dir: str | Path) -> Path:
         raise ValueError(
             f"no download for dataset {name!r}; downloadable: {', '.join(DOWNLOADS)} "
             "(digits, synthetic and fedprox_synthetic are built in; pfllib folders come from PFLlib, "
-            "femnist, shakespeare, sent140 and leaf folders from LEAF's or pFedMe's scripts; digit5, "
-            "office_caltech10 and domainnet from FedBN's and DomainNet's archives, by hand)"
+            "femnist, shakespeare, sent140 and leaf folders from LEAF's or pFedMe's scripts; digit5 and "
+            "office_caltech10 from FedBN's archives, by hand)"
         )
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     return DOWNLOADS[name](data_dir)
