@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import tomli_w
 
@@ -457,6 +459,14 @@ def test_config_keys_lists_every_key_with_its_flat_alias():
     assert 'run.engine (flat: engine) = "auto"' in lines and "partition.max_retries = 1000" in lines
     printed = CliRunner().invoke(main, ["config", "lr=0.05"]).output
     assert "[train]\n" in printed and "lr = 0.05\n" in printed and "[partition]\n" in printed
+
+
+def test_the_model_keys_description_names_every_registered_model():
+    from pflkit.config.schema import BaseConfig
+    from pflkit.models import MODELS
+
+    words = set(re.findall(r"\w+", BaseConfig.model_fields["model"].description or ""))
+    assert [name for name in MODELS if name not in words] == []
 
 
 def test_a_section_override_updates_the_files_section_instead_of_replacing_it(tmp_path):

@@ -371,3 +371,24 @@ def test_a_run_with_dropout_resumed_mid_run_equals_the_uninterrupted_run(tmp_pat
     assert all("dropped_clients" in r and "straggler_clients" in r for r in trained)
     assert sum(r["dropped_clients"] for r in trained) > 0
     assert all(math.isfinite(r["train_loss"]) for r in trained if not r.get("aggregation_skipped"))
+
+
+@pytest.mark.integration
+def test_the_unreliable_digits_config_runs_and_records_drops_and_late_clients(tmp_path):
+    from click.testing import CliRunner
+
+    from pflkit.cli import main
+    from tests.support.paths import REPO
+
+    out = tmp_path / "run"
+    config = str(REPO / "configs" / "unreliable-digits.toml")
+    result = CliRunner().invoke(main, ["run", config, "rounds=3", "--out", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    trained = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in trained if "train_round" in r]
+    assert {r["algorithm"] for r in trained} == {"fedavg", "fedprox", "fednova", "scaffold"}
+    assert all(r["dropped_clients"] + r["straggler_clients"] > 0 for r in trained)
+    by_method = {}
+    for r in trained:
+        by_method.setdefault(r["algorithm"], []).append((r["dropped_clients"], r["straggler_clients"]))
+    assert len(set(map(tuple, by_method.values()))) == 1  # every method sees the same unreliable clients

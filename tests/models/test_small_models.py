@@ -117,3 +117,48 @@ def test_char_lstm_loop_and_vmap_engines_agree(name: str) -> None:
         return simulate_rounds(RoundSetup(alg, data, model, model.units(), train, seed=3), engine, init, 2)
 
     assert_states_close(run(LoopEngine()), run(VmapEngine(chunk_size=2)), 1e-4)
+
+
+class DigitModelTranscribed(nn.Module):
+    """FedBN's ``DigitModel`` (med-air/FedBN 2fa38ad, ``nets/models.py``), transcribed."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 5, 1, 2)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.conv2 = nn.Conv2d(64, 64, 5, 1, 2)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.conv3 = nn.Conv2d(64, 128, 5, 1, 2)
+        self.bn3 = nn.BatchNorm2d(128)
+        self.fc1 = nn.Linear(6272, 2048)
+        self.bn4 = nn.BatchNorm1d(2048)
+        self.fc2 = nn.Linear(2048, 512)
+        self.bn5 = nn.BatchNorm1d(512)
+        self.fc3 = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = F.relu(self.bn3(self.conv3(x))).view(x.shape[0], -1)
+        x = F.relu(self.bn5(self.fc2(F.relu(self.bn4(self.fc1(x))))))
+        return self.fc3(x)
+
+
+def test_fedbn_cnn_is_fedbns_digit_model_on_its_3x28x28_digits() -> None:
+    """Same tensors in the same order (parameters and batch-norm statistics; ``num_batches_tracked``,
+    unused at momentum 0.1, is not kept), and the same outputs in training mode (batch statistics,
+    then the updated running statistics) and in evaluation mode."""
+    torch.manual_seed(0)
+    ours = build_model("fedbn_cnn", (3, 28, 28), 10)
+    theirs = DigitModelTranscribed()
+    kept = {k: v for k, v in theirs.state_dict().items() if not k.endswith("num_batches_tracked")}
+    assert [(k, v.shape) for k, v in ours.state_dict().items()] == [(k, v.shape) for k, v in kept.items()]
+    assert count_parameters(ours) == sum(p.numel() for p in theirs.parameters())
+    theirs.load_state_dict(ours.state_dict(), strict=False)
+    x = inputs((3, 28, 28), None, n=6)
+    ours.train(), theirs.train()
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+    for k, v in ours.state_dict().items():
+        torch.testing.assert_close(v, theirs.state_dict()[k], atol=1e-6, rtol=1e-5)
+    ours.eval(), theirs.eval()
+    torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)

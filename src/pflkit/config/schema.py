@@ -48,7 +48,10 @@ class BaseConfig(BaseModel):
     )
     model: str = Field(
         "auto",
-        description="model name, or auto: digits_cnn for 8x8, fedavg_cnn for images, "
+        description="model name (char_lstm, cifar_cnn, conv2cifar, digits_cnn, dnn, fasttext, fedavg_cnn, "
+        "fedavg_cnn_bn, fedbn_cnn, lenet5, mclr, mobilenet_v2, resnet18, resnet18_gn, simple_cnn, squeezenet1_1), "
+        "or auto: digits_cnn for 8x8, fedavg_cnn for images, fedbn_cnn for digit5, resnet18 for "
+        "office_caltech10 and domainnet, "
         "fasttext for AG News and Sent140, char_lstm for Shakespeare, mclr for fedprox_synthetic; "
         "pfllib and leaf: by their data",
     )
