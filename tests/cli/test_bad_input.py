@@ -344,6 +344,9 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("unknown model", run_args("model=vgg"), "model: unknown model; available: auto"),
     ("bad device", run_args("device=tpu"), "device must be cpu, cuda, cuda:N or auto"),
     ("ALA without ALA target", run_args('algorithms=["fedfomo+ala"]'), "fedfomo downloads no single model"),
+    ("ALA on FedCP", run_args('algorithms=["fedcp+ala"]'), "'fedcp+ala' is undefined: the received head is FedCP's"),
+    ("ALA on GPFL", run_args('algorithms=["gpfl+ala"]'), "'gpfl+ala' is undefined: GPFL's scored model reads"),
+    ("ALA on FedAS", run_args('algorithms=["fedas+ala"]'), "'fedas+ala' is undefined: parameter alignment is"),
     (
         "ALA p beyond the model",
         run_args(*FAST, "fedala.p=9", 'algorithms=["fedala"]'),

@@ -130,6 +130,8 @@ class Algorithm:
       ala_targets: ALA targets this algorithm offers, ``target -> (payload key, state key)``:
         the state entry whose overwrite by the downloaded payload entry ALA may replace.
       default_ala_target: the target used unless the settings choose another.
+      ala_refusal: why ``+ala`` is refused, for a method that downloads a model but offers no ALA
+        target (None: the default reason, that it downloads no single model).
       needs: context capabilities the client functions use beyond the protocol every context
         implements (``"per_client"``: values read into Python); engines choose contexts that
         provide them.
@@ -162,6 +164,7 @@ class Algorithm:
     section: ClassVar[str | None] = None  # the config section, when variants share one (default: name)
     ala_targets: ClassVar[dict[str, tuple[str, str]]] = {"model": ("global", "model")}
     default_ala_target: ClassVar[str] = "model"
+    ala_refusal: ClassVar[str | None] = None
     needs: ClassVar[frozenset[str]] = frozenset()
     requires_full_participation: ClassVar[bool] = False
     trains_on_receive: ClassVar[bool] = False

@@ -100,7 +100,8 @@ class FedAS(Algorithm):
     settings: FedASSettings
     personal_part = "head"
     has_global_model = False  # the server never trains a head
-    ala_targets = {}  # parameter alignment is FedAS's own way of taking in the received body
+    ala_targets = {}
+    ala_refusal = "parameter alignment is FedAS's own way of taking in the received body, and ALA would replace it"
 
     @property
     def body(self) -> int:

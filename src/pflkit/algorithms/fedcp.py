@@ -158,7 +158,11 @@ class FedCP(RoutedMethod):
     name = "fedcp"
     settings_class = FedCPSettings
     settings: FedCPSettings
-    ala_targets = {}  # the scored model routes through the CPN and two heads (see the card)
+    ala_targets = {}
+    ala_refusal = (
+        "the received head is FedCP's frozen global head, and the scored model mixes it with the personal head "
+        "sample by sample through the CPN, which ALA's objective on the plain model does not see"
+    )
 
     route = CPN
 

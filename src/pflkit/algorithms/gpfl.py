@@ -101,7 +101,11 @@ class GPFL(RoutedMethod):
     settings: GPFLSettings
     personal_part = "head"
     has_global_model = False  # the server never trains a head
-    ala_targets = {}  # the scored model routes the features through CoV (see the card)
+    ala_targets = {}
+    ala_refusal = (
+        "GPFL's scored model reads the body's features through CoV, which ALA's objective on the plain "
+        "model does not see"
+    )
 
     route = COV
 

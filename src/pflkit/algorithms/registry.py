@@ -45,6 +45,7 @@ class Modifier:
     applies: Callable[[type[Algorithm]], bool]
     wrap: Callable[[Algorithm, Settings, str], Algorithm]
     refusal: str  # why it does not apply, formatted with {base} and {name}
+    reason: Callable[[type[Algorithm]], str | None] | None = None  # a method's own reason, replacing it
     card: MethodCard | None = None  # what the modifier does, for its alias's documentation page
 
 
@@ -111,7 +112,10 @@ class Registry:
         cls, external = self._base_class(name, base)
         for modifier in modifiers:
             if not modifier.applies(cls):
-                raise ValueError(modifier.refusal.format(base=base, name=name))
+                own = modifier.reason(cls) if modifier.reason is not None else None
+                raise ValueError(
+                    f"{name!r} is undefined: {own}" if own else modifier.refusal.format(base=base, name=name)
+                )
         return Resolved(cls, base, tuple(modifiers), external)
 
     def _base_class(self, name: str, base: str) -> tuple[type[Algorithm], bool]:

@@ -148,7 +148,8 @@ def _support(e: Entry, costs: Costs | None) -> list[str]:
     elif e.sections[1:]:
         ala = "This name already applies ALA."
     else:
-        ala = f"`{e.name}+ala` is refused: the method downloads no single model that ALA could initialise."
+        why = e.cls.ala_refusal or "the method downloads no single model that ALA could initialise"
+        ala = f"`{e.name}+ala` is refused: {why}."
     vmap = f"The vmap engine runs its clients {e.vmap}" + (f": {e.vmap_reason}." if e.vmap_reason else ".")
     lines = [f"- {ala}", f"- {vmap} The parallel CPU engine runs every method (see [design]({DESIGN}))."]
     if e.cls.requires_full_participation:

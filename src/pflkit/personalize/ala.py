@@ -483,6 +483,7 @@ ALA_MODIFIER = Modifier(
     applies=lambda cls: bool(cls.ala_targets),
     wrap=_with_ala,
     refusal="{base} downloads no single model that ALA could initialise; {name!r} is undefined",
+    reason=lambda cls: cls.ala_refusal,
     card=ALA_CARD,
 )
 
