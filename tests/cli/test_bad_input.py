@@ -344,6 +344,16 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("unknown model", run_args("model=vgg"), "model: unknown model; available: auto"),
     ("bad device", run_args("device=tpu"), "device must be cpu, cuda, cuda:N or auto"),
     ("ALA without ALA target", run_args('algorithms=["fedfomo+ala"]'), "fedfomo downloads no single model"),
+    (
+        "FedBABU on a model without a body",
+        run_args('algorithms=["fedbabu"]', "model=mclr"),
+        "fedbabu trains the model's body with its head frozen: it needs a model of at least two units",
+    ),
+    (
+        "FedPer on a model without a head",
+        run_args('algorithms=["fedper"]', "model=mclr"),
+        "this model has one, 'fc' (fc.weight, fc.bias) (model = 'mclr')",
+    ),
     ("ALA on FedCP", run_args('algorithms=["fedcp+ala"]'), "'fedcp+ala' is undefined: the received head is FedCP's"),
     ("ALA on GPFL", run_args('algorithms=["gpfl+ala"]'), "'gpfl+ala' is undefined: GPFL's scored model reads"),
     ("ALA on FedAS", run_args('algorithms=["fedas+ala"]'), "'fedas+ala' is undefined: parameter alignment is"),

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.nn import functional as F
 
@@ -101,3 +102,19 @@ def test_fedbabu_fine_tuning_is_pfllibs():
     alg = build("fedbabu", ctx, "fedbabu.ft_epochs=1")
     state, _ = alg.local_init({"global": glob}, alg.init_client(glob, 0), ctx)
     assert_params_close(alg.eval_params(state), pfllib_fine_tune(ctx, glob, lr=0.1))
+
+
+@pytest.mark.integration
+def test_fedbabu_resumes_after_an_interruption_to_the_uninterrupted_numbers(tmp_path, fast_config):
+    from pflkit.config import load_config
+    from pflkit.run.experiment import resume_experiment, run_experiment
+    from tests.support.runs import InterruptAfter, records_without_timings
+
+    config = load_config(None, [*fast_config, 'algorithms=["fedbabu", "fedbabu+ala"]', "rounds=3"])
+    run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(
+            config, tmp_path / "cut", progress=False, echo=lambda s: None, callbacks=[InterruptAfter("fedbabu", 2)]
+        )
+    resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
+    assert records_without_timings(tmp_path / "cut") == records_without_timings(tmp_path / "full")

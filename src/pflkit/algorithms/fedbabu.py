@@ -41,6 +41,14 @@ class FedBABU(FineTuning):
     settings_class = FedBABUSettings
     settings: FedBABUSettings
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if len(self.units) < 2:
+            raise ValueError(
+                f"fedbabu trains the model's body with its head frozen: it needs a model of at least two units "
+                f"(a body and a head), and this model has one, {self.units[0][0]!r}"
+            )
+
     def finetune_options(self, ctx: ClientContext) -> dict[str, Any]:
         cfg = self.settings
         options: dict[str, Any] = {"optimizer": ctx.train.optimizer(cfg.ft_lr)}

@@ -200,7 +200,8 @@ FedDyn.card = MethodCard(
     differences=(
         "The paper's Algorithm 1 prints h ← h − α/m (Σ_{i∈P} θ_i − θ^{t−1}), which reads as subtracting θ^{t−1} once. "
         "The authors' code and PFLlib subtract it once per participant, Σ_{i∈P}(θ_i − θ^{t−1}), and PFLlib's "
-        "maintainer gives that reading. pflkit follows the authors' code: with the printed form, h grows with the "
+        "maintainer gives that reading (https://github.com/TsingZ0/PFLlib/issues/29). pflkit follows the "
+        "authors' code: with the printed form, h grows with the "
         "number of participants.",
         "PFLlib's client adds α/2 ‖θ − θ^{t−1}‖ (the norm, not its square). pflkit follows the paper and the "
         "authors' code: the squared norm.",

@@ -244,7 +244,8 @@ Scaffold.card = MethodCard(
         "The authors published no code; PFLlib is the reference. FedALA's commit f1e313a predates PFLlib's "
         "SCAFFOLD: 495f8b4 is its first, d832e76 its latest.",
         "PFLlib 495f8b4 takes K = the number of batches of one epoch, whatever E, so with E > 1 its c_i is "
-        "E times the clients' mean gradient (its users reported losses turning NaN after a few rounds). Later "
+        "E times the clients' mean gradient (its users reported losses turning NaN after a few rounds: "
+        "https://github.com/TsingZ0/PFLlib/issues/152). Later "
         "commits and pflkit take the client's own steps over all E epochs: clients of unequal size take "
         "unequal K.",
         "PFLlib 495f8b4 averages y − x by training-set size; Algorithm 1, later PFLlib and pflkit average "

@@ -187,7 +187,11 @@ def check_fits(config: BaseConfig, data: FederatedData) -> None:
         )
     model = initial_params(config, data, config.seeds[0], torch.device("cpu"))[0]
     for name in config.algorithms:
-        build_algorithm(name, config.algorithm_sections(), config.train, model.units()).check_model(model)
+        try:
+            algorithm = build_algorithm(name, config.algorithm_sections(), config.train, model.units())
+        except ValueError as exc:  # a model without the parts the method needs: name the model too
+            raise ConfigError(f"{exc} (model = {config.model_for(tuple(data.input_shape))!r})") from None
+        algorithm.check_model(model)
 
 
 def new_results_folder(name: str, parent: Path = Path("results")) -> Path:
