@@ -36,6 +36,22 @@ class InterruptAfter:
             raise KeyboardInterrupt("simulated interruption")
 
 
+def assert_resumes_to_the_uninterrupted_records(config, tmp_path: Path, algorithm: str, after: int = 2) -> None:
+    """Run ``config`` whole, and again interrupted once ``algorithm`` has trained round ``after`` and
+    then resumed: the two folders record the same numbers (timings aside)."""
+    import pytest
+
+    from pflkit.run.experiment import resume_experiment, run_experiment
+
+    run_experiment(config, tmp_path / "full", progress=False, echo=lambda s: None)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(
+            config, tmp_path / "cut", progress=False, echo=lambda s: None, callbacks=[InterruptAfter(algorithm, after)]
+        )
+    resume_experiment(tmp_path / "cut", progress=False, echo=lambda s: None)
+    assert records_without_timings(tmp_path / "cut") == records_without_timings(tmp_path / "full")
+
+
 class DivergeAfter:
     """Callback: raise NonFiniteLossError once ``round`` rounds are trained, as a diverging method's
     run does (the run ends ``failed``)."""
