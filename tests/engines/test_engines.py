@@ -89,6 +89,15 @@ def test_vmap_engine_matches_loop_for_every_batched_algorithm(name, monkeypatch)
         assert_close_runs(reference, batched, atol=tolerance(name))
 
 
+@pytest.mark.parametrize(
+    "name, split", [("fedper", "fedper.personal_units=2"), ("lgfedavg", "lgfedavg.global_units=3")]
+)
+def test_vmap_engine_matches_loop_for_deeper_personal_parts(name, split):
+    data = make_data([30, 45, 12, 60, 7])
+    reference = run_rounds(name, LoopEngine(), data, overrides=[split])
+    assert_close_runs(reference, run_rounds(name, VmapEngine(chunk_size=2), data, overrides=[split]), atol=1e-5)
+
+
 def test_vmap_engine_matches_loop_for_feddecorrs_well_conditioned_form():
     data = make_data([30, 45, 12, 60, 7])
     paper = ["feddecorr.form='paper'"]

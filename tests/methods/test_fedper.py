@@ -71,3 +71,24 @@ def test_fedper_is_pfllib_clientper_joint_epochs_and_a_body_only_server():
     # next round: the averaged body arrives, each client keeps the head it trained
     state, _ = alg.local_init(alg.downlink(out, 0, 2), {"model": {**expected[0], **heads[0]}}, ctxs[0])
     assert_params_close(alg.eval_params(state), {**{k: out["global"][k] for k in body_names}, **heads[0]})
+
+
+def test_fedper_keeps_its_top_personal_units_on_the_client():
+    """personal_units = 2 on the digits CNN (conv1, conv2, fc1, fc): fc1 and fc stay, the convolutions
+    travel; a head as deep as the model is refused."""
+    import pytest
+
+    ctx = tiny_context()
+    alg = build("fedper", ctx, "fedper.personal_units=2")
+    personal = [k for _, unit in ctx.units[-2:] for k in unit]
+    server = alg.init_server(params_of(ctx, 2))
+    payload = alg.downlink(server, 0, 1)
+    assert sorted(payload["global"]) == sorted(k for k in server["global"] if k not in personal)
+    local = params_of(ctx, 1)
+    state, _ = alg.local_init(payload, alg.init_client(local, 0), ctx)
+    assert all(torch.equal(state["model"][k], local[k]) for k in personal)
+    _, upload, _ = alg.local_train(payload, state, ctx)
+    assert set(upload["params"]) == set(payload["global"])
+    assert build("fedper+ala", ctx, "fedper.personal_units=2").personal_names == set(personal)
+    with pytest.raises(ValueError, match="a head of 4 units leaves no body in a model of 4 units"):
+        build("fedper", ctx, "fedper.personal_units=4")

@@ -73,3 +73,19 @@ def test_lgfedavg_is_pfllib_clientlg_joint_epochs_and_a_head_only_server():
     # next round: the averaged head arrives, each client keeps the body it trained
     state, _ = alg.local_init(alg.downlink(out, 0, 2), {"model": {**bodies[0], **expected[0]}}, ctxs[0])
     assert_params_close(alg.eval_params(state), {**bodies[0], **{k: out["global"][k] for k in head_names_}})
+
+
+def test_lgfedavg_shares_its_top_global_units():
+    """global_units = 2 on the digits CNN (conv1, conv2, fc1, fc): fc1 and fc travel, the convolutions
+    stay on the client."""
+    ctx = tiny_context()
+    alg = build("lgfedavg", ctx, "lgfedavg.global_units=2")
+    shared = [k for _, unit in ctx.units[-2:] for k in unit]
+    server = alg.init_server(params_of(ctx, 2))
+    payload = alg.downlink(server, 0, 1)
+    assert sorted(payload["global"]) == sorted(shared)
+    local = params_of(ctx, 1)
+    state, _ = alg.local_init(payload, alg.init_client(local, 0), ctx)
+    assert all(torch.equal(state["model"][k], local[k]) for k in local if k not in shared)
+    _, upload, _ = alg.local_train(payload, state, ctx)
+    assert sorted(upload["params"]) == sorted(shared)

@@ -30,7 +30,7 @@ from torch import nn
 
 from ..functional import Params, WeightedSum, clone, weighted_average
 from ..functional.training import Ensemble, LossFn, classification_loss
-from ..models import Units, buffer_names, head_names, norm_layers, parameter_names
+from ..models import Units, buffer_names, norm_layers, parameter_names
 from .card import MethodCard
 from .context import ClientContext, Fit, Metrics, PerClient, TrainBatches, TrainSettings
 
@@ -188,6 +188,17 @@ class Algorithm:
                 f"it needs a model of at least two units (a body and a head), and this model has one, "
                 f"{units[0][0]!r} ({', '.join(units[0][1])})"
             )
+        elif self.personal_part in ("head", "body") and self.head_units >= len(units):
+            raise ValueError(
+                f"{self.name}: a head of {self.head_units} units leaves no body in a model of {len(units)} units "
+                f"({', '.join(u for u, _ in units)}): choose at most {len(units) - 1}"
+            )
+
+    @property
+    def head_units(self) -> int:
+        """How many of the model's top units form the head that a personal ``"head"`` or ``"body"``
+        splits off (1: the last unit; FedPer's and LG-FedAvg's settings choose more)."""
+        return 1
 
     @property
     def ala_target(self) -> str:
@@ -218,7 +229,7 @@ class Algorithm:
             return frozenset()
         if self.personal_part == "norm":
             return frozenset(n for n in names if n.rsplit(".", 1)[0] in norm_layers(names))
-        head = set(head_names(self.units))
+        head = {n for _, unit in self.units[-self.head_units :] for n in unit}
         return frozenset(n for n in names if (n in head) == (self.personal_part == "head"))
 
     def is_shared(self, name: str, names: Iterable[str] | None = None) -> bool:

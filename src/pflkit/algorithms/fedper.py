@@ -7,16 +7,33 @@ client's own head on the latest received body. All of it is ``personal_part = "h
 
 from __future__ import annotations
 
-from .base import Algorithm
+from pydantic import Field
+
+from .base import Algorithm, Settings
 from .card import MethodCard, Paper, Reference
 from .registry import register
+
+
+class FedPerSettings(Settings):
+    personal_units: int = Field(
+        1,
+        ge=1,
+        description="K_P, the model's top units kept on each client as its personal layers (PFLlib: 1, the "
+        "linear head; the paper: 2 to 4 layers)",
+    )
 
 
 @register
 class FedPer(Algorithm):
     name = "fedper"
+    settings_class = FedPerSettings
+    settings: FedPerSettings
     personal_part = "head"
     has_global_model = False  # the server never trains a head
+
+    @property
+    def head_units(self) -> int:
+        return self.settings.personal_units
 
 
 FedPer.card = MethodCard(
@@ -43,8 +60,8 @@ FedPer.card = MethodCard(
     ),
     tests=("tests/methods/test_fedper.py::test_fedper_is_pfllib_clientper_joint_epochs_and_a_body_only_server",),
     differences=(
-        "The personal layers are the model's last unit (its linear head), as in PFLlib. The paper also "
-        "keeps two to four top layers personal.",
+        "The personal layers are the model's last unit (its linear head) by default, as in PFLlib; "
+        "`fedper.personal_units` keeps more top units personal (the paper's K_P of two to four layers).",
         "A client with fewer samples than one batch trains on one batch of all of them. PFLlib's "
         "`drop_last` skips it (docs/explanations/design.md).",
     ),

@@ -7,16 +7,33 @@ client's own body under the latest received head. All of it is ``personal_part =
 
 from __future__ import annotations
 
-from .base import Algorithm
+from pydantic import Field
+
+from .base import Algorithm, Settings
 from .card import MethodCard, Paper, Reference
 from .registry import register
+
+
+class LGFedAvgSettings(Settings):
+    global_units: int = Field(
+        1,
+        ge=1,
+        description="the model's top units that are global, shared and averaged (PFLlib: 1, the linear head; "
+        "the authors' num_layers_keep counts layers the same way on their MNIST MLP)",
+    )
 
 
 @register
 class LGFedAvg(Algorithm):
     name = "lgfedavg"
+    settings_class = LGFedAvgSettings
+    settings: LGFedAvgSettings
     personal_part = "body"
     has_global_model = False  # the server never trains a body
+
+    @property
+    def head_units(self) -> int:
+        return self.settings.global_units
 
 
 LGFedAvg.card = MethodCard(
@@ -44,7 +61,8 @@ LGFedAvg.card = MethodCard(
     tests=("tests/methods/test_lgfedavg.py::test_lgfedavg_is_pfllib_clientlg_joint_epochs_and_a_head_only_server",),
     differences=(
         "PFLlib f1e313a has no LG-FedAvg: the reference is ad7bcd6, the commit that adds it.",
-        "The global part is the model's last unit (its linear head), as in PFLlib. The authors' code "
+        "The global part is the model's last unit (its linear head) by default, as in PFLlib; "
+        "`lgfedavg.global_units` makes more top units global. The authors' code "
         "(pliang279/LG-FedAvg at 7af0568, `main_lg.py`) makes the last `num_layers_keep` entries of a model's "
         "`weight_keys` global: the MLP's top three layers on MNIST, but on CIFAR-10 its CNN lists its layers "
         "as fc1, fc2, fc3, conv2, conv1, so the two convolutions are global and the fully connected layers local.",
