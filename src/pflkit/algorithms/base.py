@@ -172,6 +172,8 @@ class Algorithm:
     personal_part: ClassVar[Literal["head", "body", "norm"] | None] = None
     tta_base: ClassVar[str | None] = None  # the method its time-to-accuracy is measured against
     newcomer_refusal: ClassVar[str | None] = None  # why a client that never trained gets no model
+    #: what the method does with the model's body apart from its head (a one-unit model is then refused)
+    body_use: ClassVar[str | None] = None
     #: how a round's record reduces each of the method's numeric client metrics over the clients
     #: (default: the mean, NaN values left out)
     metric_reductions: ClassVar[Mapping[str, Literal["mean", "sum", "max", "min"]]] = {}
@@ -181,14 +183,16 @@ class Algorithm:
         self.settings = settings
         self.train = train
         self.units = units
-        if self.personal_part in ("head", "body") and len(units) < 2:
+        use = self.body_use
+        if use is None and self.personal_part in ("head", "body"):
             shared = "body" if self.personal_part == "head" else "head"
+            use = f"keeps the model's {self.personal_part} on each client and shares its {shared}"
+        if use is not None and len(units) < 2:
             raise ValueError(
-                f"{self.name} keeps the model's {self.personal_part} on each client and shares its {shared}: "
-                f"it needs a model of at least two units (a body and a head), and this model has one, "
-                f"{units[0][0]!r} ({', '.join(units[0][1])})"
+                f"{self.name} {use}: it needs a model of at least two units (a body and a head), and this model "
+                f"has one, {units[0][0]!r} ({', '.join(units[0][1])})"
             )
-        elif self.personal_part in ("head", "body") and self.head_units >= len(units):
+        if self.personal_part in ("head", "body") and self.head_units >= len(units):
             raise ValueError(
                 f"{self.name}: a head of {self.head_units} units leaves no body in a model of {len(units)} units "
                 f"({', '.join(u for u, _ in units)}): choose at most {len(units) - 1}"

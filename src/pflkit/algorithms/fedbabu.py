@@ -40,14 +40,7 @@ class FedBABU(FineTuning):
     name = "fedbabu"
     settings_class = FedBABUSettings
     settings: FedBABUSettings
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if len(self.units) < 2:
-            raise ValueError(
-                f"fedbabu trains the model's body with its head frozen: it needs a model of at least two units "
-                f"(a body and a head), and this model has one, {self.units[0][0]!r}"
-            )
+    body_use = "trains the model's body with its head frozen"
 
     def finetune_options(self, ctx: ClientContext) -> dict[str, Any]:
         cfg = self.settings

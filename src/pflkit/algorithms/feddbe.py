@@ -97,13 +97,10 @@ class FedDBE(Algorithm):
     settings_class = FedDBESettings
     settings: FedDBESettings
 
+    body_use = "adds a vector between the model's body and its head"
+
     def __init__(self, settings: Any, train: Any, units: Any) -> None:
         super().__init__(settings, train, units)
-        if len(units) < 2:
-            raise ValueError(
-                f"{self.name} adds a vector between the model's body and its head: it needs a model of "
-                f"at least two units, and this model has one, {units[0][0]!r}"
-            )
         self.head = head_names(units)
         self.body = len(units) - 1
 

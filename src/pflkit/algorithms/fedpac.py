@@ -145,13 +145,10 @@ class FedPAC(Algorithm):
     settings_class = FedPACSettings
     settings: FedPACSettings
 
+    body_use = "aligns the features the model's body computes before its head"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if len(self.units) < 2:
-            raise ValueError(
-                f"fedpac aligns the features the model's body computes before its head: it needs a model of at "
-                f"least two units, and this model has one, {self.units[0][0]!r}"
-            )
         self.head = head_names(self.units)
         self.body = len(self.units) - 1
 

@@ -169,13 +169,10 @@ class FedProto(Algorithm):
     has_global_model = False  # the server holds prototypes, no model
     ala_targets = {}  # nothing but prototypes is downloaded: there is no model for ALA to blend
 
+    body_use = "averages the features of the model's body (every unit but the head)"
+
     def __init__(self, settings: Any, train: Any, units: Any) -> None:
         super().__init__(settings, train, units)
-        if len(units) < 2:
-            raise ValueError(
-                f"fedproto averages the features of the model's body (every unit but the head): it needs a "
-                f"model of at least two units, and this model has one, {units[0][0]!r}"
-            )
         self.weight, self.bias = linear_head(units, "fedproto", self.settings.scoring)
         self.body = len(units) - 1
 

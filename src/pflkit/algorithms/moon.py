@@ -55,13 +55,7 @@ class MOON(Algorithm):
     settings_class = MOONSettings
     settings: MOONSettings
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if len(self.units) < 2:
-            raise ValueError(
-                f"moon contrasts the representation the model's body computes before its head: it needs a model of "
-                f"at least two units, and this model has one, {self.units[0][0]!r}"
-            )
+    body_use = "contrasts the representation the model's body computes before its head"
 
     def init_client(self, init_params: Params, client_id: int) -> State:
         return {"model": clone(init_params), "previous": clone(init_params)}

@@ -20,13 +20,10 @@ class RoutedMethod(Algorithm):
 
     route: ClassVar[Between]
 
+    body_use = "routes features between the model's body and its head"
+
     def __init__(self, settings: Any, train: Any, units: Any) -> None:
         super().__init__(settings, train, units)
-        if len(units) < 2:
-            raise ValueError(
-                f"{self.name} routes features between the model's body and its head: it needs a "
-                f"model of at least two units, and this model has one, {units[0][0]!r}"
-            )
         self.head = head_names(units)
         self.body = len(units) - 1
 
