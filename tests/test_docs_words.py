@@ -108,3 +108,21 @@ def test_the_word_check_finds_what_it_should_and_allows_the_products_own_session
     text = "as the spec §5.4 says; issue 23; one lease; this turn; a GPU lent; the session ended"
     assert [word for _, word in hits(text)] == ["spec §", "issue 23", "lease", "this turn", "lent", "session"]
     assert hits("a run session; a Ray session; TsingZ0/FedALA issue #9; the previous session has missed") == []
+
+
+#: Tests whose own text holds the citation they look for.
+CITATION_CHECKS = {"tests/test_docs_words.py", "tests/cli/test_next_steps.py", "tests/catalogue/test_cards.py"}
+
+
+def test_code_comments_and_docstrings_cite_only_what_the_repository_ships() -> None:
+    # The specification behind the early code is not shipped: a reader cannot open its sections.
+    found = []
+    for folder in ("src", "tests", "benchmarks", "flower-app"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = str(path.relative_to(REPO))
+            if rel in CITATION_CHECKS:
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if re.search(r"\bspec\s*§", line, re.I):
+                    found.append(f"{rel}:{number}")
+    assert not found, "citations of an unshipped specification (cite a docs page or the paper):\n" + "\n".join(found)

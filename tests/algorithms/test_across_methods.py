@@ -1,7 +1,8 @@
 """What every method shares: two rounds through run_client change what each method trains and
-score its "Eval" model (spec §5.7), NaN losses name the method and the stage, batch-norm
-statistics stay local unless asked, and the methods that need every client refuse partial
-participation. Each method's own update rules are in tests/methods/test_<method>.py."""
+score its evaluated model (``eval_params``: docs/explanations/metrics.md), NaN losses name the
+method and the stage, batch-norm statistics stay local unless asked, and the methods that need every
+client refuse partial participation. Each method's own update rules are in
+tests/methods/test_<method>.py."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def test_two_rounds_through_run_client(name):
         for i in range(2):
             job = ClientJob(i, alg.downlink(server, i, t), states[i], evaluate=True)
             res = run_client(setup, job, t)
-            # the evaluated model is the method's "Eval" model after local_init (spec §5.7)
+            # the evaluated model is the method's eval_params after local_init (docs/explanations/metrics.md)
             ctx_state, _ = alg.local_init(job.payload, states[i], _ctx(setup, i, t))
             expected = evaluate(model, ctx_state[EVAL_KEY[base]], data.client(i).test_x, data.client(i).test_y)
             assert res.evaluation == expected

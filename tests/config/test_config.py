@@ -140,7 +140,8 @@ def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
     assert cfg.model == ("resnet18_gn" if cfg.dataset == "tiny_imagenet" else "conv2cifar")  # FedNH's lineage
     assert cfg.fednh.scale == (20.0 if cfg.dataset == "tiny_imagenet" else 1.0)  # FedNH's ResNetModNH / its CNN
     assert "feddecorr" not in cfg.algorithms or cfg.feddecorr.beta == (0.05 if cfg.dataset == "cifar100" else 0.1)
-    # [RECON]: FedNH's and FedNTD's code on the same settings; weight decay as theirs (Tiny: the spec's 1e-3 too)
+    # reconstructed (docs/explanations/reconstructions.md): FedNH's and FedNTD's code on the same settings;
+    # lr decay and weight decay as theirs (Tiny: FedNH's 1e-3)
     assert (cfg.train.lr_decay, cfg.train.weight_decay) == (0.99, 1e-3 if cfg.dataset == "tiny_imagenet" else 1e-5)
     header = path.read_text().split("\n", 1)[0]
     assert header.startswith("# FedACD Table") and "[UNCERTAIN]" in path.read_text()
@@ -148,7 +149,7 @@ def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
         assert set(cfg.algorithms) == FEDACD_METHODS and cfg.metrics.adaptability
 
 
-# spec §4.12 (paper Appendix A): model -> (rounds, join ratio, batch, epochs, lr, momentum, FedProx mu)
+# SosicFL paper, Appendix A (Table 4): model -> (rounds, join ratio, batch, epochs, lr, momentum, FedProx mu)
 SOSICFL_SETTINGS = {
     "simple_cnn": (500, 0.3, 50, 5, 0.02, 0.5, 0.01),
     "squeezenet1_1": (500, 0.1, 32, 1, 0.001, 0.9, 0.1),

@@ -17,7 +17,7 @@ def test_kfold_clients_of_a_group_have_identical_counts() -> None:
     parts = partition_kfold(labels, 100, 2, np.random.default_rng(0))
     counts = np.stack([np.bincount(labels[p], minlength=10) for p in parts])
     assert np.all(counts[:50] == counts[0]) and np.all(counts[50:] == counts[50])
-    assert counts[0].tolist() == [80] * 5 + [20] * 5 and counts[50].tolist() == [20] * 5 + [80] * 5  # spec §5.3
+    assert counts[0].tolist() == [80] * 5 + [20] * 5 and counts[50].tolist() == [20] * 5 + [80] * 5  # SosicFL's 80/20
     assert len(np.unique(np.concatenate(parts))) == 50_000  # disjoint, the whole set
     with pytest.raises(PartitionError, match="num_folds=11"):
         partition_kfold(labels, 100, 11, np.random.default_rng(0))

@@ -1,9 +1,9 @@
-"""APPLE (spec §2.11): the loss schedule and the client step recomputed by hand; the client round
-against my own transcriptions of the two reference implementations, with the proximal term on p
-active (mu > 0, a round with lambda(r) > 0); the strict xfails that state PFLlib's behaviour where
-pflkit differs, and their partners: each applies the difference that the method's card records to
-the reference's transcription and asserts equality, so that a third behaviour (neither the
-reference's nor the documented one) fails.
+"""APPLE (docs/reference/methods/apple.md): the loss schedule and the client step recomputed by
+hand; the client round against my own transcriptions of the two reference implementations, with the
+proximal term on p active (mu > 0, a round with lambda(r) > 0); the strict xfails that state
+PFLlib's behaviour where pflkit differs, and their partners: each applies the difference that the
+method's card records to the reference's transcription and asserts equality, so that a third
+behaviour (neither the reference's nor the documented one) fails.
 
 References read (written from reading them, not copied):
 

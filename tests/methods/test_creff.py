@@ -1,7 +1,7 @@
 """CReFF: the class gradients, the matching distance, the server's round and the classifier's
-re-training against computations by hand (spec §3), and the server step against my own
-transcription of the authors' code, over several gradient-matching steps (one step cannot tell a
-loop that stops early from the full loop).
+re-training against computations by hand (docs/reference/methods/creff.md), and the server step
+against my own transcription of the authors' code, over several gradient-matching steps (one step
+cannot tell a loop that stops early from the full loop).
 
 Reference read (written from reading it, not copied): shangxinyi/CReFF-FL fbec98f, ``main.py``
 (``Global.update_feature_syn``: per class the plain mean of the clients' gradients, then

@@ -1,6 +1,7 @@
-"""FedACD (spec §3): the probability matrix P and its re-estimation, the flattening KL (Eq. 7),
-the logit adjustment (Eq. 8), the loss, the template score and its aggregation (Eq. 10, 11), each
-against a computation by hand (FedACD has no public code: a reconstruction)."""
+"""FedACD (docs/reference/methods/fedacd.md): the probability matrix P and its re-estimation, the
+flattening KL (Eq. 7), the logit adjustment (Eq. 8), the loss, the template score and its
+aggregation (Eq. 10, 11), each against a computation by hand (FedACD has no public code: a
+reconstruction)."""
 
 from __future__ import annotations
 

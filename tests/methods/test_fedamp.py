@@ -1,5 +1,5 @@
-"""FedAMP (spec §2.10): attention coefficients, the cloud model and the client step recomputed by
-hand, and against my transcription of PFLlib f1e313a (``clients/clientamp.py``,
+"""FedAMP (docs/reference/methods/fedamp.md): attention coefficients, the cloud model and the client
+step recomputed by hand, and against my transcription of PFLlib f1e313a (``clients/clientamp.py``,
 ``servers/serveramp.py``).
 
 The strict xfail ``test_fedamp_two_rounds_match_pfllib_f1e313a`` states f1e313a's behaviour; its

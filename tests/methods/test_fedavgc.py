@@ -1,5 +1,6 @@
-"""FedAvg-C and FedProx-C (spec §2.3): fine-tuning of the received global model before it is
-scored, each step recomputed by hand (no author code: FedALA's text)."""
+"""FedAvg-C and FedProx-C (docs/reference/methods/fedavgc.md, fedproxc.md): fine-tuning of the
+received global model before it is scored, each step recomputed by hand (no author code: FedALA's
+text)."""
 
 from __future__ import annotations
 

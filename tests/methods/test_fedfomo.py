@@ -1,6 +1,6 @@
-"""FedFomo (spec §2.11): weights by validation gain per distance and the top-M choice
-recomputed by hand, and against my transcription of PFLlib f1e313a (``clients/clientfomo.py``,
-``servers/serverfomo.py``).
+"""FedFomo (docs/reference/methods/fedfomo.md): weights by validation gain per distance and the
+top-M choice recomputed by hand, and against my transcription of PFLlib f1e313a
+(``clients/clientfomo.py``, ``servers/serverfomo.py``).
 
 The three strict xfails state PFLlib's behaviour; their partners apply the differences
 the method's card records to the same transcription and assert equality with pflkit, so that a

@@ -1,6 +1,6 @@
-"""FedLC: the calibrated logits by hand (spec §3), and the loss and client against my
-transcription of FL-bench (no author code): KarhouTam/FL-bench 06e658b (file last changed in
-809b988), ``src/client/fedlc.py``, ``src/server/fedlc.py``."""
+"""FedLC: the calibrated logits by hand (docs/reference/methods/fedlc.md), and the loss and client
+against my transcription of FL-bench (no author code): KarhouTam/FL-bench 06e658b (file last changed
+in 809b988), ``src/client/fedlc.py``, ``src/server/fedlc.py``."""
 
 from __future__ import annotations
 

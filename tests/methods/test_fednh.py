@@ -1,8 +1,8 @@
-"""FedNH: orthogonal prototypes, the learnable scale, clipping and the uniform server mean
-against a computation by hand (spec §3), and the client round and server step against my own
-transcriptions of the authors' code, with the settings their runs use (SGD momentum 0.9 and weight
-decay, gradient clipping) and a prototype smoothing rho other than 0.5 (where rho and 1 - rho are
-interchangeable).
+"""FedNH: orthogonal prototypes, the learnable scale, clipping and the uniform server mean against a
+computation by hand (docs/reference/methods/fednh.md), and the client round and server step against
+my own transcriptions of the authors' code, with the settings their runs use (SGD momentum 0.9 and
+weight decay, gradient clipping) and a prototype smoothing rho other than 0.5 (where rho and 1 - rho
+are interchangeable).
 
 Reference read (written from reading it, not copied): Yutong-Dai/FedNH 60c3161,
 ``src/flbase/strategies/FedUH.py`` (``FedUHClient.training``: SGD with momentum and weight decay

@@ -1,7 +1,7 @@
-"""FedNova: the normaliser and the server's average against a computation by hand (spec §3), and
-against my transcription of the authors' code: JYWa/FedNova 47b4e09, ``distoptim/FedNova.py``
-(``FedNova.step``, ``FedNova.average``), ``train_LocalSGD.py`` (plain PyTorch written from reading
-it, never copied, fed with the client's own mini-batches)."""
+"""FedNova: the normaliser and the server's average against a computation by hand
+(docs/reference/methods/fednova.md), and against my transcription of the authors' code: JYWa/FedNova
+47b4e09, ``distoptim/FedNova.py`` (``FedNova.step``, ``FedNova.average``), ``train_LocalSGD.py``
+(plain PyTorch written from reading it, never copied, fed with the client's own mini-batches)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""FedNTD: the not-true distillation by hand (spec §3), and the loss and client against my
-transcription of the authors' code: Lee-Gihun/FedNTD be00ee5, ``algorithms/fedntd/criterion.py``
-(NTD_Loss), ``utils.py`` (refine_as_not_true), ``ClientTrainer.py``, ``BaseClientTrainer.py``,
-``config/fedntd.json``."""
+"""FedNTD: the not-true distillation by hand (docs/reference/methods/fedntd.md), and the loss and
+client against my transcription of the authors' code: Lee-Gihun/FedNTD be00ee5,
+``algorithms/fedntd/criterion.py`` (NTD_Loss), ``utils.py`` (refine_as_not_true),
+``ClientTrainer.py``, ``BaseClientTrainer.py``, ``config/fedntd.json``."""
 
 from __future__ import annotations
 

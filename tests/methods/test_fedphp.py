@@ -1,5 +1,6 @@
-"""FedPHP (spec §2.9): MMD, the distillation loss, the HPM schedule and every update rule
-recomputed by hand, and PFLlib's 2022 variant (TsingZ0/PFLlib f1e313a ``clientphp.py``)."""
+"""FedPHP (docs/reference/methods/fedphp.md): MMD, the distillation loss, the HPM schedule and every
+update rule recomputed by hand, and PFLlib's 2022 variant (TsingZ0/PFLlib f1e313a
+``clientphp.py``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""FedProx-C (spec §2.3): its fine-tuning with the proximal term, recomputed by hand (the round
-shared with FedAvg-C is in test_fedavgc.py)."""
+"""FedProx-C (docs/reference/methods/fedproxc.md): its fine-tuning with the proximal term,
+recomputed by hand (the round shared with FedAvg-C is in test_fedavgc.py)."""
 
 from __future__ import annotations
 

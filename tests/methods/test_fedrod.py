@@ -1,7 +1,8 @@
-"""FedROD: the personal head on detached features and the summed head (spec §3), the model its
-adaptability metrics score, and the client against my transcriptions of TsingZ0/PFLlib d832e76,
-``system/flcore/clients/clientrod.py`` (clientbase.py: plain SGD) and Yutong-Dai/FedNH 60c3161,
-``src/flbase/strategies/FedROD.py`` (FedRODClient._train_together)."""
+"""FedROD: the personal head on detached features and the summed head
+(docs/reference/methods/fedrod.md), the model its adaptability metrics score, and the client against
+my transcriptions of TsingZ0/PFLlib d832e76, ``system/flcore/clients/clientrod.py`` (clientbase.py:
+plain SGD) and Yutong-Dai/FedNH 60c3161, ``src/flbase/strategies/FedROD.py``
+(FedRODClient._train_together)."""
 
 from __future__ import annotations
 

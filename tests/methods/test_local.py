@@ -1,4 +1,5 @@
-"""Local training (spec §2.8): no communication, plain SGD recomputed by hand."""
+"""Local training (docs/reference/methods/local.md): no communication, plain SGD recomputed by
+hand."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""PartialFed (spec §2.12): gates, the temperature schedule, model and strategy batches
-recomputed by hand, and against my transcription of PFLlib c79e660's draft
+"""PartialFed (docs/reference/methods/partialfed.md): gates, the temperature schedule, model and
+strategy batches recomputed by hand, and against my transcription of PFLlib c79e660's draft
 (``clientpartial.py``, ``servers/serverpartial.py``; added in c79e660 and deleted seven minutes
 later in 3c1024f).
 

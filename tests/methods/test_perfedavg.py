@@ -1,5 +1,5 @@
-"""Per-FedAvg (spec §2.4): every update rule recomputed by hand with plain torch on the
-algorithm's documented batch streams, and against my transcription of PFLlib f1e313a
+"""Per-FedAvg (docs/reference/methods/perfedavg.md): every update rule recomputed by hand with plain
+torch on the algorithm's documented batch streams, and against my transcription of PFLlib f1e313a
 (``system/flcore/clients/clientperavg.py``, ``system/flcore/optimizers/fedoptimizer.py``:
 PerAvgOptimizer, ``servers/serverperavg.py``).
 

@@ -1,6 +1,6 @@
-"""pFedMe (spec §2.6): every update rule recomputed by hand, and against my transcription of
-PFLlib f1e313a (``clients/clientpFedMe.py``, ``optimizers/fedoptimizer.py``: pFedMeOptimizer,
-``servers/serverpFedMe.py``)."""
+"""pFedMe (docs/reference/methods/pfedme.md): every update rule recomputed by hand, and against my
+transcription of PFLlib f1e313a (``clients/clientpFedMe.py``, ``optimizers/fedoptimizer.py``:
+pFedMeOptimizer, ``servers/serverpFedMe.py``)."""
 
 from __future__ import annotations
 

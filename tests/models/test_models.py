@@ -50,7 +50,7 @@ def resnet(seed: int = 0, classes: int = 10, size: int = 32) -> nn.Module:
     return build_model("resnet18", (3, size, size), classes)
 
 
-# ---- unit maps and ALA weight counts (spec §1.3) ---------------------------------------------
+# ---- unit maps and ALA weight counts (FedALA paper, Appendix C Table 5; Tables 1 and 6) ----------
 def test_models_are_registered():
     assert {"resnet18", "fasttext"} <= set(MODELS)
 

@@ -516,9 +516,10 @@ def test_an_unfinished_cells_best_so_far_is_on_the_plateau_metric(tmp_path) -> N
 
 
 def test_time_to_accuracy_is_the_base_round_over_the_method_round_and_counts_ties_as_reached() -> None:
-    """SosicFL §4.13 by hand: the target is the base's best, the improvement the round the base
-    first reaches it over the round the method does; a best equal up to summation noise is reached
-    (two methods at 98.66 % each, summed over clients in another order, once read "not reached")."""
+    """SosicFL's time to accuracy (paper, Section 4.1) by hand: the target is the base's best, the
+    improvement the round the base first reaches it over the round the method does; a best equal up
+    to summation noise is reached (two methods at 98.66 % each, summed over clients in another
+    order, once read "not reached")."""
     from pflkit.reporting.summary import time_to_accuracy
 
     def history(values: list[float]) -> list[dict[str, float]]:

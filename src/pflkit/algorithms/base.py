@@ -335,8 +335,8 @@ class Algorithm:
         return 0
 
     def head_update(self, server: State, upload: SentUpload) -> torch.Tensor | None:
-        """The upload's change of the last layer, flattened (the total variance of updates, spec
-        §4.13); None where the upload carries no head."""
+        """The upload's change of the last layer, flattened (the total variance of updates,
+        SosicFL Eq. 10); None where the upload carries no head."""
         head = [k for k in self.units[-1][1] if k in upload["params"] and k in server["global"]]
         if not head:
             return None

@@ -1,6 +1,7 @@
 """FedACD (Zhou et al. 2025): a better global model through local models that are adaptable
 across client distributions (every equation of the paper was lost in extraction, so
-this follows the spec's reconstruction, each [RECON]/[UNCERTAIN] choice a setting).
+this is our reconstruction, each reconstructed or uncertain choice a setting: the method's page,
+docs/reference/methods/fedacd.md).
 
 Client m keeps a probability matrix P^m, P_ij = mean predicted probability of class j over its
 samples of class i (rows = true classes). It starts each round from one no-grad pass

@@ -1,5 +1,5 @@
-"""FedAvg-C (FedALA paper baseline, spec §2.3 [RECON]): FedAvg plus local fine-tuning of the
-downloaded global model before evaluation and training.
+"""FedAvg-C (FedALA paper baseline, reconstructed: the paper gives no code): FedAvg plus local
+fine-tuning of the downloaded global model before evaluation and training.
 
 No code is public; the paper only says the global model is "locally fine-tuned for local
 initialisation at each iteration". Here: after receiving Theta^{t-1} the client fine-tunes all

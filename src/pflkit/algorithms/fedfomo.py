@@ -1,5 +1,5 @@
 """FedFomo (Zhang et al., ICLR 2021): first-order model optimisation over other clients' models
-(spec §2.10).
+(a baseline of the FedALA paper).
 
 The server keeps every client's latest model and an affinity matrix P (identity at start) and
 sends client i the models of the M others with the largest P_i. The client weighs each received

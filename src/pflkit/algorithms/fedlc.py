@@ -1,5 +1,5 @@
 """FedLC (Zhang et al., ICML 2022): federated learning with label-distribution-calibrated logits
-(spec §3.14).
+(a baseline of the FedACD paper).
 
 Local objective: cross-entropy on the calibrated logits z_j - tau * n_j^{-1/4}, with n_j the
 client's training samples of class j; classes the client lacks (n_j = 0) are left out of the

@@ -1,5 +1,5 @@
 """FedNova (Wang et al., NeurIPS 2020): normalised averaging against objective inconsistency
-(spec §3.14).
+(a baseline of the FedACD paper).
 
 Client m runs tau_m local SGD steps and uploads its normalised update d_m = (w^{t-1} - w_m) / a_m,
 with a_m = tau_m for plain SGD and a_m = sum_{k<tau_m} (1 - rho^{k+1}) / (1 - rho) with momentum

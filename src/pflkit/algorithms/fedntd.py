@@ -1,5 +1,5 @@
 """FedNTD (Lee et al., NeurIPS 2022): not-true distillation from the received global model
-(spec §3.14).
+(a baseline of the FedACD paper).
 
 Local objective: CE(z, y) + beta * tau^2 * KL(softmax(z^g_nt / tau) || softmax(z_nt / tau)), where
 z_nt are the logits without the true class and z^g those of the frozen received global model

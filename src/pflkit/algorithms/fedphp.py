@@ -38,7 +38,7 @@ from .registry import register
 class FedPHPSettings(Settings):
     mu: float = Field(0.9, ge=0, le=1, description="HPM momentum; mu_t = mu * t / T (FedALA App. G: 0.9)")
     lam: float = Field(0.01, ge=0, le=1, description="weight of the knowledge-transfer loss (App. G: 0.01)")
-    # spec §2.9: the paper studies several KT types; the reference (PFLlib) uses MMD on features
+    # the FedPHP paper studies several KT types; the reference (PFLlib's clientphp.py) uses MMD on features
     kt: Literal["mmd", "kd"] = Field(
         "mmd",
         description="knowledge transfer from the HPM: MMD on body features (PFLlib's) or logit KD",

@@ -1,7 +1,8 @@
-"""FedProx-C (FedALA paper baseline, spec §2.3 [RECON]): FedProx plus local fine-tuning of the
-downloaded global model before evaluation and training (see ``fedavgc``).
+"""FedProx-C (FedALA paper baseline, reconstructed: the paper gives no code): FedProx plus local
+fine-tuning of the downloaded global model before evaluation and training (see ``fedavgc``).
 
-Fine-tuning is plain SGD unless ``ft_prox`` adds FedProx's proximal term to it [UNCERTAIN];
+Fine-tuning is plain SGD unless ``ft_prox`` adds FedProx's proximal term to it (the paper does not
+say which; the method's page, docs/reference/methods/fedproxc.md, lists the choices);
 local training then minimises F_i(w) + mu/2 ||w - w_global||^2. Evaluated model: the fine-tuned
 one. With ``+ala`` ALA initialises the local model, which is then fine-tuned.
 """

@@ -1,5 +1,6 @@
 """PartialFed-Adaptive (Sun et al., NeurIPS 2021): learned layer-wise global/local loading
-(spec §2.12, [RECON]: the paper gives no code; this is our reconstruction).
+(reconstructed: the paper gives no code; the method's page, docs/reference/methods/partialfed.md,
+lists our choices).
 
 Client state: the local model theta and strategy logits S [U, 2] (U = number of units; column
 0 = "load the global unit", column 1 = "keep the local unit"; init 0 = 50/50) and its position
@@ -59,7 +60,7 @@ from .registry import register
 
 
 class PartialFedSettings(Settings):
-    # spec §2.12 [RECON]: every item below is our reconstruction of PartialFed-Adaptive
+    # every item below is our reconstruction of PartialFed-Adaptive (the paper gives no code)
     load: Literal["round", "batch"] = Field(
         "round",
         description="when the gates load global units into the "

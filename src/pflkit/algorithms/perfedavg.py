@@ -46,7 +46,7 @@ class PerFedAvgSettings(Settings):
         description="Hessian-free variant with a Hessian-vector product on a "
         "third batch B'' (the paper's); default first order (reference)",
     )
-    # spec §2.4: the paper draws B and B' independently; PFLlib splits one batch of size 2b in halves
+    # the Per-FedAvg paper draws B and B' independently; PFLlib (clientperavg.py) splits one batch of 2b in halves
     batch_pairs: Literal["independent", "split"] = Field(
         "independent",
         description="independent: B, B' from two independent shuffles (paper); split: "

@@ -42,12 +42,12 @@ class PFedMeSettings(Settings):
         ge=0,
         description="extra l2 * theta in the inner step; the reference uses 0.001 (default off)",
     )
-    # spec §2.6: the paper averages uniformly over sampled clients, PFLlib weights by samples
+    # the pFedMe paper averages uniformly over sampled clients, PFLlib weights by samples
     server_weights: Literal["samples", "uniform"] = Field(
         "samples",
         description="server average weighted by sample counts (PFLlib) or uniform over the sampled clients (paper)",
     )
-    # spec §1.8/§2.6: with +ala only w is ALA-initialised; where theta starts is our choice
+    # with +ala (FedALA Table 4) only w is ALA-initialised; where theta starts is our choice
     theta_init: Literal["received", "local"] = Field(
         "received",
         description="theta's start each round: the received global or the "

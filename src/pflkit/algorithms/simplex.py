@@ -1,8 +1,8 @@
-"""SosicFL's preparation stage on the server (spec §4.3-4.5): the clients' label counts become
-points on the simplex Δ^M (LDA), the points are clustered (L1 or Hilbert metric), and every
-cluster gets a subregion (an L1 ball of radius eta = rho * mean distance to the simplex, cut to
-the simplex) with an exact uniform sampler; and the simplex parametrisation W(alpha) = sum_m
-alpha_m W_m of the model's endpoint tensors.
+"""SosicFL's preparation stage on the server (SosicFL paper, Section 3.3): the clients' label
+counts become points on the simplex Δ^M (LDA), the points are clustered (L1 or Hilbert metric),
+and every cluster gets a subregion (an L1 ball of radius eta = rho * mean distance to the simplex,
+cut to the simplex) with an exact uniform sampler; and the simplex parametrisation W(alpha) =
+sum_m alpha_m W_m of the model's endpoint tensors.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def prepare_simplex(
     seed: int,
     eps: float = 1e-6,
 ) -> SimplexPlan:
-    """Stages 1-3 of spec §4.3-4.5 from the clients' label counts [K, L]."""
+    """The preparation stage (LDA points, clusters, subregions) from the clients' label counts [K, L]."""
     if not rho > 0:
         raise SimplexError(f"sosicfl.rho must be > 0, got {rho}")
     points = lda_points(counts, num_endpoints, seed)

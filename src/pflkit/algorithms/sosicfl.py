@@ -12,9 +12,9 @@ alpha cycling over its draws (one per round, or one per step); the server averag
 endpoints like FedAvg (over the participants, or the paper's literal N over all clients).
 Global model: the simplex centroid; a client's model: its cluster centre.
 
-SosicFL+ (§4.10) also keeps personal endpoints per client, trained every round like Ditto's
-personal model (proximal term lam/2 ||theta_hat - theta||^2 toward the received endpoints, alpha
-cycling over 10 subregion draws) and scored at the cluster centre.
+SosicFL+ (SosicFL paper, Section 3.6) also keeps personal endpoints per client, trained every
+round like Ditto's personal model (proximal term lam/2 ||theta_hat - theta||^2 toward the received
+endpoints, alpha cycling over 10 subregion draws) and scored at the cluster centre.
 """
 
 from __future__ import annotations
@@ -256,7 +256,8 @@ class SosicFL(Algorithm):
         return realise(server["global"], self.simplex, self.M1, self.centroid)
 
     def head_update(self, server: State, upload: SentUpload) -> torch.Tensor | None:
-        """The realised head's update at the centroid (total variance, spec §4.13 [RECON])."""
+        """The realised head's update at the centroid (total variance, SosicFL Eq. 10; for a simplex
+        head a reconstruction, docs/explanations/metrics.md)."""
         new = realise(upload["params"], self.simplex, self.M1, self.centroid)
         return super().head_update({"global": self.global_params(server)}, {**upload, "params": new})
 

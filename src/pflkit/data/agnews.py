@@ -1,6 +1,6 @@
 """AG News from the standard ``train.csv`` / ``test.csv`` as fixed-length token-id sequences.
 
-Reproduces the 2022 PFLlib preprocessing used by FedALA (spec §5.1, §7.3):
+Reproduces the 2022 PFLlib preprocessing used by FedALA (PFLlib's ``dataset/generate_agnews.py``):
 
 * text = title + " " + description; label = class index - 1 (0..3);
 * torchtext's ``basic_english`` tokenizer (re-implemented here, see :func:`basic_english`);

@@ -1,8 +1,8 @@
 """CIFAR-10 / CIFAR-100 from the official "python version" pickles, extracted or still in the .tar.gz.
 
-FedALA merges the official train and test sets into one pool (spec §5.1, §5.5):
-the five training batches (CIFAR-10) or ``train`` (CIFAR-100) come first, then
-the test batch. Images are normalised as ``(x / 255 - 0.5) / 0.5``.
+FedALA merges the official train and test sets into one pool (as PFLlib's
+``dataset/generate_cifar10.py`` does): the five training batches (CIFAR-10) or ``train``
+(CIFAR-100) come first, then the test batch. Images are normalised as ``(x / 255 - 0.5) / 0.5``.
 """
 
 from __future__ import annotations

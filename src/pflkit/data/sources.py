@@ -1,9 +1,9 @@
 """Centralised datasets as tensors (normalised images or token ids), before any federated split.
 
-FedALA pools the official train and test sets and partitions the pool (spec
-§5.1, §5.5), so every loader here returns one pool of samples (:class:`Dataset`,
-in dataset.py). This module reads the built-in sets (digits, synthetic, MNIST) and
-dispatches by name (:func:`load_dataset`) to the readers of the other datasets, which
+FedALA pools the official train and test sets and partitions the pool (as PFLlib's
+``dataset/generate_*.py`` scripts do), so every loader here returns one pool of samples
+(:class:`Dataset`, in dataset.py). This module reads the built-in sets (digits, synthetic,
+MNIST) and dispatches by name (:func:`load_dataset`) to the readers of the other datasets, which
 live in their own modules (cifar, tiny_imagenet, agnews).
 """
 

@@ -1,9 +1,10 @@
 """The one client executor: a round's client jobs run in groups, each group on one context.
 
 A group is one client on the reference ``SingleClientContext`` or K clients on a
-``BatchedClientContext``; :func:`run_group` runs the client part of a round (spec §0.2
-skeleton: local_init -> evaluate -> local_train) for a group, whatever its size, and splits the
-results back per client. The engines are this executor with other numbers:
+``BatchedClientContext``; :func:`run_group` runs the client part of a round (local_init ->
+evaluate -> local_train, steps 3-5 of "A round in ten steps" in docs/explanations/design.md) for a
+group, whatever its size, and splits the results back per client. The engines are this executor
+with other numbers:
 
 * ``loop``: groups of one, one after another (the reference);
 * ``parallel``: groups of one spread over worker threads (largest first, so the idle tail of a

@@ -8,11 +8,12 @@ and hands the results back; the driver aggregates, records and advances the run'
     results = <run plan.jobs>             # simulator engine, or Flower messages
     record = driver.finish(state, plan, results)
 
-Evaluation convention (spec §5.7, FedALA/PFLlib): the model evaluated at "round r" is each
-evaluated client's ``eval_params`` right after ``local_init`` with the server state produced by
-r aggregations, i.e. at the start of training round r + 1 (round 0 = the initial model). After
-the last round a final evaluation-only pass scores round T. With join_ratio < 1 the evaluated
-clients of round r are those sampled for round r + 1 (spec: "only the joining clients").
+Evaluation convention (FedALA/PFLlib; docs/explanations/metrics.md): the model evaluated at
+"round r" is each evaluated client's ``eval_params`` right after ``local_init`` with the server
+state produced by r aggregations, i.e. at the start of training round r + 1 (round 0 = the initial
+model). After the last round a final evaluation-only pass scores round T. With join_ratio < 1 the
+evaluated clients of round r are those sampled for round r + 1 (FedALA paper, Appendix F: results
+"collected from the joining clients").
 """
 
 from __future__ import annotations

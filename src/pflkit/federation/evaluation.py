@@ -1,5 +1,6 @@
-"""The global model on the global test set (the official test-set protocol, spec §5.7, §3.13),
-and the adaptability metrics of every trained local model (FedACD Tables 3 and 9)."""
+"""The global model on the global test set (the official test-set protocol of
+docs/explanations/metrics.md), and the adaptability metrics of every trained local model (FedACD
+Tables 3 and 9)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ from ..functional.training import in_row_chunks, probability_matrix, probability
 
 class GlobalEvaluation:
     """Accuracy, loss and per-class accuracy of a global model on the global test set, and its
-    accuracy on every client's distribution: Acc_m = sum_c pi^m_c acc_c (FedACD Table 2 [RECON]),
-    averaged over the clients (``priors`` [N, C], each client's training label distribution)."""
+    accuracy on every client's distribution: Acc_m = sum_c pi^m_c acc_c (FedACD Table 2, a
+    reconstruction), averaged over the clients (``priors`` [N, C], each client's training label
+    distribution)."""
 
     def __init__(
         self,
@@ -87,8 +89,8 @@ class GlobalEvaluation:
         return correct.cpu().numpy(), float(F.cross_entropy(logits, target, reduction="sum"))
 
     def local_risk(self, class_correct: list[float]) -> float:
-        """A local model's risk over the clients' distributions (FedACD Eq. 2 [RECON]): the mean
-        over clients of sum_c pi^m_c * error_c, from its per-class correct counts."""
+        """A local model's risk over the clients' distributions (FedACD Eq. 2, a reconstruction): the
+        mean over clients of sum_c pi^m_c * error_c, from its per-class correct counts."""
         with np.errstate(invalid="ignore", divide="ignore"):
             accuracy = np.where(self.class_counts > 0, np.asarray(class_correct) / self.class_counts, np.nan)
         return float(1.0 - np.mean(client_accuracies(self.priors, accuracy)))

@@ -459,7 +459,7 @@ def probability_matrix(sums: Tensor, counts: Tensor, floor: float = 1e-8) -> Ten
 
 def template_kl(P: Tensor, counts: Tensor, gamma: float, rows: str = "mean") -> Tensor:
     """s = mean over the classes present (counts > 0) of KL(P_i || T_i), with the template
-    T_ii = gamma, T_ij = (1 - gamma) / (C - 1) (FedACD Eq. 10 [RECON]);
+    T_ii = gamma, T_ij = (1 - gamma) / (C - 1) (FedACD Eq. 10, reconstructed);
     ``rows = "samples"`` weights each class's row by its sample count instead."""
     C = P.shape[-1]
     eye = torch.eye(C, dtype=P.dtype, device=P.device)

@@ -1,7 +1,8 @@
 """Adaptive Local Aggregation (ALA), the local-initialisation step of FedALA (AAAI 2023).
 
 Instead of overwriting its local model with the downloaded global model, a client learns
-element-wise weights W in [0, 1] on a random sample of its own training data (spec §1.2-1.6):
+element-wise weights W in [0, 1] on a random sample of its own training data (FedALA paper, Eq. 2-5
+and Algorithm 1; the choices where the reference code differs: docs/explanations/design.md):
 
     Theta_hat = Theta_local + (Theta_global - Theta_local) * [1 (lower units); W (top p units)]
     W <- clip_[0,1](W - eta * dL/dTheta_hat * (Theta_global - Theta_local))     (paper Eq. 5/7)

@@ -2,12 +2,11 @@
 time-to-accuracy improvements with its Tables 2 and 3 cells), for reports that set ours beside
 them. A config names its cell with ``paper_table = "<table>/<column>"``.
 
-Sources: FedALA (AAAI 2023) Tables 1 and 6 (s and p sweeps), 2, 3 (cost), 4 and 7 (spec §1.11
-and the paper text); SosicFL
-(arXiv 2403.03333) Tables 2, 3 (the Ditto/SosicFL+ column reading is the spec's) and
-Table 5 (time-to-accuracy improvements, global then local, same column reading); PFLlib's benchmark
-page (``docs/benchmark.html`` at PFLlib d832e76), FMNIST in its practical label skew setting, for
-the methods pflkit holds under their pflkit names.
+Sources: FedALA (AAAI 2023, arXiv 2212.01197) Tables 1 and 6 (s and p sweeps), 2, 3 (cost), 4 and 7;
+SosicFL (arXiv 2403.03333) Tables 2, 3 (which columns the Ditto/SosicFL+ rows fill is our reading of
+the paper's flattened table text) and Table 5 (time-to-accuracy improvements, global then local, same
+column reading); PFLlib's benchmark page (``docs/benchmark.html`` at PFLlib d832e76), FMNIST in its
+practical label skew setting, for the methods pflkit holds under their pflkit names.
 """
 
 from __future__ import annotations

@@ -142,10 +142,10 @@ def time_to_accuracy(
     seeds: Sequence[int],
     metrics: Sequence[str] = ("global_accuracy", "local_accuracy"),
 ) -> dict[str, dict[str, Any]]:
-    """Time-to-accuracy of each method against its base method of the same run (SosicFL §4.13):
-    the target is the base's best value of the metric, TTA_base the round where the base first
-    reaches it, and the improvement TTA_base / TTA_method ("x1.7"), per seed and averaged over
-    the seeds where the method reached it; "not reached" where it never did."""
+    """Time-to-accuracy of each method against its base method of the same run (SosicFL paper,
+    Section 4.1): the target is the base's best value of the metric, TTA_base the round where the
+    base first reaches it, and the improvement TTA_base / TTA_method ("x1.7"), per seed and averaged
+    over the seeds where the method reached it; "not reached" where it never did."""
     out: dict[str, dict[str, Any]] = {}
     for method, base in bases.items():
         for metric in metrics:

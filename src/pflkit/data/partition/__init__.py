@@ -1,14 +1,16 @@
-"""Splitting a labelled pool among clients (spec §5.2-§5.6, §5.8).
+"""Splitting a labelled pool among clients.
 
 One entry point: :func:`split_clients` (``labels``, :class:`PartitionSpec`, partition seed) gives
 every client its training and test indices (:class:`ClientSplit`). Its parts, one module each:
 
 * :mod:`.spec`: :class:`PartitionSpec`, :class:`ClientSplit`, the random conventions and the
   checks and helpers the families share;
-* :mod:`.iid`, :mod:`.dirichlet` (§5.4), :mod:`.pathological` (§5.2), :mod:`.kfold` (SosicFL's
-  k-Fold groups, §5.3, and label Dirichlet, §5.6): the partition families, whose functions
-  (``partition_iid``, ``partition_dirichlet``, ...) stay importable from those modules for their tests;
-* :mod:`.holdout`: per-client train/test splits (§5.5) and local test sets (§5.6);
+* :mod:`.iid`, :mod:`.dirichlet` (PFLlib's ``dir``), :mod:`.pathological` (PFLlib's ``pat``),
+  :mod:`.kfold` (SosicFL's k-Fold groups and label Dirichlet): the partition families, whose
+  functions (``partition_iid``, ``partition_dirichlet``, ...) stay importable from those modules for
+  their tests;
+* :mod:`.holdout`: per-client train/test splits and the local test sets of the official-test-set
+  protocol (docs/explanations/metrics.md);
 * :mod:`.split`: :func:`split_clients`, which picks the family and draws the test data.
 """
 

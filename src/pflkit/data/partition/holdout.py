@@ -1,6 +1,6 @@
 """Clients' test data: the per-client train/test split of the client-split protocol,
-the local test sets of the official-test-set protocol (spec §5.6, docs/explanations/metrics.md), and the fixed
-stratified split that stands in for an official split where a dataset ships none.
+the local test sets of the official-test-set protocol (docs/explanations/metrics.md), and the
+fixed stratified split that stands in for an official split where a dataset ships none.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ __all__ = ["local_test_sets", "split_train_test", "stratified_test_split"]
 def split_train_test(
     parts: list[np.ndarray], train_fraction: float, rng: Rng, *, convention: str = "pflkit"
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Split each client's indices into train/test (spec §5.5, FedALA uses 0.75).
+    """Split each client's indices into train/test (FedALA uses 0.75: paper, "Experimental Setup").
 
     ``"pflkit"``: each client's samples are shuffled and the first ``floor(train_fraction * n)``
     become training data. ``"pfllib"``: scikit-learn's ``train_test_split(train_size=...,
@@ -61,7 +61,8 @@ def split_train_test(
 
 def local_test_sets(train_counts: np.ndarray, test_labels: np.ndarray, size: int, rng: Rng) -> list[np.ndarray]:
     """Per client, ``size`` positions of the test pool whose labels follow the client's training
-    label proportions (largest remainder counts, spec §5.6 [RECON]). Within a client each class
+    label proportions (largest remainder counts; reconstructed, as the SosicFL paper does not say
+    how its local test sets are drawn). Within a client each class
     is drawn without replacement (with replacement where the pool holds fewer); clients may share
     test samples."""
     num_classes = train_counts.shape[1]

@@ -1,5 +1,5 @@
 """IID partition: the pool shuffled and cut into near-equal parts, one per client (the baseline
-next to the label skews of spec §5.2 and §5.4).
+next to the label skews of :mod:`.pathological` and :mod:`.dirichlet`).
 
 This is the ``"pflkit"`` convention. Under ``rng = "pfllib"``, :func:`pflkit.data.partition.split_clients`
 draws IID as PFLlib does: its pathological rule (:mod:`.pathological`) with every class.

@@ -1,5 +1,6 @@
-"""SosicFL's partitions: k-Fold groups (spec §5.3 [RECON]) and the client-wise label Dirichlet
-with equal client sizes (spec §5.6 [RECON]).
+"""SosicFL's partitions (SosicFL paper, Section 4.1, "Data heterogeneity"): k-Fold groups and the
+client-wise label Dirichlet, with equal client sizes. The paper gives the groups' 80/20 shares and
+phi_k ~ Dir(beta); the sizes and counts below are our reconstruction.
 
 Both give every client the same number of samples, floor(N / K) (k-Fold: fewer for all where a
 class runs short), drawn without replacement with class counts by the largest-remainder rule;
@@ -22,12 +23,12 @@ log = logging.getLogger(__name__)
 def partition_kfold(
     labels: np.ndarray, num_clients: int, num_folds: int, rng: Rng, *, primary_fraction: float = 0.8
 ) -> list[np.ndarray]:
-    """SosicFL's k-Fold groups (spec §5.3 [RECON]): classes and clients are cut into ``num_folds``
-    groups; every client of group g holds n = floor(N / K) samples, ``primary_fraction`` of them
-    spread evenly over g's primary classes and the rest evenly over the other classes, with the
-    same largest-remainder counts for the whole group, so a group's clients have identical label
-    distributions. Samples are drawn without replacement; where a class cannot feed every client
-    n shrinks (logged). Clients are numbered group by group."""
+    """SosicFL's k-Fold groups (after Huang et al. 2021; counts reconstructed): classes and clients
+    are cut into ``num_folds`` groups; every client of group g holds n = floor(N / K) samples,
+    ``primary_fraction`` of them spread evenly over g's primary classes and the rest evenly over the
+    other classes, with the same largest-remainder counts for the whole group, so a group's clients
+    have identical label distributions. Samples are drawn without replacement; where a class cannot
+    feed every client n shrinks (logged). Clients are numbered group by group."""
     labels = _check_labels(labels)
     _check_num_clients(num_clients)
     num_classes = int(labels.max()) + 1
@@ -83,10 +84,11 @@ def partition_kfold(
 
 
 def partition_label_dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: Rng) -> list[np.ndarray]:
-    """Client-wise Dirichlet over label distributions with equal client sizes (SosicFL, spec §5.6
-    [RECON]): phi_k ~ Dir(alpha 1_L), n = floor(N / K), class counts by largest remainder of
-    n phi_k, drawn without replacement; a class pool that runs dry passes the client's deficit to
-    its other classes in proportion to phi_k (to any class with samples left where those are dry)."""
+    """Client-wise Dirichlet over label distributions with equal client sizes (SosicFL paper,
+    Section 4.1; sizes and counts reconstructed): phi_k ~ Dir(alpha 1_L), n = floor(N / K), class
+    counts by largest remainder of n phi_k, drawn without replacement; a class pool that runs dry
+    passes the client's deficit to its other classes in proportion to phi_k (to any class with
+    samples left where those are dry)."""
     labels = _check_labels(labels)
     _check_num_clients(num_clients)
     if not alpha > 0:

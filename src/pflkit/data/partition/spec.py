@@ -1,9 +1,9 @@
-"""The partition spec and what the partitioners share (spec §5.2-§5.6, §5.8).
+"""The partition spec and what the partitioners share.
 
 :class:`PartitionSpec` holds the partition keys of the experiment config and :class:`ClientSplit`
 what :func:`pflkit.data.partition.split_clients` returns. Every partitioner takes its randomness
 from an explicit generator so that the partition seed stays separate from model and sampling
-seeds (§5.8). Two random conventions exist (``PartitionSpec.rng``): ``"pflkit"`` draws from a
+seeds. Two random conventions exist (``PartitionSpec.rng``): ``"pflkit"`` draws from a
 ``np.random.Generator`` keyed by the partition seed; ``"pfllib"`` draws from one legacy
 ``np.random.RandomState(seed)`` in exactly the order of PFLlib's generator scripts
 (``np.random.seed(seed)``, then ``separate_data`` and ``split_data``), so a PFLlib split is

@@ -1,5 +1,5 @@
 """The one way from (labels, spec, seed) to clients' training and test indices:
-:func:`split_clients` (spec §5.2-§5.6).
+:func:`split_clients`.
 
 It draws the partition of ``spec.method`` from the partition seed's generator (:mod:`.iid`,
 :mod:`.dirichlet`, :mod:`.pathological`, :mod:`.kfold`) and then the clients' test data

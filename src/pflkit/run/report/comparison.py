@@ -30,8 +30,9 @@ def metrics_table(summary: dict[str, Any], cell: dict[str, Any], multi: bool) ->
 
 
 def tta_table(summary: dict[str, Any], published: dict[str, Any]) -> Table | None:
-    """Time to accuracy (SosicFL §4.13) of the methods that recorded it, beside the paper's
-    (its Table 5: ``published`` per method, global then local); None where none recorded it."""
+    """Time to accuracy (SosicFL paper, Section 4.1) of the methods that recorded it, beside the
+    paper's (its Table 5: ``published`` per method, global then local); None where none recorded
+    it."""
     tta = []
     for m, e in summary.items():
         for key, v in e.items():
@@ -52,7 +53,7 @@ def tta_table(summary: dict[str, Any], published: dict[str, Any]) -> Table | Non
     if not tta:
         return None
     return (
-        "time to accuracy (SosicFL §4.13; paper: its Table 5)",
+        "time to accuracy (SosicFL paper, Section 4.1; paper: its Table 5)",
         ["method", "metric vs base", "improvement", "seeds reaching", "paper"],
         tta,
     )

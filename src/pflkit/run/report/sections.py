@@ -297,7 +297,7 @@ def table_section(folder: Path, cells: Sequence[Path]) -> Section:
         if tta:
             section.tables.append(
                 (
-                    "time to accuracy (SosicFL §4.13): the round the base first reaches its best, "
+                    "time to accuracy (SosicFL paper, Section 4.1): the round the base first reaches its best, "
                     "over the round the method does",
                     ["method", "metric vs base", "improvement", "seeds reaching"],
                     tta,
