@@ -142,7 +142,7 @@ def test_apfl_on_batch_norm_keeps_the_personal_models_statistics_its_own_on_ever
         x, y = torch.randn(n + 4, 1, 8, 8, generator=g) * (1 + k), torch.randint(0, 10, (n + 4,), generator=g)
         clients.append(ClientData(k, x[:n], y[:n], x[n:], y[n:]))
     data = FederatedData.from_clients(clients, 10, "toy")
-    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.05)
+    train = TrainSettings(batch_size=10, local_epochs=1, lr=0.01)
     alg = build_algorithm("apfl", load_config(None, []).algorithm_sections(), train, model.units())
     payload = {"global": {k: init[k] for k in alg.parameter_names}}
     states = [alg.init_client(init, k) for k in range(2)]
@@ -166,6 +166,9 @@ def test_apfl_on_batch_norm_keeps_the_personal_models_statistics_its_own_on_ever
     down = {"global": stack([payload["global"]] * 2, cpu)}
     state, _ = alg.local_init(down, stacked, bctx)
     new, _, _ = alg.local_train(down, state, bctx)
-    for k in range(2):  # float reassociation in the vmapped batch norm: up to 1.6e-4 here (measured)
-        assert_params_close(unstack(new["personal"], k, kept[k]["personal"]), alone[k]["personal"], atol=5e-4)
-        assert_params_close(unstack(new["model"], k, kept[k]["model"]), alone[k]["model"], atol=5e-4)
+    # Float reassociation in the vmapped batch norm grows through training: at lr 0.01 at most 5.3e-5
+    # (measured over AVX2 and generic kernels, one and two threads; at lr 0.05 up to 1e-2). Dropping
+    # the statistics' updates moves them by 9e-2 or more.
+    for k in range(2):
+        assert_params_close(unstack(new["personal"], k, kept[k]["personal"]), alone[k]["personal"], atol=1e-3)
+        assert_params_close(unstack(new["model"], k, kept[k]["model"]), alone[k]["model"], atol=1e-3)
