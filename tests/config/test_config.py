@@ -141,7 +141,7 @@ def test_fedacd_configs_have_the_papers_setting_and_name_their_table(path):
     assert cfg.fednh.scale == (20.0 if cfg.dataset == "tiny_imagenet" else 1.0)  # FedNH's ResNetModNH / its CNN
     assert "feddecorr" not in cfg.algorithms or cfg.feddecorr.beta == (0.05 if cfg.dataset == "cifar100" else 0.1)
     # reconstructed (docs/explanations/reconstructions.md): FedNH's and FedNTD's code on the same settings;
-    # lr decay and weight decay as theirs (Tiny: FedNH's 1e-3)
+    # lr decay and weight decay as theirs (Tiny ImageNet: weight decay 1e-3)
     assert (cfg.train.lr_decay, cfg.train.weight_decay) == (0.99, 1e-3 if cfg.dataset == "tiny_imagenet" else 1e-5)
     header = path.read_text().split("\n", 1)[0]
     assert header.startswith("# FedACD Table") and "[UNCERTAIN]" in path.read_text()
