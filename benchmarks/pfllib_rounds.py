@@ -105,9 +105,13 @@ def main() -> int:
         windows = [(begin, begin + b) for begin, b in zip(firsts, budget)]
     else:
         windows = list(zip(firsts, [*firsts[1:], ends[0]]))
+    # A pass belongs to the round whose select_clients it follows; the next round's first call
+    # bounds it too, since a Budget-ended window can reach past it when the process was preempted
+    # between the server's own clock read and the wrapper's.
+    bounds = [*firsts[1:], float("inf")]
     rounds = []
-    for begin, end in windows:
-        inside = sum(b - a for a, b in passes if begin <= a < end)
+    for (begin, end), following in zip(windows, bounds):
+        inside = sum(b - a for a, b in passes if begin <= a < min(end, following))
         rounds.append({"wall": end - begin, "train_loss_pass": inside})
     args.out.write_text(json.dumps({"threads": args.threads, "flags": flags, "rounds": rounds}))
     return 0

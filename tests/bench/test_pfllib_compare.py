@@ -44,24 +44,26 @@ FAKE_SERVER = """
 import time
 
 class Server:
-    def __init__(self, rounds, selects, budget, after):
-        self.rounds, self.selects, self.after = rounds, selects, after
+    def __init__(self, rounds, selects, budget, after, preempted):
+        self.rounds, self.selects, self.after, self.preempted = rounds, selects, after, preempted
         self.Budget = [] if budget else None
 
     def select_clients(self):
         return []
 
     def train_metrics(self):
-        time.sleep(0.06)
+        time.sleep(0.4 if self.preempted and self.round == 1 else 0.06)
 
     def save_results(self):
         pass
 
     def train(self):
-        for _ in range(self.rounds + 1):
+        for self.round in range(self.rounds + 1):
             # PFLlib times a round with time.time(); perf_counter here, since a clock-sync step of the
             # wall clock (seen on a loaded VM) would move these 0.1-s rounds past the checks' margins
             start = time.perf_counter()
+            if self.preempted and self.round == 0:
+                time.sleep(0.2)  # descheduled between the round's clock read and its first call
             for _ in range(self.selects):
                 self.select_clients()
             self.train_metrics()
@@ -79,7 +81,9 @@ parser = argparse.ArgumentParser()
 parser.add_argument("-gr", type=int)
 parser.add_argument("-algo")
 args = parser.parse_args()
-Server(args.gr, 2 if args.algo == "Local" else 1, args.algo != "FedPHP", 2.0 if args.algo == "FedBABU" else 0.0).train()
+selects = 2 if args.algo == "Local" else 1
+after = 2.0 if args.algo == "FedBABU" else 0.0
+Server(args.gr, selects, args.algo != "FedPHP", after, args.algo == "Preempted").train()
 """
 
 
@@ -99,10 +103,11 @@ def _fake_pfllib(root: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("algo", ["FedAvg", "Local", "FedBABU", "FedPHP"])
+@pytest.mark.parametrize("algo", ["FedAvg", "Local", "FedBABU", "FedPHP", "Preempted"])
 def test_pfllib_rounds_times_each_round_and_its_training_loss_pass(tmp_path, algo) -> None:
     """Rounds end where PFLlib's ``Budget`` says (FedBABU's fine-tuning after the last round is no
-    round's), or at ``save_results`` for a server without one (FedPHP's)."""
+    round's), or at ``save_results`` for a server without one (FedPHP's). A round whose first call
+    comes late ("Preempted") still counts its own training-loss pass alone, not the next round's."""
     pfllib = _fake_pfllib(tmp_path / "PFLlib")
     out = tmp_path / "times.json"
     command = [sys.executable, str(REPO / "benchmarks" / "pfllib_rounds.py"), "--pfllib", str(pfllib)]
