@@ -8,7 +8,8 @@
 #   PFLKIT_DATA=.gpu BUDGET=540 OUT=/tmp/out benchmarks/gpu_speed.sh
 #
 # PFLKIT_DATA: the folder that holds mnist/ (its four IDX files). PYTHON, PFLKIT: the interpreter
-# and the pflkit command (defaults: python, pflkit). On a machine without pflkit's dependencies,
+# and the pflkit command (defaults: python, pflkit). BENCH_ENGINES: the 20-client bench's engines
+# (default loop,vmap,vmap-graphs). On a machine without pflkit's dependencies,
 # install wheels first as docs/explanations/performance.md ("Running cells on an offline GPU
 # machine") shows, and set PYTHONPATH and PFLKIT accordingly.
 set -u
@@ -34,7 +35,7 @@ part tests-graphs 150 "$PYTHON" -m pytest -q -p no:cacheprovider tests/engines/t
     tests/engines/test_engines.py -k "cuda_graphs or graphs"
 part step 90 "$PYTHON" benchmarks/gpu_step.py --device cuda --clients 20 --steps 100
 part vmap-step 45 "$PYTHON" benchmarks/vmap_step.py --device cuda --clients 20 --batch 10
-part bench-20 200 "$PFLKIT" bench --device cuda --engines loop,vmap,vmap-graphs --clients 20 \
+part bench-20 200 "$PFLKIT" bench --device cuda --engines "${BENCH_ENGINES:-loop,vmap,vmap-graphs}" --clients 20 \
     --algorithms fedavg,fedala --rounds 4 --data-dir "$PFLKIT_DATA/mnist" --out "$OUT/bench-20.json"
 part tests-cuda 170 "$PYTHON" -m pytest -q -p no:cacheprovider tests/engines/test_engines.py -k "cuda and not graphs"
 part bench-1000 "$(left)" "$PFLKIT" bench --device cuda --engines vmap,vmap-graphs --clients 1000 \

@@ -86,6 +86,8 @@ def main() -> None:
     if "vmap-graphs" in results:
         gap = max(float((results["vmap-graphs"][k] - results["vmap"][k]).abs().max()) for k in params)
         print(f"  largest difference of a parameter, graphs against eager: {gap:.3g}")
+        counts = ctxs["vmap-graphs"].graph_counts
+        print("  graphs' steps: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     if args.profile_rows:
         from torch.profiler import ProfilerActivity, profile
 

@@ -88,6 +88,42 @@ def test_replayed_steps_train_to_the_eager_numbers_bit_for_bit(case):
     assert int(ours.epochs.max()) == 2
 
 
+class HostReadGuard(torch.Tensor):
+    """A step number that refuses to be read on the host: CUDA cannot record a step that reads it
+    (``int``, ``item``, or indexing with it as a 0-dim tensor, which PyTorch turns into ``item``)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        reads = {torch.Tensor.item, torch.Tensor.__int__, torch.Tensor.__index__, torch.Tensor.tolist}
+        reads |= {torch.Tensor.__bool__, torch.Tensor.__float__}
+        index = args[1] if func is torch.Tensor.__getitem__ and len(args) > 1 else ()
+        index = index if isinstance(index, tuple) else (index,)
+        if func in reads or any(isinstance(i, HostReadGuard) and i.dim() == 0 for i in index):
+            raise AssertionError(f"the step number is read on the host ({func.__name__})")
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
+
+
+def test_a_recorded_step_never_reads_the_step_number_on_the_host(monkeypatch):
+    """The stand-in cannot see a host read (on the CPU it just reads the current value), so the
+    step number refuses one; the numbers must still be the eager ones."""
+    from pflkit.engines import batched
+
+    class Guarded(StepGraphs):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.step_index = self.step_index.as_subclass(HostReadGuard)
+
+    monkeypatch.setattr(batched, "StepGraphs", Guarded)
+    log: list[str] = []
+    base, eager, graphed = _contexts(log)
+    start = stack([perturbed(params_of(base, 1), 5 + i, 0.05) for i in range(len(SIZES))])
+    ours = graphed.fit(start, classification_loss, data=TrainBatches("train", 2))
+    theirs = eager.fit(start, classification_loss, data=TrainBatches("train", 2))
+    assert all(torch.equal(ours.params[k], theirs.params[k]) for k in start)
+    assert graphed.graph_counts["replayed"] > 0 and eager.graph_counts["replayed"] == 0
+
+
 def test_a_step_that_cannot_be_recorded_runs_eagerly_with_one_warning(caplog, monkeypatch):
     from pflkit.engines import graphs
 
@@ -142,8 +178,11 @@ def test_cuda_graphs_replay_the_eager_numbers():
     )
     start = stack([perturbed(params_of(base, 1), 5 + i, 0.05) for i in range(len(SIZES))], cuda)
     loss = proximal_loss(classification_loss, 0.3)
-    ours = make(CudaGraphRecorder).fit(start, loss, aux={"anchor": start})
+    graphed = make(CudaGraphRecorder)
+    ours = graphed.fit(start, loss, aux={"anchor": start})
     theirs = make(None).fit(start, loss, aux={"anchor": start})
     for k in start:
         torch.testing.assert_close(ours.params[k], theirs.params[k], rtol=1e-4, atol=1e-5)
     assert not torch.equal(ours.params["fc.weight"], start["fc.weight"])
+    # the graphs did the work: a failed capture falls back to eager steps with the same numbers
+    assert graphed.graph_counts["captured"] >= 2 and graphed.graph_counts["replayed"] > 0, graphed.graph_counts

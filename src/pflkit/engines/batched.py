@@ -120,6 +120,8 @@ class BatchedClientContext:
         self._net = net_of(model)
         self._cpu_rows: list[Tensor] | None = None
         self.work: dict[int, float] = {}  # client id -> share of its planned steps it takes (stragglers)
+        #: steps taken eagerly, captured and replayed as CUDA graphs, summed over this context's fits
+        self.graph_counts: dict[str, int] = {"eager": 0, "captured": 0, "replayed": 0}
 
     # ---- who -------------------------------------------------------------------------------
     @property
@@ -443,6 +445,9 @@ class BatchedClientContext:
                     take_step(s, n)
                 else:
                     graphs.run(n, s, int(sub_steps[n - 1]) - s, partial(take_step, graphs.step_index, n))
+            if graphs is not None:
+                for key, count in graphs.counts.items():
+                    self.graph_counts[key] += count
             ran = [k for k in running if int(steps[k]) > 0]
             with torch.no_grad():
                 if epoch_end is not None and ran:

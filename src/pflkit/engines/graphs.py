@@ -18,7 +18,9 @@ captured (it reads a value back to the host, say) is logged once and the fit goe
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -49,14 +51,25 @@ class CudaGraphRecorder:
             raise ValueError(f"CUDA graphs replay steps on a CUDA device, not on {device.type}: use engine vmap")
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()  # one memory pool for an epoch's graphs
+        self.syncs: list[str] = []  # where the last warm-up synchronised with the host
 
     def warm(self, step: Step) -> None:
+        """Take the step on a side stream; note where it synchronises with the host (a read that
+        a capture cannot record) in :attr:`syncs`, for the warning if the capture then fails."""
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
-        with torch.cuda.stream(side):
-            step()
+        previous = torch.cuda.get_sync_debug_mode()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with torch.cuda.stream(side):
+                    step()
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
         current.wait_stream(side)
+        self.syncs = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)})
 
     def capture(self, step: Step) -> Replay:
         graph = torch.cuda.CUDAGraph()
@@ -103,6 +116,9 @@ class StepGraphs:
         except RuntimeError as exc:  # e.g. "operation not permitted when stream is capturing"
             self.failed = True
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            syncs = getattr(self.recorder, "syncs", [])
+            if syncs:
+                reason += f"; it synchronises with the host at {', '.join(syncs)}"
             if reason not in _warned:  # once per reason, not once per epoch
                 _warned.add(reason)
                 log.warning("CUDA graphs: a step of %s could not be recorded (%s); it runs eagerly", self.where, reason)

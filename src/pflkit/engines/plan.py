@@ -175,11 +175,20 @@ class Table:
     perm: Tensor | None = None
 
     def batch(self, x: Tensor, y: Tensor, step: int | Tensor, clients: Tensor | slice) -> Batch:
-        rows = self.rows[clients, step]
-        mask = self.mask[clients, step]
+        """Step ``step`` of ``clients``; ``step`` may be a 0-dim device tensor (a recorded step's)."""
+        rows, mask = _at_step(self.rows, step)[clients], _at_step(self.mask, step)[clients]
         if self.lam is None or self.perm is None:
             return Batch(x[rows], y[rows], mask)
-        return mix(x[rows], y[rows], self.lam[clients, step], self.perm[clients, step])._replace(mask=mask)
+        lam, perm = _at_step(self.lam, step)[clients], _at_step(self.perm, step)[clients]
+        return mix(x[rows], y[rows], lam, perm)._replace(mask=mask)
+
+
+def _at_step(table: Tensor, step: int | Tensor) -> Tensor:
+    """Column ``step`` of a [K, S, ...] table. A tensor step is gathered on its device: indexing
+    with a 0-dim integer tensor reads it back to the host (``item``), which a CUDA graph cannot record."""
+    if isinstance(step, Tensor):
+        return table.index_select(1, step.reshape(1)).squeeze(1)
+    return table[:, step]
 
 
 @dataclass
