@@ -69,7 +69,11 @@ class CudaGraphRecorder:
             finally:
                 torch.cuda.set_sync_debug_mode(previous)
         current.wait_stream(side)
-        self.syncs = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)})
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        self.syncs = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})
+        for w in caught:  # the step's other warnings, as they would have been shown
+            if w not in syncs:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     def capture(self, step: Step) -> Replay:
         graph = torch.cuda.CUDAGraph()
