@@ -9,7 +9,8 @@
 #
 # PFLKIT_DATA: the folder that holds mnist/ (its four IDX files). PYTHON, PFLKIT: the interpreter
 # and the pflkit command (defaults: python, pflkit). BENCH_ENGINES: the 20-client bench's engines
-# (default loop,vmap,vmap-graphs). On a machine without pflkit's dependencies,
+# (default loop,vmap,vmap-graphs). PARTS: the parts to run, comma-separated (default all of
+# tests-graphs,step,vmap-step,bench-20,tests-cuda,bench-1000). On a machine without pflkit's dependencies,
 # install wheels first as docs/explanations/performance.md ("Running cells on an offline GPU
 # machine") shows, and set PYTHONPATH and PFLKIT accordingly.
 set -u
@@ -21,6 +22,7 @@ mkdir -p "$OUT"
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 part() {  # part NAME SECONDS COMMAND...: run it with at most SECONDS (or what is left), output to $OUT/NAME.txt
     local name=$1 limit=$2; shift 2
+    [[ ",${PARTS:-$name}," == *",$name,"* ]] || return 0
     local budget; budget=$(left)
     (( budget < limit )) && limit=$budget
     if (( limit < 20 )); then echo "== $name: skipped (no time left)" | tee -a "$OUT/summary.txt"; return; fi
