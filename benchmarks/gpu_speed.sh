@@ -10,7 +10,8 @@
 # PFLKIT_DATA: the folder that holds mnist/ (its four IDX files). PYTHON, PFLKIT: the interpreter
 # and the pflkit command (defaults: python, pflkit). BENCH_ENGINES: the 20-client bench's engines
 # (default loop,vmap,vmap-graphs). PARTS: the parts to run, comma-separated (default all of
-# tests-graphs,step,vmap-step,bench-20,tests-cuda,bench-1000). On a machine without pflkit's dependencies,
+# tests-graphs,step,vmap-step,bench-20,tests-cuda,bench-1000; an unknown name stops the script).
+# On a machine without pflkit's dependencies,
 # install wheels first as docs/explanations/performance.md ("Running cells on an offline GPU
 # machine") shows, and set PYTHONPATH and PFLKIT accordingly.
 set -u
@@ -18,11 +19,17 @@ T0=$(date +%s)
 BUDGET=${BUDGET:-540}; OUT=${OUT:-/tmp/out}; PYTHON=${PYTHON:-python}; PFLKIT=${PFLKIT:-pflkit}
 : "${PFLKIT_DATA:?set PFLKIT_DATA to the folder that holds mnist/}"
 export PFLKIT_DATA PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+ALL_PARTS=tests-graphs,step,vmap-step,bench-20,tests-cuda,bench-1000
+PARTS=${PARTS:-$ALL_PARTS}; PARTS=${PARTS// /}
+for name in ${PARTS//,/ }; do
+    [[ ",$ALL_PARTS," == *",$name,"* ]] || { echo "PARTS: unknown part '$name' (known: $ALL_PARTS)" >&2; exit 2; }
+done
 mkdir -p "$OUT"
+rm -f "$OUT/summary.txt"; for name in ${ALL_PARTS//,/ }; do rm -f "$OUT/$name.txt"; done  # no earlier output
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 part() {  # part NAME SECONDS COMMAND...: run it with at most SECONDS (or what is left), output to $OUT/NAME.txt
     local name=$1 limit=$2; shift 2
-    [[ ",${PARTS:-$name}," == *",$name,"* ]] || return 0
+    [[ ",$PARTS," == *",$name,"* ]] || return 0
     local budget; budget=$(left)
     (( budget < limit )) && limit=$budget
     if (( limit < 20 )); then echo "== $name: skipped (no time left)" | tee -a "$OUT/summary.txt"; return; fi

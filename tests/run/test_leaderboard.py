@@ -80,6 +80,7 @@ def cells(tmp_path_factory) -> tuple[Path, Path]:
     shift = [*TABLE7[2:], "name=rotated-mnist", "feature_shift.transforms=['rotate']"]
     cell(rotated, shift, "fedavg", 0, [0.5, 0.9, 0.93])
     cell(rotated, [*shift, "model=fedbn_cnn"], "fedbn", 0, [0.5, 0.96, 0.97], stopped=False)
+    cell(root / "rotated-mnist-gpu", shift, "fedala", 0, [0.5, 0.9, 0.92], machine="GPU box")
     two_fold = root / "sosicfl-mnist-2fold"
     cell(two_fold, SOSICFL, "fedavg", 0, [0.5, 0.9], global_accuracy=[0.5, 0.91], local_accuracy=[0.5, 0.9])
     cell(two_fold, SOSICFL, "sosicfl", 0, [0.5, 0.95], global_accuracy=[0.5, 0.9], local_accuracy=[0.5, 0.95])
@@ -153,12 +154,13 @@ def test_protocol_tables_are_compact_and_say_when_no_paper_number_exists(cells) 
     assert "No published number for this setting." in section
 
 
-def test_the_rotated_mnist_table_marks_fedbn_with_its_own_model(cells) -> None:
+def test_the_rotated_mnist_table_marks_fedbn_with_its_own_model_and_names_both_folders(cells) -> None:
     root, costs = cells
     page = leaderboard_markdown(root, costs)
     title = "Rotated MNIST: Table 7's setting, each client's images rotated by 0, 90, 180 or 270°"
-    assert table_rows(page, title) == ["| fedbn ‡ | 97.00 | 1 |", "| fedavg | 93.00 | 1 |"]
+    assert table_rows(page, title) == ["| fedbn ‡ | 97.00 | 1 |", "| fedavg | 93.00 | 1 |", "| fedala † | 92.00 | 1 |"]
     section = page.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    assert "Cells in `rotated-mnist/` and `rotated-mnist-gpu/`," in section  # where the cells are, GPU folder too
     assert "‡ fedbn: model fedbn_cnn;" in section and "(the other rows: fedavg_cnn)" in section
     assert "model fedavg_cnn" in section and "No published number for this setting." in section
 
@@ -170,7 +172,7 @@ def test_a_methods_rows_across_the_tables(cells) -> None:
     assert fedavg.splitlines()[2:] == [
         "| FedALA Table 7: MNIST Dir(0.1), 20 clients | best acc | 98.50 ± 0.50 | 2 | 4 of 5 | 98.81 |",
         "| Rotated MNIST: Table 7's setting, each client's images rotated by 0, 90, 180 or 270° | best acc | 93.00 "
-        "| 1 | 2 of 2 | — |",
+        "| 1 | 2 of 3 | — |",
         "| SosicFL's protocol: MNIST 2-Fold | best global acc | 91.00 | 1 | 1 of 2 | — |",
         "| SosicFL's protocol: MNIST 2-Fold | best local acc | 90.00 | 1 | 2 of 2 | — |",
     ]

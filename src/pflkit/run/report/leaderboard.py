@@ -109,6 +109,7 @@ class Table:
     unfinished: list[str]
     failed: list[str] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)  # method -> the model it ran on, where not the table's
+    folders: list[str] = field(default_factory=list)  # the folders under the results root that hold its cells
 
     def paper_value(self, method: str, key: str) -> float | None:
         if self.paper is None or key not in self.paper["metrics"] or method not in self.paper["values"]:
@@ -126,11 +127,13 @@ def read_table(results_root: Path, board: Board) -> Table | None:
     unfinished: dict[tuple[str, int], str] = {}  # runs without their final evaluation yet
     failed: dict[tuple[str, int], str] = {}  # runs that stopped with an error
     everywhere: list[Path] = []
+    held: list[str] = []
     for folder in folders:
         cells = cell_folders(folder)
         if cells and not one_setting(cells):
             raise ValueError(f"{folder} holds cells of more than one setting: it cannot be one table")
         everywhere += cells
+        held += [folder.name] if cells else []
         for cell in cells:
             results = ResultsFolder(cell)
             status = run_status(results)
@@ -181,6 +184,7 @@ def read_table(results_root: Path, board: Board) -> Table | None:
         sorted(v for k, v in unfinished.items() if k not in histories and k not in failed),
         sorted(v for k, v in failed.items() if k not in histories),
         own_models(everywhere)[1],
+        held,
     )
 
 
@@ -428,7 +432,7 @@ def _section(table: Table, costs: dict[str, Any]) -> list[str]:
         body = _detailed(table, costs)
     else:
         lines += [
-            f"{_setting(config)}; {_stop_rule(config)}. Cells in `{board.folder}/`, "
+            f"{_setting(config)}; {_stop_rule(config)}. Cells in {' and '.join(f'`{f}/`' for f in table.folders)}, "
             f"made by the sweep commands at the top of `configs/reproduce/{config.name}.toml`.",
             "",
         ]
