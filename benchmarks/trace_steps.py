@@ -1,4 +1,5 @@
-"""Trace one client's training steps in the round after a run's last checkpoint: every step's loss
+"""Trace one client's training steps in the round after a run's last checkpoint (or in a later
+round, ``--round``): every step's loss
 and the L2 norm of every trained tensor (docs/papers/fedala.md, "FedDBE at lr 0.1"). It shows where
 a loss that ends as NaN starts to grow, and which weights grow with it.
 
@@ -7,7 +8,8 @@ a loss that ends as NaN starts to grow, and which weights grow with it.
 RUN is a results folder with its checkpoint (a failed run's too), e.g. one cell of a sweep. A copy
 of it resumes in a temporary folder, one client at a time (``engine = "loop"``: the same numbers
 as the parallel engine's), until the client's first local training after the checkpoint ends or
-fails. ``--algorithm`` / ``--seed`` pick the run of a folder that holds several (default: the
+fails; with ``--round R``, the rounds before R run untraced and the client's training in round R
+is traced. ``--algorithm`` / ``--seed`` pick the run of a folder that holds several (default: the
 first one resumed). A fit that brings its own step function (pFedMe, Per-FedAvg, ALA's weight
 learning) passes no loss through the trace: it is skipped, and a client whose whole round is
 such fits gets an error naming them.
@@ -52,11 +54,16 @@ def number(value: float) -> float | str:
 
 @contextmanager
 def tracing(
-    client_id: int, record: Callable[[Row], None], algorithm: str | None = None, seed: int | None = None
+    client_id: int,
+    record: Callable[[Row], None],
+    algorithm: str | None = None,
+    seed: int | None = None,
+    at_round: int | None = None,
 ) -> Iterator[None]:
     """While active, every step of ``client_id``'s first loss-function fit (of ``algorithm`` and
-    ``seed`` when given) goes to ``record``; the fit's end raises TraceDone, and so does the
-    client's next round when its whole round was step-function fits (with the reason)."""
+    ``seed`` when given; in round ``at_round`` when given) goes to ``record``; the fit's end raises
+    TraceDone, and so does the client's next round when its whole round was step-function fits, or
+    a fit after ``at_round`` (with the reason)."""
     original_fit, original_loss_value = client_engine.SingleClientContext.fit, client_engine.loss_value
     traced = SimpleNamespace(row={}, step=None)  # the loop engine: one client's fit at a time
     skipped: dict[str, Any] = {"round": None, "stages": []}
@@ -69,6 +76,12 @@ def tracing(
         ):
             return original_fit(self, *args, **kwargs)
         stage = kwargs.get("stage", "local training")
+        if at_round is not None and self.round < at_round:
+            return original_fit(self, *args, **kwargs)
+        if at_round is not None and self.round > at_round:
+            raise TraceDone(
+                f"client {client_id} does not train in round {at_round} (its next training: round {self.round})"
+            )
         if skipped["round"] is not None and self.round > skipped["round"]:
             raise TraceDone(
                 f"client {client_id}'s round {skipped['round']} trained only with step functions "
@@ -111,9 +124,12 @@ def trace_steps(
     *,
     algorithm: str | None = None,
     seed: int | None = None,
+    at_round: int | None = None,
 ) -> str | None:
-    """Resume a copy of ``run`` until ``client_id``'s next local training ends; ``record`` gets
-    each step. Returns the error the resumed run stopped on (None when the fit ended cleanly)."""
+    """Resume a copy of ``run`` until ``client_id``'s next local training ends (its training in
+    round ``at_round``, when given); ``record`` gets each step. Returns the error the resumed run
+    stopped on (None when the fit ended cleanly); a run that stops before the traced fit (a NaN in
+    an earlier round) returns that error with no steps recorded."""
     if not list((run / "checkpoints").glob("*.pt")):
         raise FileNotFoundError(f"{run / 'checkpoints'} holds no checkpoint: trace_steps resumes from one")
     config = ResultsFolder(run).load_config()
@@ -127,7 +143,7 @@ def trace_steps(
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / run.name
         shutil.copytree(run, copy)
-        with tracing(client_id, record, algorithm, seed):
+        with tracing(client_id, record, algorithm, seed, at_round):
             try:
                 run_experiment(config, copy, resume=True, progress=False, echo=lambda s: None)
             except TraceDone as done:
@@ -145,13 +161,14 @@ def main() -> None:
     parser.add_argument("--client", type=int, required=True, help="the client whose steps are traced")
     parser.add_argument("--algorithm", help="the run of the folder to trace (default: the first one resumed)")
     parser.add_argument("--seed", type=int, help="its seed (default: the first one resumed)")
+    parser.add_argument("--round", type=int, help="trace the client's training in this round (default: its next)")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     def show(row: Row) -> None:
         print(json.dumps(row, allow_nan=False), flush=True)
 
-    error = trace_steps(args.run, args.client, show, algorithm=args.algorithm, seed=args.seed)
+    error = trace_steps(args.run, args.client, show, algorithm=args.algorithm, seed=args.seed, at_round=args.round)
     if error is not None:
         show({"error": error})
 

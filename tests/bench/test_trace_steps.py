@@ -55,6 +55,19 @@ def test_the_trace_starts_from_the_checkpointed_global_model_and_covers_the_clie
     assert rows[1]["norms"] != rows[0]["norms"]
 
 
+def test_a_later_round_is_traced_after_the_rounds_before_it_run_untraced(tmp_path, fast_config) -> None:
+    _interrupted(tmp_path, fast_config, "fedavg")  # checkpoint after round 1 of 3
+    rows: list[dict] = []
+    assert _script().trace_steps(tmp_path / "run", 2, rows.append, at_round=3) is None
+    assert rows and {row["round"] for row in rows} == {3}
+    next_round: list[dict] = []
+    assert _script().trace_steps(tmp_path / "run", 2, next_round.append) is None
+    assert {row["round"] for row in next_round} == {2}
+    assert rows[0]["norms"] != next_round[0]["norms"]  # round 3 starts from round 2's aggregate
+    with pytest.raises(ValueError, match="client 2 does not train in round 1 \\(its next training: round 2\\)"):
+        _script().trace_steps(tmp_path / "run", 2, print, at_round=1)
+
+
 def test_a_loss_that_turns_nan_is_traced_to_the_runs_error_in_strict_json(tmp_path, fast_config, monkeypatch) -> None:
     _interrupted(tmp_path, fast_config, "fedavg")
     real = client_engine.loss_value
