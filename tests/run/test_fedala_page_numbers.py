@@ -11,6 +11,7 @@ import statistics
 import pytest
 
 from pflkit.federation import ResultsFolder
+from tests.support.pages import table_rows
 from tests.support.paths import REPO
 
 PAGE = REPO / "docs" / "papers" / "fedala.md"
@@ -19,15 +20,7 @@ TABLE7 = REPO / "docs" / "results" / "fedala-table7-mnist"
 
 def quoted_rows() -> list[list[str]]:
     """The cells of the first table under the Table 7 heading (header and rule skipped)."""
-    text = PAGE.read_text()
-    section = text[text.index("## Table 7: MNIST Dir(0.1), 20 clients") :]
-    lines = section[section.index("\n| method | seeds |") :].strip().splitlines()
-    rows = []
-    for line in lines[2:]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
-    return rows
+    return table_rows(PAGE.read_text(), "## Table 7: MNIST Dir(0.1), 20 clients", "\n| method | seeds |")
 
 
 def method_id(name: str) -> tuple[str, tuple[str, ...]]:

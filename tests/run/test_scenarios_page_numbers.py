@@ -1,0 +1,131 @@
+"""The scenarios page (docs/scenarios.md) quotes the rotated-MNIST and unseen-client cells beside
+their Table 7 twins: every number in its tables must be what the committed cells say, so that a new
+cell cannot leave the page behind."""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pflkit.federation import ResultsFolder
+from tests.support.pages import table_rows
+from tests.support.paths import REPO, load_script
+
+PAGE = REPO / "docs" / "scenarios.md"
+RESULTS = REPO / "docs" / "results"
+ROTATED = ("rotated-mnist", "rotated-mnist-gpu")
+TABLE7 = ("fedala-table7-mnist", "fedala-table7-mnist-gpu")
+UNSEEN = ("fedala-table7-unseen",)
+ANGLES = {"0°": "original", "90°": "rot 90", "180°": "rot 180", "270°": "rot 270"}
+
+pytestmark = pytest.mark.skipif(not (RESULTS / "rotated-mnist-gpu").exists(), reason="no committed rotated cells")
+
+
+def table_after(marker: str) -> list[list[str]]:
+    """The rows of the first table after ``marker`` on the page (header and rule skipped)."""
+    return table_rows(PAGE.read_text(), marker)
+
+
+def method_id(name: str) -> str:
+    return re.sub(r"[^a-z]", "", name.lower())
+
+
+def seeds_of(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def number(text: str) -> float:
+    return float(text.replace("−", "-").replace("+", ""))
+
+
+def cells(folders: tuple[str, ...], method: str) -> dict[int, Path]:
+    """seed -> the method's finished cell in any of the folders (a seed in two folders fails)."""
+    out: dict[int, Path] = {}
+    for folder in folders:
+        for cell in sorted((RESULTS / folder).glob(f"algorithms={method},seeds=*")):
+            if ResultsFolder(cell).status()["status"] != "complete":
+                continue
+            seed = int(cell.name.rsplit("=", 1)[1])
+            assert seed not in out, f"{method} seed {seed} has cells in two folders"
+            out[seed] = cell
+    return out
+
+
+def records(cell: Path) -> list[dict[str, Any]]:
+    return [r for r in ResultsFolder(cell).records() if "accuracy" in r]
+
+
+def best_accuracy(cell: Path) -> float:
+    return 100 * max(r["accuracy"] for r in records(cell))
+
+
+def test_the_rotated_rows_are_the_committed_cells_beside_their_table7_twins() -> None:
+    rows = table_after("## Rotated MNIST")
+    assert len(rows) >= 4, rows
+    for name, seeds, rotated, table7, change in rows:
+        method = method_id(name)
+        found = cells(ROTATED, method)
+        assert sorted(found) == seeds_of(seeds), f"{name}: the page says seeds {seeds}, finished cells {sorted(found)}"
+        twins = cells(TABLE7, method)
+        rot = statistics.mean(best_accuracy(found[s]) for s in sorted(found))
+        t7 = statistics.mean(best_accuracy(twins[s]) for s in sorted(found))
+        assert rotated == f"{rot:.2f}", f"{name}: rotated {rotated}, cells {rot:.3f}"
+        assert table7 == f"{t7:.2f}", f"{name}: Table 7 {table7}, cells {t7:.3f}"
+        assert number(change) == pytest.approx(round(rot - t7, 2), abs=1e-9), f"{name}: change {change}"
+
+
+def test_the_by_orientation_rows_are_the_committed_cells() -> None:
+    script = load_script("benchmarks/domain_accuracy.py")
+    text = PAGE.read_text()
+    header = text[text.index("### By orientation") :]
+    columns = [c.strip() for c in header[header.index("\n| method") :].strip().splitlines()[0].strip("|").split("|")]
+    angles = columns[2:]
+    assert angles == list(ANGLES), columns
+    rows = table_after("### By orientation")
+    assert len(rows) >= 6, rows
+    for name, seed, *quoted in rows:
+        method = method_id(name)
+        rotated = cells(ROTATED, method)[int(seed)]
+        found = script.accuracy_by_domain(rotated)["domains"]
+        twin = script.accuracy_by_domain(cells(TABLE7, method)[int(seed)], domains_of=rotated)["domains"]
+        for angle, value in zip(angles, quoted, strict=True):
+            expected = f"{found[ANGLES[angle]]:.2f} ({twin[ANGLES[angle]]:.2f})"
+            assert value == expected, f"{name} seed {seed}, {angle}: the page says {value}, the cells {expected}"
+
+
+def test_the_domain_groups_pool_to_the_runs_accuracy() -> None:
+    # each group's accuracy is pooled by test-split size, so the groups pool back to the cell's accuracy
+    script = load_script("benchmarks/domain_accuracy.py")
+    cell = cells(ROTATED, "fedavg")[0]
+    found = script.accuracy_by_domain(cell)
+    partition = script.partition_of(ResultsFolder(cell))
+    sizes = [sum(c) for c in partition["test_class_counts"]]
+    labels = script.domain_labels(partition)
+    by_group = {lab: sum(sizes[i] for i, x in enumerate(labels) if x == lab) for lab in found["domains"]}
+    pooled = sum(found["domains"][lab] * n for lab, n in by_group.items()) / sum(by_group.values())
+    assert pooled == pytest.approx(found["accuracy"], abs=1e-9)
+    assert len(found["domains"]) == 4
+
+
+def test_the_unseen_rows_are_the_committed_cells() -> None:
+    rows = table_after("## Clients that never train")
+    assert rows, "no unseen-client rows"
+    for name, seed, participants, newcomers, trained in rows:
+        method = method_id(name)
+        cell = cells(UNSEEN, method)[int(seed)]
+        best = max(records(cell), key=lambda r: r["accuracy"])
+        assert participants == f"{100 * best['accuracy']:.2f}", f"{name}: participants {participants}"
+        assert newcomers == f"{100 * best['unseen_accuracy']:.2f}", f"{name}: newcomers {newcomers}"
+        unseen = [int(c) for c in best["unseen_client_accuracy"]]
+        twin = cells(TABLE7, method)[int(seed)]
+        twin_best = max(records(twin), key=lambda r: r["accuracy"])
+        partition = json.loads(ResultsFolder(twin).read_bytes("partition-seed1.json"))
+        sizes = [sum(c) for c in partition["test_class_counts"]]
+        same = sum(twin_best["client_accuracy"][str(i)] * sizes[i] for i in unseen) / sum(sizes[i] for i in unseen)
+        assert trained == f"{100 * same:.2f}", f"{name}: the same clients in Table 7 {trained}, cells {100 * same:.2f}"
