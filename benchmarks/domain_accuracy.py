@@ -1,20 +1,24 @@
 """Accuracy by domain: a cell's pooled test accuracy over each group of clients that share a domain
-(rotated MNIST's angles, a tint, a noise level), at the round of the cell's best accuracy. A cell
-without feature shift is grouped by another cell's domains (``--domains-of``): the same clients
-in Table 7 and in rotated MNIST (same partition seed, same class counts) tell what the rotation
-costs each group.
+(rotated MNIST's angles, a tint, a noise level), at the round of the cell's best accuracy (the
+first such round on a tie, as the summary's best round). A cell without feature shift is grouped by
+another cell's domains (``--domains-of``): the same clients in Table 7 and in rotated MNIST (same
+partition, checked by the clients' test class counts) tell what the rotation costs each group.
 
     python benchmarks/domain_accuracy.py docs/results/rotated-mnist-gpu/algorithms=fedavg,seeds=0
     python benchmarks/domain_accuracy.py docs/results/fedala-table7-mnist/algorithms=fedavg,seeds=0 \\
         --domains-of docs/results/rotated-mnist-gpu/algorithms=fedavg,seeds=0
 
 Pooled as the run's ``accuracy`` is: the group's correct predictions over its test samples (each
-client's accuracy weighted by its test split's size, from the partition record).
+client's accuracy weighted by its test split's size, from the partition record). The groups must
+pool back to the record's accuracy, which holds where every client is scored on its own test split;
+a client not scored in that round (one that never trains, or one left out of the evaluation) is
+refused, as is a partition whose clients' test splits are not what the record scored.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +46,32 @@ def accuracy_by_domain(cell: Path, domains_of: Path | None = None) -> dict[str, 
     """{"best_round", "accuracy", "domains": {label: pooled accuracy}} at the cell's best round, in %."""
     folder = ResultsFolder(cell)
     partition = partition_of(folder)
-    labels = domain_labels(partition_of(ResultsFolder(domains_of)) if domains_of else partition)
+    labels = domain_labels(partition)
+    if domains_of is not None:
+        other = partition_of(ResultsFolder(domains_of))
+        if other["test_class_counts"] != partition["test_class_counts"]:
+            raise SystemExit(f"{cell} and {domains_of}: the clients' test class counts differ (another partition)")
+        labels = domain_labels(other)
     sizes = [sum(counts) for counts in partition["test_class_counts"]]
-    if len(labels) != len(sizes):
-        raise SystemExit(f"{cell}: {len(sizes)} clients, but the domains give {len(labels)}")
     evaluated = [r for r in folder.records() if "client_accuracy" in r]
     if not evaluated:
         raise SystemExit(f"{cell}: no evaluated round with per-client accuracies")
-    best = max(evaluated, key=lambda r: r["accuracy"])
+    best = max(evaluated, key=lambda r: r["accuracy"])  # max keeps the first of equal rounds
     per_client = best["client_accuracy"]
+    missing = [i for i in range(len(sizes)) if str(i) not in per_client]
+    if missing:
+        raise SystemExit(
+            f"{cell}: clients {missing} are not scored in round {best['round']}; their domains have no accuracy"
+        )
+    correct = {i: per_client[str(i)] * sizes[i] for i in range(len(sizes))}
+    if not math.isclose(sum(correct.values()) / sum(sizes), best["accuracy"], abs_tol=1e-9):
+        raise SystemExit(
+            f"{cell}: the clients' accuracies do not pool to the record's accuracy (not client test splits?)"
+        )
     out: dict[str, float] = {}
     for label in dict.fromkeys(labels):
-        clients = [i for i, lab in enumerate(labels) if lab == label and str(i) in per_client]
-        total = sum(sizes[i] for i in clients)
-        out[label] = 100 * sum(per_client[str(i)] * sizes[i] for i in clients) / total
+        clients = [i for i, lab in enumerate(labels) if lab == label]
+        out[label] = 100 * sum(correct[i] for i in clients) / sum(sizes[i] for i in clients)
     return {"best_round": best["round"], "accuracy": 100 * best["accuracy"], "domains": out}
 
 

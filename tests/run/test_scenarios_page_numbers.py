@@ -26,9 +26,23 @@ ANGLES = {"0°": "original", "90°": "rot 90", "180°": "rot 180", "270°": "rot
 pytestmark = pytest.mark.skipif(not (RESULTS / "rotated-mnist-gpu").exists(), reason="no committed rotated cells")
 
 
-def table_after(marker: str) -> list[list[str]]:
-    """The rows of the first table after ``marker`` on the page (header and rule skipped)."""
-    return table_rows(PAGE.read_text(), marker)
+def table_after(marker: str, header: str) -> list[list[str]]:
+    """The rows of the first table after ``marker`` on the page, whose header must be ``header``."""
+    text = PAGE.read_text()
+    section = text[text.index(marker) :]
+    assert section[section.index("\n|") :].lstrip("\n").startswith(header + "\n"), f"{marker}: header changed"
+    return table_rows(text, marker)
+
+
+def finished(folders: tuple[str, ...]) -> set[tuple[str, int]]:
+    """(method, seed) of every finished cell in the folders."""
+    out = set()
+    for folder in folders:
+        for cell in (RESULTS / folder).glob("algorithms=*,seeds=*"):
+            if ResultsFolder(cell).status()["status"] == "complete":
+                method, seed = cell.name.removeprefix("algorithms=").split(",seeds=")
+                out.add((method, int(seed)))
+    return out
 
 
 def method_id(name: str) -> str:
@@ -66,8 +80,9 @@ def best_accuracy(cell: Path) -> float:
 
 
 def test_the_rotated_rows_are_the_committed_cells_beside_their_table7_twins() -> None:
-    rows = table_after("## Rotated MNIST")
-    assert len(rows) >= 4, rows
+    rows = table_after("## Rotated MNIST", "| method | seeds | rotated | Table 7 | change |")
+    quoted = {(method_id(row[0]), seed) for row in rows for seed in seeds_of(row[1])}
+    assert quoted == finished(ROTATED), "every finished rotated cell, and only those, in the table"
     for name, seeds, rotated, table7, change in rows:
         method = method_id(name)
         found = cells(ROTATED, method)
@@ -87,8 +102,8 @@ def test_the_by_orientation_rows_are_the_committed_cells() -> None:
     columns = [c.strip() for c in header[header.index("\n| method") :].strip().splitlines()[0].strip("|").split("|")]
     angles = columns[2:]
     assert angles == list(ANGLES), columns
-    rows = table_after("### By orientation")
-    assert len(rows) >= 6, rows
+    rows = table_after("### By orientation", "| method | seed | 0° | 90° | 180° | 270° |")
+    assert {(method_id(row[0]), int(row[1])) for row in rows} == finished(ROTATED)
     for name, seed, *quoted in rows:
         method = method_id(name)
         rotated = cells(ROTATED, method)[int(seed)]
@@ -110,12 +125,29 @@ def test_the_domain_groups_pool_to_the_runs_accuracy() -> None:
     by_group = {lab: sum(sizes[i] for i, x in enumerate(labels) if x == lab) for lab in found["domains"]}
     pooled = sum(found["domains"][lab] * n for lab, n in by_group.items()) / sum(by_group.values())
     assert pooled == pytest.approx(found["accuracy"], abs=1e-9)
-    assert len(found["domains"]) == 4
+    # the page's mapping: clients 0-4 unrotated, 5-9 by 90°, 10-14 by 180°, 15-19 by 270°
+    assert labels == [label for label in ANGLES.values() for _ in range(5)]
+    # an independent pooling of the unrotated clients, from the records and the partition
+    best = max(records(cell), key=lambda r: r["accuracy"])
+    by_hand = sum(best["client_accuracy"][str(i)] * sizes[i] for i in range(5)) / sum(sizes[:5])
+    assert found["domains"]["original"] == pytest.approx(100 * by_hand, abs=1e-9)
+
+
+def test_domain_accuracy_refuses_another_partition_and_unscored_clients() -> None:
+    script = load_script("benchmarks/domain_accuracy.py")
+    rotated = cells(ROTATED, "fedavg")[0]
+    with pytest.raises(SystemExit, match="test class counts differ"):
+        script.accuracy_by_domain(RESULTS / "fedacd-mnist-dir0.1" / "algorithms=fedavg,seeds=0", domains_of=rotated)
+    with pytest.raises(SystemExit, match=r"clients \[16, 17, 18, 19\] are not scored"):
+        script.accuracy_by_domain(cells(UNSEEN, "fedala")[0])
 
 
 def test_the_unseen_rows_are_the_committed_cells() -> None:
-    rows = table_after("## Clients that never train")
-    assert rows, "no unseen-client rows"
+    rows = table_after(
+        "## Clients that never train",
+        "| method | seed | participants, best | newcomers, same round | same 4 clients when they train (Table 7) |",
+    )
+    assert {(method_id(row[0]), int(row[1])) for row in rows} == finished(UNSEEN)
     for name, seed, participants, newcomers, trained in rows:
         method = method_id(name)
         cell = cells(UNSEEN, method)[int(seed)]

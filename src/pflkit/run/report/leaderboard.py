@@ -54,6 +54,7 @@ BOARDS = (
         detailed=True,
         ranked_against="pfllib-benchmark/fmnist-dir0.1",
     ),
+    Board("fedala-table7-mnist-lr0.01", "FedALA Table 7's setting at lr 0.01", BEST),
     Board("fedala-table7-unseen", "FedALA Table 7's setting, 4 of 20 clients never train", UNSEEN),
     Board(
         "rotated-mnist", "Rotated MNIST: Table 7's setting, each client's images rotated by 0, 90, 180 or 270°", BEST
