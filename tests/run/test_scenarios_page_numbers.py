@@ -4,7 +4,6 @@ cell cannot leave the page behind."""
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from pathlib import Path
@@ -157,7 +156,7 @@ def test_the_unseen_rows_are_the_committed_cells() -> None:
         unseen = [int(c) for c in best["unseen_client_accuracy"]]
         twin = cells(TABLE7, method)[int(seed)]
         twin_best = max(records(twin), key=lambda r: r["accuracy"])
-        partition = json.loads(ResultsFolder(twin).read_bytes("partition-seed1.json"))
+        partition = load_script("benchmarks/domain_accuracy.py").partition_of(ResultsFolder(twin))
         sizes = [sum(c) for c in partition["test_class_counts"]]
         same = sum(twin_best["client_accuracy"][str(i)] * sizes[i] for i in unseen) / sum(sizes[i] for i in unseen)
         assert trained == f"{100 * same:.2f}", f"{name}: the same clients in Table 7 {trained}, cells {100 * same:.2f}"
