@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from pflkit.algorithms import TrainSettings
 from pflkit.config import load_config
-from pflkit.methods import build_algorithm
+from pflkit.methods import REGISTRY, build_algorithm
 from pflkit.models import UnitModel, buffer_names, build_model, head_names
 from pflkit.run.experiment import resume_experiment, run_experiment
 from tests.support.builders import build, params_of, tiny_context
@@ -73,6 +73,29 @@ def test_a_model_of_one_unit_is_refused_in_one_line_naming_the_method(name):
     assert "\n" not in message and message.startswith(name.split("+")[0] + " keeps the model's ")
     assert "at least two units (a body and a head)" in message and "'fc' (fc.weight, fc.bias)" in message
     built("fedavg", OneUnit())  # a method that keeps nothing takes it
+
+
+def _needs_a_body(name: str) -> bool:
+    cls = REGISTRY.algorithms[name]
+    return cls.body_use is not None or cls.personal_part in ("head", "body")
+
+
+BODY_METHODS = sorted(n for n in REGISTRY.algorithms if _needs_a_body(n))
+
+
+def test_every_method_that_uses_a_body_is_checked():
+    """The methods below split the model into a body and a head; a new one joins the test by itself."""
+    expected = {"fedbabu", "moon", "fedper", "lgfedavg", "fedrep", "fedproto", "fedpac", "fedgh", "feddbe"}
+    assert expected | {"fedcp", "gpfl", "fedas"} <= set(BODY_METHODS)
+
+
+@pytest.mark.parametrize("name", BODY_METHODS)
+def test_every_method_that_splits_the_model_refuses_one_unit_in_one_line(name):
+    with pytest.raises(ValueError) as error:
+        built(name, OneUnit())
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"{name} ")
+    assert "at least two units (a body and a head)" in message and "'fc' (fc.weight, fc.bias)" in message
 
 
 @pytest.mark.parametrize("name,personal", [("fedper+ala", "head"), ("lgfedavg+ala", "body")])

@@ -208,6 +208,24 @@ def test_downloads_from_mirrors_verify_and_extract(tmp_path: Path, monkeypatch: 
         download("cinic10", bad)
 
 
+def test_svhn_and_usps_downloads_verify_their_md5_sums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, files, url_attr, md5_attr, size in (
+        ("svhn", svhn_files(tmp_path / "svhn-src"), "_SVHN_URL", "_SVHN_MD5", 8),
+        ("usps", usps_files(tmp_path / "usps-src"), "_USPS_URL", "_USPS_MD5", 4),
+    ):
+        sums = {path.name: md5sum(path) for path in files.iterdir()}
+        monkeypatch.setattr(download_module, url_attr, files.as_uri() + "/")
+        monkeypatch.setattr(download_module, md5_attr, sums)
+        target = download(name, tmp_path / name)
+        assert sorted(p.name for p in target.iterdir()) == sorted(sums) and len(load_dataset(name, target)) == size
+        first = sorted(sums)[0]
+        monkeypatch.setattr(download_module, md5_attr, {**sums, first: "0" * 32})
+        with pytest.raises(DataError, match=f"{first} is already there but is not the expected file"):
+            download(name, tmp_path / name)
+        with pytest.raises(DataError, match=first):  # a fresh folder: the fetched file fails its sum
+            download(name, tmp_path / f"{name}-fresh")
+
+
 def test_new_pool_datasets_need_data_dir_and_pick_models() -> None:
     for name in ("fashion_mnist", "emnist", "svhn", "usps", "cinic10"):
         with pytest.raises(Exception, match=f"dataset '{name}' needs data_dir.*pflkit download {name}"):

@@ -200,6 +200,22 @@ def test_a_full_iid_share_is_iid_and_combines_with_quantity():
     assert np.all(np.abs(counts - sizes[:, None] / 10) <= 3)
 
 
+@pytest.mark.parametrize(
+    "keys",
+    [
+        {"method": "pathological", "balanced": True, "iid_share": 0.3},
+        {"method": "dirichlet", "quantity": "linear"},
+        {"method": "iid", "quantity": "given", "client_sizes": [100 + 10 * i for i in range(20)]},
+        {"method": "dirichlet", "quantity": "linear", "iid_share": 0.5},
+    ],
+)
+def test_the_seed_decides_the_parts(keys):
+    """The same seed draws the same samples for every client; another seed draws others."""
+    first, again, other = parts_of(3, **keys), parts_of(3, **keys), parts_of(4, **keys)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other, strict=True))
+
+
 def test_the_record_names_the_axes():
     split = split_clients(LABELS, PartitionSpec(num_clients=20, quantity="linear", iid_share=0.2), 0)
     assert split.info["quantity"] == "linear" and split.info["iid_share"] == 0.2

@@ -56,6 +56,7 @@ def unseen_records(name, engine, **kwargs):
     "override, message",
     [
         ("unseen_clients=5", "5 unseen clients of 5 leave none to train"),
+        ("unseen_clients=7", "7 unseen clients of 5 leave none to train"),
         ("unseen_clients=-1", "cannot be negative"),
         ("unseen_clients=[1, 5]", r"unseen client ids \[5\] are not clients of this run"),
         ("unseen_clients=[-1]", "client ids cannot be negative"),

@@ -1,4 +1,5 @@
-"""A real Flower deployment on loopback: SuperLink + 2 SuperNodes, TLS, SuperNode authentication.
+"""A real Flower deployment on loopback: SuperLink + 2 SuperNodes, TLS, SuperNode authentication; and
+a node that stops answering for good, dropped under `tolerate_failures`.
 
 Three rounds of FedALA on digits through `flwr run`: the ServerApp is killed (SIGKILL) after its
 round-1 checkpoint and started again (a second `flwr run` with the same config), a SuperNode is
@@ -240,15 +241,13 @@ def rounds_done(checkpoint: Path) -> int:
         return 0
 
 
-def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_path):
-    """Three rounds of FedALA: the ServerApp is killed (SIGKILL) once its round-1 checkpoint is
-    written and started again with the same run config (a new `flwr run`); a SuperNode is killed
-    and restarted after round 2. The finished run equals the simulator's uninterrupted run."""
+def flower_env(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh FLWR_HOME and the environment of every Flower process. Flower's processes start their
+    helpers (flower-superexec, flwr-clientapp) by name: this interpreter's scripts go first on PATH,
+    whether or not the virtualenv is activated."""
     home = tmp_path / "flwr-home"
     home.mkdir()
-    # Flower's processes start their helpers (flower-superexec, flwr-clientapp) by name: put this
-    # interpreter's scripts first on PATH, whether or not the virtualenv is activated.
-    env = {
+    return home, {
         **os.environ,
         "FLWR_HOME": str(home),
         "FLWR_TELEMETRY_ENABLED": "0",
@@ -257,6 +256,57 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
         "OMP_NUM_THREADS": "1",
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
     }
+
+
+def start_superlink(
+    procs: Processes, tmp_path: Path, home: Path, port: int, security: list[str], connection: str
+) -> Output:
+    """A SuperLink on 127.0.0.1:``port`` with the ``security`` options, once it accepts connections;
+    ``flwr``'s connection "test" to it, with the ``connection`` line (TLS root or insecure)."""
+    link = procs.start(
+        "superlink",
+        [
+            str(BIN / "flower-superlink"),
+            *security,
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--database",
+            str(tmp_path / "link.db"),
+        ],
+    )
+    wait_for_port(port, link, STARTUP)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\n{connection}\n'
+    )
+    return link
+
+
+def start_flwr_run(overrides: str, out: Path, env: dict[str, str], timeout: float) -> int:
+    """``flwr run`` of the pflkit app on connection "test"; the run's id."""
+    started = flwr(
+        [
+            "run",
+            str(REPO / "flower-app"),
+            "test",
+            "--format",
+            "json",
+            "-c",
+            f'overrides="{overrides}" out="{out}" wait-seconds=120.0 timeout={timeout}',
+        ],
+        env,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    return int(json.loads(started.stdout)["run-id"])
+
+
+def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_path):
+    """Three rounds of FedALA: the ServerApp is killed (SIGKILL) once its round-1 checkpoint is
+    written and started again with the same run config (a new `flwr run`); a SuperNode is killed
+    and restarted after round 2. The finished run equals the simulator's uninterrupted run."""
+    home, env = flower_env(tmp_path)
     ca, cert, key = make_certificates(tmp_path)
     keys = [make_node_keys(tmp_path, i) for i in range(2)]
     port = free_port()
@@ -277,30 +327,9 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
         return f"{server_app_log()}\n{procs.tails()}"
 
     try:
-        link = procs.start(
-            "superlink",
-            [
-                str(BIN / "flower-superlink"),
-                "--ssl-ca-certfile",
-                str(ca),
-                "--ssl-certfile",
-                str(cert),
-                "--ssl-keyfile",
-                str(key),
-                "--enable-supernode-auth",
-                "--disable-runtime-dependency-installation",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--database",
-                str(tmp_path / "link.db"),
-            ],
-        )
-        wait_for_port(port, link, STARTUP)
-        (home / "config.toml").write_text(
-            f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\n'
-            f'root-certificates = "{ca}"\n'
+        tls = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+        link = start_superlink(
+            procs, tmp_path, home, port, [*tls, "--enable-supernode-auth"], f'root-certificates = "{ca}"'
         )
         for _, public in keys:
             done = flwr(["supernode", "register", str(public), "test"], env)
@@ -348,20 +377,7 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
         overrides = "dataset=synthetic num_clients=2 rounds=3 algorithms=['fedala'] fedala.max_start_epochs=3 alpha=0.5"
 
         def start_run() -> None:
-            started = flwr(
-                [
-                    "run",
-                    str(REPO / "flower-app"),
-                    "test",
-                    "--format",
-                    "json",
-                    "-c",
-                    f'overrides="{overrides}" out="{out}" wait-seconds=120.0 timeout=120.0',
-                ],
-                env,
-            )
-            assert started.returncode == 0, started.stdout + started.stderr
-            run_ids.append(json.loads(started.stdout)["run-id"])
+            run_ids.append(start_flwr_run(overrides, out, env, 120.0))
 
         def run_ended(run_id: int) -> str:
             return rf"(Finished|Failed to finish) task \d+ of run {run_id}\b"
@@ -441,5 +457,63 @@ def test_tls_auth_deployment_survives_a_killed_server_app_and_a_killed_node(tmp_
         for d, s in zip(deployed, sim):
             for k in d:
                 assert d[k] == (pytest.approx(s[k], abs=1e-9) if isinstance(d[k], float) else s[k]), k
+    finally:
+        procs.stop_all()
+
+
+def test_a_node_that_stops_answering_is_dropped_when_failures_are_tolerated(tmp_path):
+    """Three rounds of FedAvg on two SuperNodes (plain gRPC); node 1 is killed (SIGKILL) once the
+    round-1 checkpoint is written and never comes back. With ``tolerate_failures`` the ServerApp
+    waits ``timeout`` seconds for each round's replies, counts client 1 as dropped in rounds 2 and 3
+    (``lost_replies``), aggregates node 0's uploads and finishes the run."""
+    home, env = flower_env(tmp_path)
+    port = free_port()
+    procs = Processes(tmp_path, env)
+    try:
+        link = start_superlink(procs, tmp_path, home, port, ["--insecure"], "insecure = true")
+        for i in range(2):
+            node = procs.start(
+                f"node{i}",
+                [
+                    str(BIN / "flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"127.0.0.1:{port}",
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f'partition-id={i} num-partitions=2 state-dir="{tmp_path / f"node{i}"}"',
+                ],
+            )
+            node.wait_for(r"SuperNode ID: \d+", STARTUP, f"the SuperLink activates node{i}", context=link.tail)
+        out = tmp_path / "results"
+        overrides = (
+            "dataset=synthetic num_clients=2 rounds=3 algorithms=['fedavg'] alpha=0.5 run.tolerate_failures=true"
+        )
+        run_id = start_flwr_run(overrides, out, env, 20.0)
+        ended = rf"(Finished|Failed to finish) task \d+ of run {run_id}\b"
+
+        def context() -> str:
+            shown = flwr(["log", str(run_id), "--show"], env)
+            return f"--- ServerApp log (tail) ---\n{(shown.stdout + shown.stderr)[-4000:]}\n{procs.tails()}"
+
+        def round_1_written() -> bool:
+            if any(re.search(ended, line) for line in list(link.lines)):
+                pytest.fail(f"the ServerApp of run {run_id} ended before round 1\n{context()}", pytrace=False)
+            return rounds_done(out / "checkpoints" / "fedavg-seed0.pt") >= 1
+
+        wait_until(round_1_written, ROUND, "the ServerApp writes its round-1 checkpoint", context)
+        procs.kill("node1")
+        link.wait_for(ended, ROUND, f"the ServerApp of run {run_id} finishes", context=context)
+        listing = flwr(["list", "--run-id", str(run_id), "--format", "json"], env)
+        assert listing.returncode == 0, listing.stdout + listing.stderr
+        assert json.loads(listing.stdout)["runs"][0]["status"] == "finished:completed", context()
+        assert json.loads((out / "run.json").read_text())["status"] == "complete"
+        trained = {r["train_round"]: r for r in records(out) if "train_round" in r}
+        assert sorted(trained) == [1, 2, 3]
+        assert trained[1].get("lost_replies") is None and trained[1].get("dropped_clients", 0) == 0
+        for t in (2, 3):
+            assert trained[t]["lost_replies"] == [1] and trained[t]["dropped_clients"] == 1, trained[t]
+            assert not trained[t].get("aggregation_skipped")  # node 0's upload was aggregated
     finally:
         procs.stop_all()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tests.support.builders import batch_pairs, build, params_of, tiny_context
+from tests.support.builders import batch_pairs, build, client_context, params_of, tiny_context
 from tests.support.checks import assert_params_close, moved
 from tests.support.references import XFAIL_DIFFERS, grads, network, pfllib_server_average, weights
 
@@ -80,6 +80,40 @@ def test_apfl_options_fix_alpha_and_add_the_references_alpha_term():
         assert_params_close(new["personal"], ref_v)
         ends.append(ref_alpha)
     assert {0.0, 1.0} & set(ends)
+
+
+def paper_apfl_client_with_momentum(ctx, w, v, alpha, lr, alpha_lr, momentum, weight_decay):
+    """``paper_apfl_client`` with w and v stepped by SGD with momentum and weight decay (torch's rule:
+    d = grad + wd p, b = momentum b + d, from b = d at the first step; p -= lr b), alpha by plain
+    SGD, as the paper's scalar step."""
+    buf: dict = {}
+
+    def step(name, p, grad):
+        d = grad + weight_decay * p
+        buf[name] = d if name not in buf else momentum * buf[name] + d
+        return p - lr * buf[name]
+
+    for x, y in batch_pairs(ctx, "train", ctx.train.local_epochs):
+        g_w = grads(ctx.model, w, x, y)
+        v_bar = {k: alpha * v[k] + (1 - alpha) * w[k] for k in w}
+        g = grads(ctx.model, v_bar, x, y)
+        g_alpha = sum(float(((v[k] - w[k]) * g[k]).sum()) for k in w)
+        w, v = {k: step(("w", k), w[k], g_w[k]) for k in w}, {k: step(("v", k), v[k], alpha * g[k]) for k in v}
+        alpha = float(np.clip(alpha - alpha_lr * g_alpha, 0.0, 1.0))
+    return w, v, alpha
+
+
+def test_apfl_steps_alpha_by_plain_sgd_under_the_runs_momentum_and_weight_decay():
+    ctx = client_context(0, n_train=40, lr=0.05, momentum=0.9, weight_decay=0.01, rounds=1)
+    glob, v = params_of(ctx, 2), params_of(ctx, 3)
+    alg = build("apfl", ctx, "apfl.alpha_lr=0.5")
+    _, new, _, _ = client_round(alg, ctx, glob, v, 0.4)
+    ref_w, ref_v, ref_alpha = paper_apfl_client_with_momentum(ctx, glob, v, 0.4, 0.05, 0.5, 0.9, 0.01)
+    assert_params_close(new["model"], ref_w)
+    assert_params_close(new["personal"], ref_v)
+    torch.testing.assert_close(float(new["alpha"]), ref_alpha, rtol=1e-4, atol=1e-6)
+    _, _, plain = paper_apfl_client(ctx, glob, v, 0.4, lr=0.05, alpha_lr=0.5)
+    assert abs(plain - ref_alpha) > 1e-4  # momentum on w and v changes alpha's path: the case is not trivial
 
 
 def pfllib_apfl_client(ctx, glob, v, alpha, lr):

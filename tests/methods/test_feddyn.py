@@ -157,6 +157,30 @@ def test_feddyn_client_state_is_the_gradient_update():
         torch.testing.assert_close(new["grad"][k], state["grad"][k] - alpha * (new["model"][k] - glob[k]))
 
 
+def test_feddyn_reports_the_objective_it_minimises_as_its_training_loss():
+    """``train_loss`` is the mean over the steps of CE − ⟨g, θ⟩ + α/2 ‖θ − θ_cloud‖² before each step:
+    the objective train_feddyn_mdl minimises, its quadratic part through SGD's weight decay α."""
+    ctx = contexts(1)[0]
+    glob, alpha = params_of(ctx, 2), 0.2
+    alg = build("feddyn", ctx, f"feddyn.alpha={alpha}")
+    grad = perturbed({k: torch.zeros_like(v) for k, v in glob.items()}, 1, 0.05)
+    state, _ = alg.local_init({"global": glob}, {**alg.init_client(glob, 0), "grad": grad}, ctx)
+    _, _, metrics = alg.local_train({"global": glob}, state, ctx)
+    g, cloud = vector(grad), vector(glob)
+    net = module_at(ctx.model, glob)
+    opt = torch.optim.SGD(net.parameters(), lr=ctx.train.lr, weight_decay=alpha)
+    values = []
+    for x, y in batch_pairs(ctx, "train", ctx.train.local_epochs):
+        theta = flat(net)
+        ce = F.cross_entropy(net(x), y)
+        values.append(float((ce - torch.dot(g, theta) + alpha / 2 * torch.sum((theta - cloud) ** 2)).detach()))
+        opt.zero_grad()
+        (ce + alpha * torch.sum(theta * (-cloud - g / alpha))).backward()  # local_grad = −g / α
+        torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm=10.0)
+        opt.step()
+    assert len(values) > 1 and metrics["train_loss"] == pytest.approx(sum(values) / len(values), rel=1e-5)
+
+
 def test_feddyn_refuses_a_server_state_without_its_entries():
     ctx = contexts(1)[0]
     glob = params_of(ctx, 2)

@@ -137,6 +137,7 @@ APFL.card = MethodCard(
     tests=(
         "tests/methods/test_apfl.py::test_apfl_is_algorithm_1_of_the_paper_step_by_step",
         "tests/methods/test_apfl.py::test_apfl_options_fix_alpha_and_add_the_references_alpha_term",
+        "tests/methods/test_apfl.py::test_apfl_steps_alpha_by_plain_sgd_under_the_runs_momentum_and_weight_decay",
     ),
     pinned=("tests/methods/test_apfl.py::test_apfl_personal_step_is_pfllibs",),
     differences=(

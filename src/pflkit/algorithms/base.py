@@ -147,7 +147,9 @@ class Algorithm:
         (every parameter travels). The downlink leaves it out (``downloaded_names``), so
         ``receive`` and ALA initialise only the shared part; ``shared`` picks what to upload, so
         ``aggregate`` averages only the shared part. A model of one unit is refused for a head or a
-        body, a model without batch norm for ``"norm"`` (``check_model``).
+        body, a model without batch norm for ``"norm"`` (``check_model``). Personal parameters
+        added beside a fully shared model (FedROD's second head) are client state, not a
+        ``personal_part``.
       newcomer_refusal: why the method has no model for a client that never trained (``[run]
         unseen_clients``), or None where ``newcomer_state`` and the downlink give it one; configs
         with unseen clients are refused for such methods.

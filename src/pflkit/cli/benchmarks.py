@@ -155,7 +155,7 @@ def bench(
 @click.argument("data_dir", type=click.Path(file_okay=False, path_type=Path))
 def download(name: str, data_dir: Path) -> None:
     """Download dataset NAME (mnist, fashion_mnist, emnist, svhn, usps, cinic10, cifar10, cifar100,
-    tiny_imagenet, agnews) into DATA_DIR."""
+    tiny_imagenet, agnews, domainnet) into DATA_DIR."""
     from ..data import download as fetch_dataset
 
     try:

@@ -97,7 +97,11 @@ def _split_folders(root: Path) -> tuple[Path, Path]:
     for base in (root, root / "data"):
         if (base / "train").is_dir() and (base / "test").is_dir():
             return base / "train", base / "test"
-    raise DataError(f"{root} is no LEAF dataset folder: it lacks train/ and test/ (of .json files)")
+    raise DataError(
+        f"{root} is no LEAF dataset folder: it lacks train/ and test/ (of .json files); LEAF publishes no "
+        "ready files: generate them with preprocess.sh of github.com/TalwalkarLab/leaf (e.g. in data/femnist: "
+        "./preprocess.sh -s niid --sf 0.05 -k 0 -t sample) and give its data/ folder"
+    )
 
 
 def _labels(y: list[Any], where: str) -> np.ndarray:

@@ -189,9 +189,9 @@ def check_fits(config: BaseConfig, data: FederatedData) -> None:
     for name in config.algorithms:
         try:
             algorithm = build_algorithm(name, config.algorithm_sections(), config.train, model.units())
+            algorithm.check_model(model)
         except ValueError as exc:  # a model without the parts the method needs: name the model too
             raise ConfigError(f"{exc} (model = {config.model_for(tuple(data.input_shape))!r})") from None
-        algorithm.check_model(model)
 
 
 def new_results_folder(name: str, parent: Path = Path("results")) -> Path:
