@@ -8,7 +8,8 @@ a dict that holds such entries, it hands the body's output ``h`` to the register
 head unit on features ``z``). Training losses, evaluation on every engine and Flower clients
 thus run body -> module(s) -> head with no change of their own; without ``between.`` entries a
 model runs as before. Each entry states whether it is shared (uploaded and averaged by the
-server) or kept on the client: ``Between.shared`` names the shared ones.
+server) or kept on the client: ``Between.shared`` names the shared ones. A model holds one kind
+at a time (entries of two kinds are refused).
 
 FedDBE adds a personal vector to ``h``; FedCP routes each sample's feature through a conditional
 policy network to a global and a personal head.
@@ -68,14 +69,21 @@ def register_between(module: Kind) -> Kind:
 
 
 def between_of(params: Mapping[str, Tensor]) -> Between | None:
-    """The registered module whose entries ``params`` holds, or None (a plain model)."""
+    """The registered module whose entries ``params`` holds, or None (a plain model). A model
+    routes through one module: entries of two kinds are refused rather than one of them ignored."""
+    found: Between | None = None
     for name in params:
         if name.startswith(PREFIX):
             kind = name[len(PREFIX) :].split(".", 1)[0]
             if kind not in KINDS:
                 raise KeyError(f"parameter {name!r} belongs to no registered module between body and head")
-            return KINDS[kind]
-    return None
+            if found is not None and found.kind != kind:
+                raise ValueError(
+                    f"the parameters hold two modules between body and head, {found.kind!r} and {kind!r}: "
+                    "a model routes its features through one"
+                )
+            found = KINDS[kind]
+    return found
 
 
 def without_between(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
