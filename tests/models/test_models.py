@@ -643,13 +643,14 @@ def test_fedavg_cnn_pools_before_its_relu_with_the_same_values_and_gradients():
 def test_a_model_routes_through_one_module_between_body_and_head():
     """Entries of two kinds of module between body and head are refused in one line naming both,
     where routing through the first found would silently ignore the other."""
-    import pflkit.algorithms.feddbe  # noqa: F401 - registers the "dbe" kind
-    import pflkit.algorithms.fednh  # noqa: F401 - registers the "cosine" kind
-    from pflkit.models.between import KINDS, between_of
+    from pflkit.algorithms.feddbe import BIAS
+    from pflkit.algorithms.fednh import COSINE
+    from pflkit.models.between import between_of
 
+    assert (BIAS.kind, COSINE.kind) == ("dbe", "cosine")
     plain = {"fc.weight": torch.zeros(2, 2)}
     dbe = {**plain, "between.dbe.bias": torch.zeros(2)}
-    assert between_of(plain) is None and between_of(dbe) is KINDS["dbe"]
+    assert between_of(plain) is None and between_of(dbe) is BIAS
     with pytest.raises(ValueError, match="two modules between body and head, 'dbe' and 'cosine'"):
         between_of({**dbe, "between.cosine.scale": torch.ones(())})
     with pytest.raises(KeyError, match="belongs to no registered module"):
