@@ -104,12 +104,3 @@ def test_moon_matches_pfllibs_client():
     glob, previous = params_of(ctx, 2), perturbed(params_of(ctx, 2), 2, 0.3)
     model, _ = pflkit_client(ctx, glob, params_of(ctx, 6), previous, "moon.mu=2.0", "moon.tau=1.0")
     assert_expected_close(model, pfllib_moon_client(ctx, glob, previous, 2.0, 1.0))
-
-
-def test_moon_refuses_a_model_without_a_body():
-    from pflkit.algorithms import TrainSettings
-    from pflkit.config import load_config
-    from pflkit.methods import build_algorithm
-
-    with pytest.raises(ValueError, match="at least two units"):
-        build_algorithm("moon", load_config(None, []).algorithm_sections(), TrainSettings(), [("fc", ["fc.weight"])])
