@@ -8,7 +8,11 @@ scored model move the number?" without rerunning the cell.
 For a method that keeps part of the model on the client (FedBN's batch norm, FedPer's head, ...)
 it also scores each client set with what the downlink carries of the server's model put in
 ("client model + server shared"). That is the scored model of FedBN, FedPer and FedRep; a method
-with its own receive or scoring rule (GPFL, FedGH, FedAS, ...) may score another. ``--recalibrate-bn`` adds,
+with its own receive or scoring rule (GPFL, FedGH, FedAS, ...) may score another. Where the server
+keeps a part of the model per client (FedPAC's combined heads), it scores the server's global model
+with that part put in ("server global + server KEY", FedPAC's scored model) and, beside it, with the
+client's own head put in ("server global + client KEY head"): it tells what the server's per-client
+part does against the head the client trained. ``--recalibrate-bn`` adds,
 for a model with batch norm, every set with its running statistics recomputed on the client's
 training split under the set's own weights: it tells stale statistics from bad weights.
 
@@ -35,7 +39,7 @@ from pflkit.federation.checkpoint import load_checkpoint
 from pflkit.federation.preparation import build_partitions, initial_params, partition_seed
 from pflkit.functional.training import evaluate, forward
 from pflkit.methods import build_algorithm
-from pflkit.models import norm_layers
+from pflkit.models import head_names, norm_layers
 from pflkit.models.resnet import BN_MOMENTUM
 
 #: label suffix of a set scored with recomputed batch-norm statistics
@@ -49,6 +53,17 @@ def full_sets(state: dict[str, Any], names: set[str]) -> dict[str, dict[str, tor
         for key, value in state.items()
         if isinstance(value, dict) and names <= set(value) and all(torch.is_tensor(value[n]) for n in names)
     }
+
+
+def per_client_parts(server: dict[str, Any], names: set[str], client_id: Any) -> dict[str, dict[str, torch.Tensor]]:
+    """The server entries that hold, for ``client_id``, a part of the model (FedPAC's combined heads):
+    dicts keyed by client id whose value for this client maps some of ``names`` to tensors."""
+    out = {}
+    for key, value in server.items():
+        part = value.get(client_id) if isinstance(value, dict) else None
+        if isinstance(part, dict) and part and set(part) <= names and all(torch.is_tensor(t) for t in part.values()):
+            out[key] = part
+    return out
 
 
 def recalibrated(model: torch.nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -83,6 +98,7 @@ def score_states(folder: Path, algorithm: str, seed: int, *, recalibrate_bn: boo
     data = partitions[partition_seed(config, seed)]
     model, init = initial_params(config, data, seed, torch.device("cpu"))
     names = {n for n, _ in model.named_parameters()}
+    head = head_names(model.units())
     method = build_algorithm(algorithm, config.algorithm_sections(), config.train, model.units())
     if recalibrate_bn and not norm_layers(init):
         raise ValueError(f"--recalibrate-bn: {type(model).__name__} has no batch-norm layers to recalibrate")
@@ -101,6 +117,13 @@ def score_states(folder: Path, algorithm: str, seed: int, *, recalibrate_bn: boo
             received = {**init, **server_sets["global"]}
             shared = {k: received[k] for k in method.downloaded_names(list(received))}
             sets.update({f"client {key} + server shared": {**sets[f"client {key}"], **shared} for key in client_sets})
+        if "global" in server_sets:
+            received = {**init, **server_sets["global"]}
+            parts = per_client_parts(state.server, names, client.client_id)
+            sets.update({f"server global + server {key}": {**received, **part} for key, part in parts.items()})
+            if parts:
+                own_heads = {key: {n: value[n] for n in head} for key, value in client_sets.items()}
+                sets.update({f"server global + client {key} head": {**received, **h} for key, h in own_heads.items()})
         if recalibrate_bn:
             sets.update(
                 {label + RECALIBRATED: recalibrated(model, p, client.train_x) for label, p in list(sets.items())}

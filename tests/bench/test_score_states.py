@@ -97,3 +97,16 @@ def test_recalibrating_a_model_without_batch_norm_is_refused(tmp_path) -> None:
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     with pytest.raises(ValueError, match="no batch-norm layers"):
         _script().score_states(tmp_path / "run", "fedavg", 0, recalibrate_bn=True)
+
+
+def test_a_per_client_part_on_the_server_is_scored_as_the_run_scores_it(tmp_path) -> None:
+    # FedPAC's server keeps each client's combined head: the global model with it is the scored model
+    config = load_config(None, ["num_clients=4", "rounds=2", 'algorithms=["fedpac"]', "seeds=[0]"])
+    run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
+    last = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    result = _script().score_states(tmp_path / "run", "fedpac", 0)
+    scored = "server global + server fedpac.heads"
+    assert result["accuracy"][scored] == pytest.approx(last["accuracy"], abs=1e-12)
+    per_client = last["client_accuracy"].values()
+    assert result["client_accuracy_range"][scored] == pytest.approx([min(per_client), max(per_client)], abs=1e-12)
+    assert "server global + client model head" in result["accuracy"]
