@@ -113,17 +113,19 @@ def score_states(folder: Path, algorithm: str, seed: int, *, recalibrate_bn: boo
         client_sets = full_sets(client_state, names)
         sets = {f"client {key}": {**init, **value} for key, value in client_sets.items()}
         sets.update({f"server {key}": {**init, **value} for key, value in server_sets.items()})
-        if method.personal_part is not None and "global" in server_sets:
-            received = {**init, **server_sets["global"]}
+        received = sets.get("server global")  # the server's model as a client receives it
+        if received is not None and method.personal_part is not None:
             shared = {k: received[k] for k in method.downloaded_names(list(received))}
             sets.update({f"client {key} + server shared": {**sets[f"client {key}"], **shared} for key in client_sets})
-        if "global" in server_sets:
-            received = {**init, **server_sets["global"]}
-            parts = per_client_parts(state.server, names, client.client_id)
-            sets.update({f"server global + server {key}": {**received, **part} for key, part in parts.items()})
-            if parts:
-                own_heads = {key: {n: value[n] for n in head} for key, value in client_sets.items()}
-                sets.update({f"server global + client {key} head": {**received, **h} for key, h in own_heads.items()})
+        parts = per_client_parts(state.server, names, client.client_id) if received is not None else {}
+        sets.update({f"server global + server {key}": {**received, **part} for key, part in parts.items()})
+        if parts:
+            sets.update(
+                {
+                    f"server global + client {key} head": {**received, **{n: value[n] for n in head}}
+                    for key, value in client_sets.items()
+                }
+            )
         if recalibrate_bn:
             sets.update(
                 {label + RECALIBRATED: recalibrated(model, p, client.train_x) for label, p in list(sets.items())}
