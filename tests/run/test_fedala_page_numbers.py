@@ -81,3 +81,23 @@ def test_the_fedala_pages_table7_rows_are_the_committed_cells() -> None:
         assert number(gap) == pytest.approx(round(mean - paper_value, 2), abs=1e-9), (
             f"{name}: gap {gap}, the cells' mean minus the paper's {paper_value} is {mean - paper_value:.3f}"
         )
+
+
+@pytest.mark.skipif(not (TABLE7 / "algorithms=fedgh,seeds=1").exists(), reason="no committed FedGH seed-1 cell")
+def test_fedghs_seed1_client_0_predicts_one_class_from_round_2_as_the_page_says() -> None:
+    """The page's diagnosis of FedGH's seed 1: client 0's accuracy is one class's share of its test
+    split in every round from 2 on, and the quoted numbers are those shares."""
+    files = {name: data for name, (data, _) in ResultsFolder(TABLE7 / "algorithms=fedgh,seeds=1").archived().items()}
+    partition = json.loads(files["partition-seed1.json"])
+    counts = partition["test_class_counts"][0]
+    shares = {round(c / sum(counts), 9): label for label, c in enumerate(counts)}
+    records = [json.loads(line) for line in files["metrics.jsonl"].splitlines()]
+    client0 = {r["round"]: r["client_accuracy"]["0"] for r in records if "client_accuracy" in r}
+    assert round(client0[1], 9) not in shares
+    assert all(round(a, 9) in shares for rnd, a in client0.items() if rnd >= 2)
+    text = " ".join(PAGE.read_text().split())
+    train = sum(partition["train_class_counts"][0])
+    assert f"{100 * client0[1]:.2f} % at round 1" in text
+    assert f"on any of the client's {train:,} training images" in text
+    assert f"41.19 % is class {shares[round(client0[28], 9)]}'s" in text and f"{100 * client0[28]:.2f}" == "41.19"
+    assert f"{100 * counts[1] / sum(counts):.2f} % class 1's" in text
