@@ -25,14 +25,12 @@ from typing import Any
 
 import torch
 
-from pflkit.config import load_config
 from pflkit.federation.checkpoint import load_checkpoint
-from pflkit.federation.preparation import build_partitions, initial_params, partition_seed
 from pflkit.functional.training import forward
 from pflkit.models.base import UnitModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from score_states import full_sets
+from score_states import full_sets, load_run
 
 
 def unit_activity(model: UnitModel, params: dict[str, torch.Tensor], x: torch.Tensor) -> list[dict[str, Any]]:
@@ -54,13 +52,7 @@ def unit_activity(model: UnitModel, params: dict[str, torch.Tensor], x: torch.Te
 def dead_units(folder: Path, algorithm: str, seed: int) -> dict[str, Any]:
     """Per client and per client parameter set of the checkpoint of (algorithm, seed) in ``folder``,
     the units' activity on the client's training split, with the dead units named."""
-    config = load_config(folder / "config.toml")
-    checkpoint = folder / "checkpoints" / f"{algorithm}-seed{seed}.pt"
-    if not checkpoint.is_file():
-        raise FileNotFoundError(f"{checkpoint} does not exist: dead_units needs the run's checkpoint")
-    config, partitions = build_partitions(config, torch.device("cpu"))
-    data = partitions[partition_seed(config, seed)]
-    model, init = initial_params(config, data, seed, torch.device("cpu"))
+    _, data, model, init, checkpoint = load_run(folder, algorithm, seed)
     names = {n for n, _ in model.named_parameters()}
     state = load_checkpoint(checkpoint)
     clients: dict[str, Any] = {}

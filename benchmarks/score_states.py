@@ -88,15 +88,22 @@ def recalibrated(model: torch.nn.Module, params: dict[str, torch.Tensor], x: tor
     return out
 
 
-def score_states(folder: Path, algorithm: str, seed: int, *, recalibrate_bn: bool = False) -> dict[str, Any]:
-    """Pooled test accuracy of every parameter set in the checkpoint of (algorithm, seed) in ``folder``."""
+def load_run(folder: Path, algorithm: str, seed: int) -> tuple[Any, Any, Any, dict[str, torch.Tensor], Path]:
+    """The run's config, its clients' data, the model with its initial parameters, and the path of
+    the checkpoint of (algorithm, seed), which must exist."""
     config = load_config(folder / "config.toml")
     checkpoint = folder / "checkpoints" / f"{algorithm}-seed{seed}.pt"
     if not checkpoint.is_file():
-        raise FileNotFoundError(f"{checkpoint} does not exist: score_states needs the run's checkpoint")
+        raise FileNotFoundError(f"{checkpoint} does not exist: reading a run's models needs its checkpoint")
     config, partitions = build_partitions(config, torch.device("cpu"))
     data = partitions[partition_seed(config, seed)]
     model, init = initial_params(config, data, seed, torch.device("cpu"))
+    return config, data, model, init, checkpoint
+
+
+def score_states(folder: Path, algorithm: str, seed: int, *, recalibrate_bn: bool = False) -> dict[str, Any]:
+    """Pooled test accuracy of every parameter set in the checkpoint of (algorithm, seed) in ``folder``."""
+    config, data, model, init, checkpoint = load_run(folder, algorithm, seed)
     names = {n for n, _ in model.named_parameters()}
     head = head_names(model.units())
     method = build_algorithm(algorithm, config.algorithm_sections(), config.train, model.units())
