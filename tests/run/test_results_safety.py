@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from pflkit.cli import main
+from pflkit.config import load_config
+from pflkit.federation.checkpoint import load_checkpoint
+from pflkit.run.experiment import resume_experiment, run_experiment
+from tests.support.runs import KILL_AFTER, records_without_timings
 
 FAST = ["dataset=synthetic", "num_clients=4", "alpha=0.5", "rounds=2", 'algorithms=["fedavg"]']
 
@@ -66,6 +73,20 @@ def test_resuming_without_a_checkpoint_keeps_every_record(tmp_path):
     code, output = run("run", "--resume", str(out))
     assert code != 0 and "resuming would drop them" in output
     assert (out / "metrics.jsonl").read_bytes() == before
+
+
+@pytest.mark.integration
+def test_a_run_killed_before_its_first_regular_checkpoint_resumes_to_the_uninterrupted_numbers(tmp_path, fast_config):
+    # checkpoints every 5 rounds, killed after round 3: only the save after round 1 lets it resume
+    overrides = fast_config + ['algorithms=["fedala"]', "rounds=4", "checkpoint_every=5"]
+    run_experiment(load_config(None, overrides), tmp_path / "full", progress=False, echo=lambda s: None)
+    out = tmp_path / "killed"
+    proc = subprocess.run([sys.executable, "-c", KILL_AFTER, str(out), *overrides], capture_output=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 3  # rounds 0-2 written, no regular checkpoint
+    assert load_checkpoint(out / "checkpoints" / "fedala-seed0.pt").rounds_done == 1
+    resume_experiment(out, progress=False, echo=lambda s: None)
+    assert records_without_timings(out) == records_without_timings(tmp_path / "full")
 
 
 @pytest.mark.integration

@@ -79,7 +79,9 @@ class RunSettings(BaseModel):
     workers: int | None = Field(None, ge=1, description="parallel engine workers (default: all cores)")
     device: str = Field("cpu", description="cpu, cuda, cuda:N or auto")
     threads: int = Field(1, ge=1, le=1024, description="torch intra-op threads per worker (set explicitly; see docs)")
-    checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
+    checkpoint_every: int = Field(
+        1, ge=1, description="rounds between checkpoints (the first trained round is always saved, so any run resumes)"
+    )
     state_store: Literal["memory", "disk"] = Field(
         "memory",
         description="where clients' states live between rounds: memory, or disk (one file per client "

@@ -74,14 +74,16 @@ def load_checkpoint(path: Path, device: torch.device | str = "cpu", store: Clien
 
 
 class Checkpointer:
-    """Callback: save the run state every ``every`` rounds and when the run is done."""
+    """Callback: save the run state after the first trained round, every ``every`` rounds and when
+    the run is done. The first save means a run stopped before its first regular checkpoint still
+    resumes: its records never outlive their checkpoint."""
 
     def __init__(self, path: Path, every: int) -> None:
         self.path = path
         self.every = every
 
     def on_record(self, state: RunState, record: dict) -> None:
-        if state.done or state.rounds_done % self.every == 0:
+        if state.done or state.rounds_done % self.every == 0 or len(state.history) == 1:
             save_checkpoint(self.path, state)
 
 
