@@ -160,3 +160,40 @@ def test_the_unseen_rows_are_the_committed_cells() -> None:
         sizes = [sum(c) for c in partition["test_class_counts"]]
         same = sum(twin_best["client_accuracy"][str(i)] * sizes[i] for i in unseen) / sum(sizes[i] for i in unseen)
         assert trained == f"{100 * same:.2f}", f"{name}: the same clients in Table 7 {trained}, cells {100 * same:.2f}"
+
+
+def test_the_pfedme_newcomer_collapse_is_what_the_cells_say() -> None:
+    """The page's reading of pFedMe's newcomers: client 17 scores exactly class 8's share of its
+    test split at the rounds named, client 18 class 6's once, and the other methods' newcomers never
+    fall that low."""
+    cell = cells(UNSEEN, "pfedme")[0]
+    counts = ResultsFolder(cell).partition(1)["test_class_counts"]
+    rows = records(cell)
+
+    def one_class(client: int) -> dict[int, int]:
+        """round -> the class whose share of the client's test split is its accuracy there"""
+        shares = {round(c / sum(counts[client]), 9): label for label, c in enumerate(counts[client])}
+        found = {r["round"]: shares.get(round(r["unseen_client_accuracy"][str(client)], 9)) for r in rows}
+        return {rnd: label for rnd, label in found.items() if label is not None}
+
+    assert one_class(17) == dict.fromkeys([7, 24, 28, 32, 35, 36, 37], 8)
+    assert one_class(18) == {33: 6}
+    assert f"{100 * counts[17][8] / sum(counts[17]):.2f}" == "42.43" and (counts[17][8], sum(counts[17])) == (600, 1414)
+    late = [100 * r["unseen_accuracy"] for r in rows if 26 <= r["round"] <= 37]
+    assert (f"{min(late):.2f}", f"{max(late):.2f}", len(rows)) == ("80.09", "99.03", 38)
+    top = max(rows, key=lambda r: r["unseen_accuracy"])
+    assert (f"{100 * top['unseen_accuracy']:.2f}", top["round"]) == ("99.23", 16)
+    lowest = {
+        m: f"{100 * min(min(r['unseen_client_accuracy'].values()) for r in records(cells(UNSEEN, m)[0])):.2f}"
+        for m in ("fedavg", "ditto", "fedala")
+    }
+    assert lowest == {"fedavg": "86.70", "ditto": "86.70", "fedala": "95.62"}
+    text = " ".join(PAGE.read_text().split())
+    for quoted in (
+        "client 17 scores 42.43, exactly class 8's share of its test split (600 of 1,414 images)",
+        "at 7 of the 38 evaluations (rounds 7, 24, 28, 32 and 35-37)",
+        "exactly class 6's share once (round 33)",
+        "between 80.09 and 99.03, and their best is 99.23 (round 16)",
+        "never score under 86.70 on any client, FedALA's never under 95.62",
+    ):
+        assert quoted in text, quoted
