@@ -26,7 +26,6 @@ import torch
 
 from pflkit.engines.base import RoundSetup
 from pflkit.engines.executor import finetuned
-from pflkit.federation import ResultsFolder
 from pflkit.federation.checkpoint import load_checkpoint
 from pflkit.federation.runner import newcomers
 from pflkit.functional.training import forward
@@ -94,7 +93,6 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=None, help="fine-tune at this lr instead of the run's")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    ResultsFolder(args.folder)  # a clear error where the folder is no run's
     print(json.dumps(newcomer_finetune(args.folder, args.algorithm, args.seed, args.lr), indent=2))
 
 
