@@ -1,11 +1,11 @@
 """Rebuild the newcomers of a run's last evaluation and look inside them (docs/scenarios.md,
 pFedMe): each unseen client receives what the method gives a newcomer from the checkpoint's final
-server state and is fine-tuned as the run fine-tuned it (``[run] unseen_finetune_epochs``, the
-run's train settings, the same batch stream), or at another learning rate (``--lr``). For each it
-reports the test accuracy before and after the fine-tuning (with the run's own lr the latter must
-equal the last record's: the script checks it), the class it predicts most and the share of its
-test images given that class, and the units that are off on every training image before and after
-the fine-tuning (``benchmarks/dead_units.py``).
+server state and is fine-tuned as the run fine-tuned it (``[run] unseen_finetune_epochs`` and
+``unseen_finetune_lr``, the run's train settings, the same batch stream), or at another learning
+rate (``--lr``). For each it reports the test accuracy before and after the fine-tuning (with the
+run's own lr the latter must equal the last record's: the script checks it), the class it predicts
+most and the share of its test images given that class, and the units that are off on every
+training image before and after the fine-tuning (``benchmarks/dead_units.py``).
 
     PFLKIT_DATA=../shared/datasets python benchmarks/newcomer_finetune.py \\
         RESULTS_FOLDER --algorithm pfedme --seed 0 [--lr 0.01]
@@ -47,8 +47,7 @@ def newcomer_finetune(folder: Path, algorithm: str, seed: int, lr: float | None 
     if unseen is None:
         raise ValueError(f"{folder / 'config.toml'} has no unseen clients ([run] unseen_clients)")
     method = build_algorithm(algorithm, config.algorithm_sections(), config.train, model.units())
-    train = config.train if lr is None else config.train.model_copy(update={"lr": lr})
-    setup = RoundSetup(method, data, model, model.units(), train, seed)
+    setup = RoundSetup(method, data, model, model.units(), config.train, seed)
     final = state.rounds_done + 1  # the final pass's round: the newcomers' batch streams depend on it
     recorded = next(r for r in reversed(state.history) if "unseen_client_accuracy" in r)
     clients: dict[str, Any] = {}
@@ -57,7 +56,9 @@ def newcomer_finetune(folder: Path, algorithm: str, seed: int, lr: float | None 
         ctx = setup.context(job.client_id, final)
         local, _ = method.local_init(job.payload, job.state, ctx)
         received = {**init, **method.eval_params(local)}
-        tuned, _ = finetuned(method, method.eval_params(local), ctx, job.finetune or 0, job.finetune_steps)
+        tuned, _ = finetuned(
+            method, method.eval_params(local), ctx, job.finetune or 0, job.finetune_steps, lr or job.finetune_lr
+        )
         params = {**init, **tuned}
         (result,) = ctx.evaluate(params)
         (before,) = ctx.evaluate(received)
@@ -82,7 +83,7 @@ def newcomer_finetune(folder: Path, algorithm: str, seed: int, lr: float | None 
             "most_predicted_share": counts.max().item() / len(predicted),
             "dead_units": [u["unit"] for u in units[:-1] if u["live"] == 0.0],
         }
-    return {"round": recorded["round"], "lr": train.lr, "clients": clients}
+    return {"round": recorded["round"], "lr": lr or unseen.finetune_lr or config.train.lr, "clients": clients}
 
 
 def main() -> None:
@@ -90,7 +91,12 @@ def main() -> None:
     parser.add_argument("folder", type=Path, help="a finished run's results folder (config.toml, checkpoints/)")
     parser.add_argument("--algorithm", required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=None, help="fine-tune at this lr instead of the run's")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="fine-tune at this lr instead of the run's (unseen_finetune_lr, else its lr)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(json.dumps(newcomer_finetune(args.folder, args.algorithm, args.seed, args.lr), indent=2))

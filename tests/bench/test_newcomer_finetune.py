@@ -52,3 +52,14 @@ def test_a_run_without_unseen_clients_is_refused(tmp_path) -> None:
     run_experiment(config, tmp_path / "run", progress=False, echo=lambda s: None)
     with pytest.raises(ValueError, match="has no unseen clients"):
         load_script("benchmarks/newcomer_finetune.py").newcomer_finetune(tmp_path / "run", "fedavg", 0)
+
+
+def test_the_configured_finetuning_lr_reaches_the_run_and_the_rebuild(tmp_path) -> None:
+    runs = {}
+    for name, extra in (("default", []), ("slow", ["unseen_finetune_lr=0.001"])):
+        config = load_config(None, [*OVERRIDES, 'algorithms=["fedavg"]', *extra])
+        run_experiment(config, tmp_path / name, progress=False, echo=lambda s: None)
+        runs[name] = [r["unseen_loss"] for r in ResultsFolder(tmp_path / name).records() if "unseen_loss" in r]
+    assert runs["slow"][1:] != pytest.approx(runs["default"][1:], rel=1e-3)
+    result = load_script("benchmarks/newcomer_finetune.py").newcomer_finetune(tmp_path / "slow", "fedavg", 0)
+    assert result["lr"] == 0.001  # and its scores were checked against the slow run's records

@@ -28,7 +28,9 @@ SIZES = [30, 45, 12, 60, 45]
 FAST = ["dataset=synthetic", "num_clients=5", "alpha=0.5", "rounds=2", "fedala.max_start_epochs=3", "engine=loop"]
 
 
-def unseen_session(name, unseen=(1, 3), finetune=0, rounds=2, join_ratio=1.0, overrides=(), finetune_steps=None):
+def unseen_session(
+    name, unseen=(1, 3), finetune=0, rounds=2, join_ratio=1.0, overrides=(), finetune_steps=None, finetune_lr=None
+):
     """A run of ``name`` on five toy clients whose ``unseen`` never train: its setup, initial
     model and (unstarted) session."""
     data = make_data(SIZES, test=12)
@@ -40,7 +42,7 @@ def unseen_session(name, unseen=(1, 3), finetune=0, rounds=2, join_ratio=1.0, ov
         rounds=rounds,
         join_ratio=join_ratio,
         eval_every=1,
-        newcomers=Newcomers(tuple(unseen), finetune, init, finetune_steps),
+        newcomers=Newcomers(tuple(unseen), finetune, init, finetune_steps, finetune_lr),
     )
     summaries = [ClientSummary(i, n, data.train_label_counts(i)) for i, n in enumerate(SIZES)]
     return setup, init, RunSession.open(driver, init, summaries)
@@ -166,6 +168,28 @@ def test_a_budget_in_steps_takes_that_many_batches_of_the_same_stream():
         engine.close()
 
 
+def test_a_finetuning_lr_changes_the_newcomers_only_and_the_runs_lr_changes_nothing():
+    setup, _, _ = unseen_session("fedavg")
+    default = unseen_records("fedavg", LoopEngine(), finetune=1)
+    same = unseen_records("fedavg", LoopEngine(), finetune=1, finetune_lr=setup.train.lr)
+    assert [{k: v for k, v in r.items() if "seconds" not in k} for r in same] == [
+        {k: v for k, v in r.items() if "seconds" not in k} for r in default
+    ]
+    slow = unseen_records("fedavg", LoopEngine(), finetune=1, finetune_lr=setup.train.lr / 10)
+    assert [r["unseen_loss"] for r in slow] != pytest.approx([r["unseen_loss"] for r in default])
+    for a, b in zip(default, slow, strict=True):
+        assert {k: v for k, v in a.items() if "unseen" not in k and "seconds" not in k} == {
+            k: v for k, v in b.items() if "unseen" not in k and "seconds" not in k
+        }
+    for engine in (ParallelEngine(2), VmapEngine(2)):
+        other = unseen_records("fedavg", engine, finetune=1, finetune_lr=setup.train.lr / 10)
+        assert [r["unseen_loss"] for r in other] == pytest.approx([r["unseen_loss"] for r in slow], rel=1e-4)
+        engine.close()
+    assert load_config(None, [*FAST, "unseen_clients=1", "unseen_finetune_lr=0.01"]).run.unseen_finetune_lr == 0.01
+    with pytest.raises(ConfigError, match="unseen_finetune_lr"):
+        load_config(None, [*FAST, "unseen_clients=1", "unseen_finetune_lr=0"])
+
+
 def test_the_finetuning_budget_is_in_epochs_or_in_steps_not_both():
     assert load_config(None, [*FAST, "unseen_clients=1", "unseen_finetune_steps=3"]).run.unseen_finetune_steps == 3
     with pytest.raises(ConfigError, match="set one of the two"):
@@ -218,12 +242,17 @@ def test_a_resumed_run_records_the_newcomers_as_an_uninterrupted_one(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.flower
-@pytest.mark.parametrize("budget", ["unseen_finetune_epochs=1", "unseen_finetune_steps=3"])
+@pytest.mark.parametrize(
+    "budget",
+    ["unseen_finetune_epochs=1", "unseen_finetune_steps=3", "unseen_finetune_epochs=1 unseen_finetune_lr=0.01"],
+)
 def test_flower_in_process_scores_the_newcomers_as_the_simulator(tmp_path, budget):
     pytest.importorskip("flwr")
     from tests.flower.test_flower import OVERRIDES, assert_same_records, run_both
 
-    config = load_config(None, [*OVERRIDES, 'algorithms=["fedavg", "fedala", "ditto"]', "unseen_clients=[1]", budget])
+    config = load_config(
+        None, [*OVERRIDES, 'algorithms=["fedavg", "fedala", "ditto"]', "unseen_clients=[1]", *budget.split()]
+    )
     flower_records, sim_records = run_both(tmp_path, config)
     assert len(flower_records) == len(sim_records) == 4 * 3
     assert all(r["unseen_evaluated_clients"] == 1 and r["evaluated_clients"] == 2 for r in flower_records)

@@ -55,6 +55,7 @@ FLAT_KEYS: dict[str, tuple[str, str]] = {
             "unseen_clients",
             "unseen_finetune_epochs",
             "unseen_finetune_steps",
+            "unseen_finetune_lr",
             "engine",
             "workers",
             "device",

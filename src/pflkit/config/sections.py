@@ -70,6 +70,12 @@ class RunSettings(BaseModel):
         description="the fine-tuning budget of an unseen client in batches instead of epochs: exactly this many "
         "SGD steps, its batches reshuffled each epoch (with it, unseen_finetune_epochs stays 0)",
     )
+    unseen_finetune_lr: float | None = Field(
+        None,
+        gt=0,
+        description="learning rate of an unseen client's fine-tuning (default: the run's [train] lr); the "
+        "rest of the train settings stay the run's",
+    )
     engine: Literal["auto", "loop", "parallel", "vmap", "vmap-graphs"] = Field(
         "auto",
         description="loop: one client at a time; parallel: clients over worker threads; vmap: "

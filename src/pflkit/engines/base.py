@@ -26,7 +26,7 @@ class ClientJob:
     ``load`` reads it: clients kept on disk are read when their job starts, not when it is planned).
     ``finetune``: a client that never trained (a newcomer), whose scored model is fine-tuned for this
     many epochs before its evaluation (None: a participant); ``finetune_steps``: for this many
-    batches instead.
+    batches instead; ``finetune_lr``: at this learning rate (None: the run's).
     ``work``: the share of its planned local steps the client takes in ``local_train`` (1: all;
     less: a straggler)."""
 
@@ -38,6 +38,7 @@ class ClientJob:
     load: Callable[[], State] | None = None
     finetune: int | None = None
     finetune_steps: int | None = None
+    finetune_lr: float | None = None
     work: float = 1.0
 
     def loaded(self) -> ClientJob:

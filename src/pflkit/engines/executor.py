@@ -137,7 +137,9 @@ def run_group(
         t1 = time.perf_counter()
         scored = alg.eval_params(state)
         if jobs[0].finetune or jobs[0].finetune_steps:
-            scored, tuned = finetuned(alg, scored, ctx, jobs[0].finetune or 0, jobs[0].finetune_steps)
+            scored, tuned = finetuned(
+                alg, scored, ctx, jobs[0].finetune or 0, jobs[0].finetune_steps, jobs[0].finetune_lr
+            )
             metrics = {**metrics, **tuned}
         evaluations = ctx.evaluate(scored)
         seconds["eval_seconds"] = time.perf_counter() - t1
@@ -166,13 +168,18 @@ def run_group(
 
 
 def finetuned(
-    alg: Algorithm, params: Params | Ensemble, ctx: Context, epochs: int, steps: int | None = None
+    alg: Algorithm,
+    params: Params | Ensemble,
+    ctx: Context,
+    epochs: int,
+    steps: int | None = None,
+    lr: float | None = None,
 ) -> tuple[Params, Metrics]:
     """A newcomer's scored model after ``epochs`` epochs (or, with ``steps``, that many batches,
     reshuffled each epoch) of cross-entropy SGD on its training split (the run's train settings,
-    its own batch stream), and the fine-tuning's mean loss. The model's parameters train; a
-    method's other entries (modules between body and head, their inputs) stay as the newcomer
-    received them."""
+    its own batch stream; ``lr`` in place of the run's), and the fine-tuning's mean loss. The
+    model's parameters train; a method's other entries (modules between body and head, their
+    inputs) stay as the newcomer received them."""
     if isinstance(params, Ensemble):
         raise ValueError(f"{alg.name} scores an ensemble of models: unseen fine-tuning needs a single model")
     # every epoch has at least one batch, so ``steps`` epochs hold the ``steps`` batches
@@ -186,6 +193,7 @@ def finetuned(
         classification_loss,
         trainable=[k for k in alg.parameter_names if k in params],
         data=batches,
+        optimizer=None if lr is None else ctx.train.optimizer(lr),
         stage="fine-tuning of an unseen client",
     )
     return fit.params, {"finetune_loss": fit.loss}

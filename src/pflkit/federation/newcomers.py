@@ -6,7 +6,8 @@ each unseen client receives what the method gives a newcomer: ``newcomer_state(i
 payload)`` (by default ``init_client``) and ``local_init(downlink(server, client, round))``, the
 path of a participant's first round. It then fine-tunes the model the method scores
 (``eval_params``) for ``unseen_finetune_epochs`` epochs, or ``unseen_finetune_steps`` batches, of
-cross-entropy SGD on its training split (the run's train settings; 0 epochs: none) and the
+cross-entropy SGD on its training split (the run's train settings, at ``unseen_finetune_lr`` where
+given; 0 epochs: none) and the
 fine-tuned model is scored on its test split. The state is discarded afterwards: every evaluation
 starts the newcomers afresh from the server state of that round, so the numbers depend only on
 the seed and the server state (resumed runs and every engine agree).
@@ -36,6 +37,7 @@ class Newcomers:
     finetune_epochs: int = 0
     init: Params | None = None
     finetune_steps: int | None = None
+    finetune_lr: float | None = None
 
     def jobs(self, algorithm: Algorithm, server: State, round: int) -> list[ClientJob]:
         """The evaluation-only jobs of the unseen clients at training round ``round`` (or the final pass)."""
@@ -53,6 +55,7 @@ class Newcomers:
                     load=load,
                     finetune=self.finetune_epochs,
                     finetune_steps=self.finetune_steps,
+                    finetune_lr=self.finetune_lr,
                 )
             )
         return jobs

@@ -127,7 +127,9 @@ def newcomers(config: BaseConfig, init: Params | None) -> Newcomers | None:
     clients build them: Flower)."""
     ids = config.unseen_client_ids()
     run = config.run
-    return Newcomers(tuple(ids), run.unseen_finetune_epochs, init, run.unseen_finetune_steps) if ids else None
+    if not ids:
+        return None
+    return Newcomers(tuple(ids), run.unseen_finetune_epochs, init, run.unseen_finetune_steps, run.unseen_finetune_lr)
 
 
 def open_session(

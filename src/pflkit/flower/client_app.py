@@ -81,8 +81,16 @@ def _client_round(message: Message, context: Context, train: bool) -> Message:
         payload = get_values(message.content, "payload", setup.device)
         fresh = algorithm.newcomer_state(setup.init, payload, setup.client_id)
         steps = int(meta["newcomer-steps"]) if "newcomer-steps" in meta else None
+        lr = float(meta["newcomer-lr"]) if "newcomer-lr" in meta else None
         job = ClientJob(
-            setup.client_id, payload, fresh, True, False, finetune=int(meta["newcomer"]), finetune_steps=steps
+            setup.client_id,
+            payload,
+            fresh,
+            True,
+            False,
+            finetune=int(meta["newcomer"]),
+            finetune_steps=steps,
+            finetune_lr=lr,
         )
         return _reply(message, setup.client_id, run_client(run.round_setup, job, round))
     key = state_key(name, seed)

@@ -87,6 +87,7 @@ class PflkitStrategy(Strategy):
                         "evaluate": job.evaluate,
                         **({"newcomer": job.finetune} if job.finetune is not None else {}),
                         **({"newcomer-steps": job.finetune_steps} if job.finetune_steps is not None else {}),
+                        **({"newcomer-lr": job.finetune_lr} if job.finetune_lr is not None else {}),
                         "work": job.work,  # < 1: a straggler
                         **({"lost-rounds": lost} if (lost := self._lost_rounds(job.client_id)) else {}),
                         **({"state-dir": str(self.client_state_dir)} if self.client_state_dir is not None else {}),
