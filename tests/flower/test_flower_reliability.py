@@ -118,3 +118,24 @@ def test_fewer_replies_than_min_replies_stop_the_run(tmp_path):
         RuntimeError, match=r"fedavg seed 0 round 1: 2 of 3 clients replied, fewer than min_replies = 3"
     ):
         run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)
+
+
+class _OneClientSilentAtSetup(LocalGrid):
+    """Node 1002 (client 2) never answers the setup query (a node too slow to load its data)."""
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            if message.metadata.dst_node_id == 1002 and message.metadata.message_type == MessageType.QUERY:
+                message.metadata.__dict__["_message_id"] = "lost-query"
+                ids.append(message.metadata.message_id)
+            else:
+                ids += list(super().push_messages([message]))
+        return ids
+
+
+def test_a_node_that_does_not_answer_the_setup_query_is_named_as_a_timeout(tmp_path):
+    config = load_config(None, OVERRIDES + ["run.reply_timeout=1"])
+    grid = _OneClientSilentAtSetup(client_app, [{"partition-id": i} for i in range(3)])
+    with pytest.raises(RuntimeError, match=r"only 2 of 3 SuperNodes answered the setup query within 1 s"):
+        run_on_flower(config, grid, tmp_path / "out", wait_seconds=5)

@@ -38,9 +38,17 @@ log = logging.getLogger(__name__)
 
 
 def discover(
-    grid: Grid, config: BaseConfig, config_text: str, seed: int, wait_seconds: float = 120.0
+    grid: Grid,
+    config: BaseConfig,
+    config_text: str,
+    seed: int,
+    wait_seconds: float = 120.0,
+    reply_timeout: float | None = None,
 ) -> tuple[dict[int, int], list[ClientSummary], dict[str, Any]]:
-    """Wait for ``num_clients`` nodes, ask each who it is; return client->node ids and summaries."""
+    """Wait for ``num_clients`` nodes, ask each who it is; return client->node ids and summaries.
+    ``wait_seconds`` bounds the wait for the nodes to connect; ``reply_timeout`` (default: the
+    config's ``[run] reply_timeout``) the wait for their answers, which load each client's data."""
+    reply_timeout = config.run.reply_timeout if reply_timeout is None else reply_timeout
     deadline = time.time() + wait_seconds
     while len(node_ids := list(grid.get_node_ids())) < config.partition.num_clients:
         if time.time() > deadline:
@@ -51,7 +59,12 @@ def discover(
         time.sleep(1.0)
     content = RecordDict({"pflkit": ConfigRecord({"config": config_text, "seed": seed})})
     messages = [Message(content, dst_node_id=n, message_type=MessageType.QUERY, group_id="query") for n in node_ids]
-    replies = list(grid.send_and_receive(messages, timeout=wait_seconds))
+    replies = list(grid.send_and_receive(messages, timeout=reply_timeout))
+    if len(replies) < len(messages):
+        raise RuntimeError(
+            f"only {len(replies)} of {len(messages)} SuperNodes answered the setup query within "
+            f"{reply_timeout:.0f} s ([run] reply_timeout)"
+        )
     errors = [r.error.reason for r in replies if r.has_error()]
     if errors:
         raise RuntimeError(f"a SuperNode could not set up its client: {client_error(errors[0])}")
@@ -144,7 +157,9 @@ class FlowerBackend:
         self._init: dict[int, Any] = {}
 
     def setup_seed(self, seed: int) -> SeedStart:
-        nodes, summaries, info = discover(self.grid, self.config, self.config_text, seed, self.wait_seconds)
+        nodes, summaries, info = discover(
+            self.grid, self.config, self.config_text, seed, self.wait_seconds, self.timeout
+        )
         model, init = initial_params(
             self.config, (info["input_shape"], info["num_classes"], info["vocab_size"]), seed, self.device
         )
