@@ -39,6 +39,8 @@ from score_states import load_run
 def newcomer_finetune(folder: Path, algorithm: str, seed: int, lr: float | None = None) -> dict[str, Any]:
     """Per unseen client of the finished run (algorithm, seed) in ``folder``: the fine-tuned
     newcomer's accuracy, its most predicted class and that class's share, and its dead units."""
+    if lr is not None and not lr > 0:
+        raise ValueError(f"--lr must be positive, got {lr}")
     config, data, model, init, checkpoint = load_run(folder, algorithm, seed)
     state = load_checkpoint(checkpoint)
     if not state.done:
@@ -57,7 +59,12 @@ def newcomer_finetune(folder: Path, algorithm: str, seed: int, lr: float | None 
         local, _ = method.local_init(job.payload, job.state, ctx)
         received = {**init, **method.eval_params(local)}
         tuned, _ = finetuned(
-            method, method.eval_params(local), ctx, job.finetune or 0, job.finetune_steps, lr or job.finetune_lr
+            method,
+            method.eval_params(local),
+            ctx,
+            job.finetune or 0,
+            job.finetune_steps,
+            job.finetune_lr if lr is None else lr,
         )
         params = {**init, **tuned}
         (result,) = ctx.evaluate(params)
@@ -83,7 +90,11 @@ def newcomer_finetune(folder: Path, algorithm: str, seed: int, lr: float | None 
             "most_predicted_share": counts.max().item() / len(predicted),
             "dead_units": [u["unit"] for u in units[:-1] if u["live"] == 0.0],
         }
-    return {"round": recorded["round"], "lr": lr or unseen.finetune_lr or config.train.lr, "clients": clients}
+    return {
+        "round": recorded["round"],
+        "lr": (unseen.finetune_lr or config.train.lr) if lr is None else lr,
+        "clients": clients,
+    }
 
 
 def main() -> None:

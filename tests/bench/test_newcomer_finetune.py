@@ -54,6 +54,12 @@ def test_a_run_without_unseen_clients_is_refused(tmp_path) -> None:
         load_script("benchmarks/newcomer_finetune.py").newcomer_finetune(tmp_path / "run", "fedavg", 0)
 
 
+@pytest.mark.parametrize("lr", [0.0, -0.1, float("nan")])
+def test_a_learning_rate_that_is_not_positive_is_refused(tmp_path, lr) -> None:
+    with pytest.raises(ValueError, match="--lr must be positive"):
+        load_script("benchmarks/newcomer_finetune.py").newcomer_finetune(tmp_path / "absent", "fedavg", 0, lr=lr)
+
+
 def test_the_configured_finetuning_lr_reaches_the_run_and_the_rebuild(tmp_path) -> None:
     runs = {}
     for name, extra in (("default", []), ("slow", ["unseen_finetune_lr=0.001"])):

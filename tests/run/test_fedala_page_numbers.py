@@ -101,3 +101,29 @@ def test_fedghs_seed1_client_0_predicts_one_class_from_round_2_as_the_page_says(
     assert f"on any of the client's {train:,} training images" in text
     assert f"41.19 % is class {shares[round(client0[28], 9)]}'s" in text and f"{100 * client0[28]:.2f}" == "41.19"
     assert f"{100 * counts[1] / sum(counts):.2f} % class 1's" in text
+
+
+LR001 = REPO / "docs" / "results" / "fedala-table7-mnist-lr0.01"
+
+
+@pytest.mark.skipif(not LR001.exists(), reason="no committed lr-0.01 cells")
+def test_the_lr001_rows_are_the_committed_cells() -> None:
+    """'Table 7's setting at lr 0.01': each row's best accuracy, its round and the last round are its
+    cell's, and every finished lr-0.01 cell has its row."""
+    rows = table_rows(PAGE.read_text(), "### Table 7's setting at lr 0.01", "\n| method | seed |")
+    quoted = {}
+    for name, seed, best, _ in rows:
+        found = re.fullmatch(r"([\d.]+) \((\d+)\), (\d+)", best)
+        assert found, f"{name} seed {seed}: cannot read '{best}'"
+        quoted[(re.sub(r"[^a-z]", "", name.lower()), int(seed))] = found.groups()
+    cells = {}
+    for cell in sorted(LR001.glob("algorithms=*,seeds=*")):
+        files = {name: data for name, (data, _) in ResultsFolder(cell).archived().items()}
+        if json.loads(files["run.json"])["status"] != "complete":
+            continue
+        records = [json.loads(line) for line in files["metrics.jsonl"].splitlines()]
+        scored = [r for r in records if "accuracy" in r]
+        top = max(scored, key=lambda r: r["accuracy"])  # the first round on a tie
+        method, seed = cell.name.removeprefix("algorithms=").split(",seeds=")
+        cells[(method, int(seed))] = (f"{100 * top['accuracy']:.2f}", str(top["round"]), str(scored[-1]["round"]))
+    assert quoted == cells
