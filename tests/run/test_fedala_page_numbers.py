@@ -40,16 +40,21 @@ def seeds_of(text: str) -> list[int]:
     return out
 
 
+def scored_records(cell) -> list[dict] | None:
+    """The evaluated rounds' records of a finished cell (packed or not); None for a failed one."""
+    folder = ResultsFolder(cell)
+    if folder.status()["status"] != "complete":
+        return None
+    return [r for r in folder.records() if "accuracy" in r]
+
+
 def best_accuracies(folder: str, method: str) -> dict[int, float]:
     """seed -> best accuracy (%) of the method's finished cells in a table folder."""
     out = {}
     for cell in sorted((REPO / "docs" / "results" / folder).glob(f"algorithms={method},seeds=*")):
-        files = {name: data for name, (data, _) in ResultsFolder(cell).archived().items()}
-        if json.loads(files["run.json"])["status"] != "complete":
-            continue
-        records = [json.loads(line) for line in files["metrics.jsonl"].splitlines()]
-        seed = int(cell.name.rsplit("=", 1)[1])
-        out[seed] = 100 * max(r["accuracy"] for r in records if "accuracy" in r)
+        scored = scored_records(cell)
+        if scored is not None:
+            out[int(cell.name.rsplit("=", 1)[1])] = 100 * max(r["accuracy"] for r in scored)
     return out
 
 
@@ -109,20 +114,28 @@ LR001 = REPO / "docs" / "results" / "fedala-table7-mnist-lr0.01"
 @pytest.mark.skipif(not LR001.exists(), reason="no committed lr-0.01 cells")
 def test_the_lr001_rows_are_the_committed_cells() -> None:
     """'Table 7's setting at lr 0.01': each row's best accuracy, its round and the last round are its
-    cell's, and every finished lr-0.01 cell has its row."""
+    cell's, and every finished lr-0.01 cell has its row. The lr-0.1 column's best (and its round) and
+    the round of its NaN are the Table 7 cell's of the same method and seed."""
     rows = table_rows(PAGE.read_text(), "### Table 7's setting at lr 0.01", "\n| method | seed |")
     quoted = {}
-    for name, seed, best, _ in rows:
+    for name, seed, best, at_lr01 in rows:
         found = re.fullmatch(r"([\d.]+) \((\d+)\), (\d+)", best)
         assert found, f"{name} seed {seed}: cannot read '{best}'"
-        quoted[(re.sub(r"[^a-z]", "", name.lower()), int(seed))] = found.groups()
+        method = re.sub(r"[^a-z]", "", name.lower())
+        quoted[(method, int(seed))] = found.groups()
+        twin = ResultsFolder(TABLE7 / f"algorithms={method},seeds={seed}")
+        scored = [r for r in twin.records() if "accuracy" in r]
+        top = max(scored, key=lambda r: r["accuracy"])
+        assert f"best {100 * top['accuracy']:.2f} at round {top['round']}" in at_lr01, (name, seed, at_lr01)
+        nan = re.search(r"NaN (?:in fine-tuning )?in round (\d+)", at_lr01)
+        error = twin.status().get("error", "")
+        assert (nan is None) == (twin.status()["status"] == "complete"), (name, seed, at_lr01)
+        assert nan is None or f"round {nan[1]}," in error, (name, seed, error)
     cells = {}
     for cell in sorted(LR001.glob("algorithms=*,seeds=*")):
-        files = {name: data for name, (data, _) in ResultsFolder(cell).archived().items()}
-        if json.loads(files["run.json"])["status"] != "complete":
+        scored = scored_records(cell)
+        if scored is None:
             continue
-        records = [json.loads(line) for line in files["metrics.jsonl"].splitlines()]
-        scored = [r for r in records if "accuracy" in r]
         top = max(scored, key=lambda r: r["accuracy"])  # the first round on a tie
         method, seed = cell.name.removeprefix("algorithms=").split(",seeds=")
         cells[(method, int(seed))] = (f"{100 * top['accuracy']:.2f}", str(top["round"]), str(scored[-1]["round"]))
