@@ -78,20 +78,35 @@ def best_accuracy(cell: Path) -> float:
     return 100 * max(r["accuracy"] for r in records(cell))
 
 
+def assert_twin_failed(method: str, seed: int) -> None:
+    """A rotated cell quoted without its twin: the Table 7 cell must exist and have failed."""
+    twins = [RESULTS / folder / f"algorithms={method},seeds={seed}" for folder in TABLE7]
+    states = [ResultsFolder(t).status()["status"] for t in twins if t.exists()]
+    assert states == ["failed"], f"{method} seed {seed}: no twin quoted, but the Table 7 cells are {states}"
+
+
 def test_the_rotated_rows_are_the_committed_cells_beside_their_table7_twins() -> None:
     rows = table_after("## Rotated MNIST", "| method | seeds | rotated | Table 7 | change |")
-    quoted = {(method_id(row[0]), seed) for row in rows for seed in seeds_of(row[1])}
-    assert quoted == finished(ROTATED), "every finished rotated cell, and only those, in the table"
+    quoted = [(method_id(row[0]), seed) for row in rows for seed in seeds_of(row[1])]
+    assert len(quoted) == len(set(quoted)), "a cell quoted in two rows"
+    assert set(quoted) == finished(ROTATED), "every finished rotated cell, and only those, in the table"
     for name, seeds, rotated, table7, change in rows:
         method = method_id(name)
         found = cells(ROTATED, method)
-        assert sorted(found) == seeds_of(seeds), f"{name}: the page says seeds {seeds}, finished cells {sorted(found)}"
         twins = cells(TABLE7, method)
-        rot = statistics.mean(best_accuracy(found[s]) for s in sorted(found))
-        t7 = statistics.mean(best_accuracy(twins[s]) for s in sorted(found))
-        assert rotated == f"{rot:.2f}", f"{name}: rotated {rotated}, cells {rot:.3f}"
-        assert table7 == f"{t7:.2f}", f"{name}: Table 7 {table7}, cells {t7:.3f}"
-        assert number(change) == pytest.approx(round(rot - t7, 2), abs=1e-9), f"{name}: change {change}"
+        row_seeds = seeds_of(seeds)
+        rot = statistics.mean(best_accuracy(found[s]) for s in row_seeds)
+        assert rotated == f"{rot:.2f}", f"{name} {seeds}: rotated {rotated}, cells {rot:.3f}"
+        if table7 == "—":
+            # a row without twins holds only seeds whose twin failed; paired seeds get a row of their own
+            assert change == "—", f"{name} {seeds}: no Table 7 number, so no change"
+            for seed in row_seeds:
+                assert seed not in twins, f"{name} seed {seed} has a finished twin: quote it"
+                assert_twin_failed(method, seed)
+            continue
+        t7 = statistics.mean(best_accuracy(twins[s]) for s in row_seeds)
+        assert table7 == f"{t7:.2f}", f"{name} {seeds}: Table 7 {table7}, cells {t7:.3f}"
+        assert number(change) == pytest.approx(round(rot - t7, 2), abs=1e-9), f"{name} {seeds}: change {change}"
 
 
 def test_the_by_orientation_rows_are_the_committed_cells() -> None:
@@ -107,9 +122,13 @@ def test_the_by_orientation_rows_are_the_committed_cells() -> None:
         method = method_id(name)
         rotated = cells(ROTATED, method)[int(seed)]
         found = script.accuracy_by_domain(rotated)["domains"]
-        twin = script.accuracy_by_domain(cells(TABLE7, method)[int(seed)], domains_of=rotated)["domains"]
+        twin_cell = cells(TABLE7, method).get(int(seed))
+        if twin_cell is None:
+            assert_twin_failed(method, int(seed))
+        twin = script.accuracy_by_domain(twin_cell, domains_of=rotated)["domains"] if twin_cell else {}
         for angle, value in zip(angles, quoted, strict=True):
-            expected = f"{found[ANGLES[angle]]:.2f} ({twin[ANGLES[angle]]:.2f})"
+            in_twin = f"{twin[ANGLES[angle]]:.2f}" if twin else "—"
+            expected = f"{found[ANGLES[angle]]:.2f} ({in_twin})"
             assert value == expected, f"{name} seed {seed}, {angle}: the page says {value}, the cells {expected}"
 
 
